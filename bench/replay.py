@@ -1,0 +1,117 @@
+"""Restart replay time: fill N items, SIGKILL, restart on the same data, time the first dequeue.
+
+Contract of :func:`run_replay`:
+- Starts ``sdef`` fresh, enqueues ``items`` distinct payloads (each starts with its zero-padded
+  sequence number), records RSS and the data dir's size, then SIGKILLs the server (a crash: only
+  what reached the kernel survives).
+- Optionally drops the page cache (``drop_caches``, root only) so replay reads from disk.
+- Restarts the server on the same data dir and measures, from the restart's ``exec`` on, the
+  seconds until the port accepts connections and until the first dequeue returns an item. That
+  item must be the first one enqueued (FIFO survives the crash), otherwise it is an error.
+  A server that answers "loading" or "empty" while it replays is polled every millisecond.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import loadgen
+import servers
+import wire
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, f)).st_size
+    return total
+
+
+def _first_dequeue(proto: str, port: int, deadline: float) -> tuple[bytes | None, str]:
+    """Polls dequeue until an item comes back; returns (payload head, error text)."""
+    s = loadgen.connect("127.0.0.1", port)
+    try:
+        loadgen.setup_connection(s, proto, b"q")
+        req = wire.dequeue_request(proto, b"q")
+        parse = wire.PARSERS[proto]
+        extra = [0, 0, 0]
+        while time.monotonic() < deadline:
+            s.sendall(req)
+            buf = bytearray()
+            while True:
+                p, code = parse(buf, 0, extra)
+                if code != wire.INCOMPLETE:
+                    break
+                data = s.recv(1 << 16)
+                if not data:
+                    return None, "server closed the connection"
+                buf += data
+            if code == wire.OK:
+                return bytes(buf[extra[1] : extra[1] + 12]), ""
+            time.sleep(0.001)  # empty or still loading: poll again
+        return None, "no item before the deadline"
+    finally:
+        s.close()
+
+
+def run_replay(
+    sdef: servers.ServerDef,
+    workdir: Path,
+    cpu: int | None,
+    *,
+    items: int,
+    size: int,
+    drop_caches: bool = False,
+    timeout: float = 120.0,
+) -> dict[str, Any]:
+    """Runs the replay measurement for one server (see module docstring)."""
+    errors: list[str] = []
+    r = servers.start(sdef, workdir, cpu)
+    try:
+        fill_errors, fill_s = loadgen.fill(sdef.proto, r.port, items, size, vary=True)
+        if fill_errors:
+            errors.append(f"{fill_errors} enqueue errors during the fill")
+        time.sleep(0.2)  # let periodic writers (redis everysec) hand the tail to the kernel
+        rss_full_kb = r.peak_rss_kb()
+        r.kill()
+        disk = _dir_bytes(r.data_dir)
+        if drop_caches:
+            subprocess.run(["sync"], check=False)
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        t0 = time.monotonic()
+        r = servers.start(sdef, workdir, cpu, data_dir=r.data_dir, cell_dir=r.cell_dir, timeout=timeout)
+        t_listen = time.monotonic() - t0
+        head, err = _first_dequeue(sdef.proto, r.port, t0 + timeout)
+        t_first = time.monotonic() - t0
+        if err:
+            errors.append(err)
+        elif head != b"%012d" % 0:
+            errors.append(f"first item after restart is {head!r}, not item 0")
+        rss_after_kb = r.peak_rss_kb()
+    finally:
+        r.cleanup()
+    return {
+        "ops": items,
+        "ops_per_s": 0.0,
+        "elapsed_s": t_first,
+        "replay_first_s": t_first,
+        "replay_listen_s": t_listen,
+        "fill_s": fill_s,
+        "disk_bytes": disk,
+        "rss_full_kb": rss_full_kb,
+        "peak_rss_kb": rss_after_kb,
+        "misses": 0,
+        "errors": len(errors),
+        "error_samples": errors[:5],
+        "server_cpu_s": None,
+        "client_cpu_s": None,
+        "dry": False,
+        "drop_caches": drop_caches,
+    }

@@ -1,0 +1,210 @@
+"""Turns result records (one dict per server per cell per round) into Markdown.
+
+Contract:
+- :func:`tables` returns one Markdown table per cell key, in first-seen order. Each row is one
+  server: medians over rounds of ops/s, p50/p99 latency, server CPU µs/op and peak RSS, plus
+  for each peer the paired ratio tercel/peer (throughput and CPU per op), computed within each
+  round and reported as ``median [min–max]``. Only records with ``status == "ok"`` count.
+- Replay cells report seconds to the first dequeue after restart (lower is better) instead of
+  ops/s; their ratio is tercel's time over the peer's.
+- :func:`write_docs` renders the whole ``docs/benchmarks.md`` from the records and run metadata.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from scenarios import HOOK_SCENARIOS
+from servers import PEER_TARGETS, SERVERS
+
+
+def _fmt_rate(x: float) -> str:
+    if x >= 100_000:
+        return f"{x / 1000:.0f} k"
+    if x >= 1000:
+        return f"{x / 1000:.1f} k"
+    return f"{x:.0f}"
+
+
+def _fmt_us(x: float | None) -> str:
+    if x is None:
+        return "–"
+    if x >= 10_000:
+        return f"{x / 1000:.1f} ms"
+    return f"{x:.0f} µs"
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _ratio_text(rs: list[float]) -> str:
+    if not rs:
+        return "–"
+    med = statistics.median(rs)
+    if len(rs) == 1:
+        return f"{med:.2f}×"
+    return f"{med:.2f}× [{min(rs):.2f}–{max(rs):.2f}]"
+
+
+def cpu_us_per_op(rec: dict[str, Any]) -> float | None:
+    """Server CPU µs per op of one record, or None when not measured."""
+    cpu = rec.get("server_cpu_s")
+    ops = rec.get("ops") or 0
+    if cpu is None or not ops:
+        return None
+    return float(cpu) * 1e6 / ops
+
+
+def _paired(
+    recs: list[dict[str, Any]], target: str, peer: str, metric: str
+) -> list[float]:
+    """Per-round ratios target/peer of ``metric`` where both ran cleanly in that round."""
+    by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in recs:
+        if r["status"] == "ok":
+            by_round[r["round"]][r["server"]] = r
+    out: list[float] = []
+    for servers in by_round.values():
+        if target in servers and peer in servers:
+            a = _metric(servers[target], metric)
+            b = _metric(servers[peer], metric)
+            if a is not None and b:
+                out.append(a / b)
+    return out
+
+
+def _metric(rec: dict[str, Any], metric: str) -> float | None:
+    if metric == "cpu":
+        return cpu_us_per_op(rec)
+    v = rec.get(metric)
+    return float(v) if v is not None else None
+
+
+def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
+    replay = key.startswith("replay")
+    order: list[str] = []
+    for r in recs:
+        if r["server"] not in order:
+            order.append(r["server"])
+    targets = [s for s in order if SERVERS[s].is_tercel]
+    main_metric = "replay_first_s" if replay else "ops_per_s"
+    head = (
+        "| server | class | first dequeue after restart | listening after | fill | on disk "
+        "| peak RSS after replay | errors | tercel / peer (time) |"
+        if replay
+        else "| server | class | ops/s | p50 | p99 | server CPU µs/op | peak RSS | errors "
+        "| tercel / peer (ops/s) | tercel / peer (CPU/op) |"
+    )
+    lines = [f"### {key}", "", head, "|" + "---|" * (head.count("|") - 1)]
+    for name in order:
+        mine = [r for r in recs if r["server"] == name]
+        ok = [r for r in mine if r["status"] == "ok"]
+        errs = sum(int(r.get("errors") or 0) for r in mine)
+        bad = [r for r in mine if r["status"] != "ok"]
+        if bad and not ok:
+            reason = str(bad[0].get("reason") or bad[0]["status"]).splitlines()[0][:80]
+            lines.append(f"| {name} | {SERVERS[name].durability} | {reason} |")
+            continue
+        ratios_ops: list[str] = []
+        ratios_cpu: list[str] = []
+        for t in PEER_TARGETS.get(name, ()):
+            if t in targets:
+                ratios_ops.append(f"{t}: {_ratio_text(_paired(recs, t, name, main_metric))}")
+                ratios_cpu.append(f"{t}: {_ratio_text(_paired(recs, t, name, 'cpu'))}")
+        rss = _median([r["peak_rss_kb"] / 1024 for r in ok if r.get("peak_rss_kb")])
+        rss_s = f"{rss:.0f} MB" if rss is not None else "–"
+        cls = SERVERS[name].durability
+        if replay:
+            first = _median([r["replay_first_s"] for r in ok])
+            listen = _median([r["replay_listen_s"] for r in ok])
+            fill = _median([r["fill_s"] for r in ok])
+            disk = _median([r["disk_bytes"] / 2**20 for r in ok])
+            lines.append(
+                f"| {name} | {cls} | {first or 0:.2f} s | {listen or 0:.2f} s | {fill or 0:.1f} s "
+                f"| {disk or 0:.0f} MB | {rss_s} | {errs} | {'; '.join(ratios_ops) or '–'} |"
+            )
+            continue
+        rate = _median([r["ops_per_s"] for r in ok]) or 0.0
+        p50 = _median([r["p50_us"] for r in ok])
+        p99 = _median([r["p99_us"] for r in ok])
+        cpu = _median([c for c in (cpu_us_per_op(r) for r in ok) if c is not None])
+        cpu_s = f"{cpu:.1f}" if cpu is not None else "–"
+        lines.append(
+            f"| {name} | {cls} | {_fmt_rate(rate)} | {_fmt_us(p50)} | {_fmt_us(p99)} | {cpu_s} "
+            f"| {rss_s} | {errs} | {'; '.join(ratios_ops) or '–'} "
+            f"| {'; '.join(ratios_cpu) or '–'} |"
+        )
+    return [*lines, ""]
+
+
+def tables(records: Iterable[dict[str, Any]]) -> str:
+    """All per-cell tables (see module docstring)."""
+    cells: dict[str, list[dict[str, Any]]] = {}
+    hooks: list[str] = []
+    for r in records:
+        if r["scenario"] in HOOK_SCENARIOS:
+            if r["cell"] not in hooks:
+                hooks.append(r["cell"])
+            continue
+        cells.setdefault(r["cell"], []).append(r)
+    out: list[str] = []
+    for key, recs in cells.items():
+        out.extend(_cell_table(key, recs))
+    if hooks:
+        out.append("### Not yet available")
+        out.append("")
+        out.extend(f"- `{h}`: {HOOK_SCENARIOS[h]}." for h in hooks)
+        out.append("")
+    return "\n".join(out)
+
+
+def _read_method() -> str:
+    return (Path(__file__).parent / "METHOD.md").read_text()
+
+
+def write_docs(path: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """Writes ``docs/benchmarks.md``: method, machine, exact command, then every table."""
+    machine = [
+        f"- date: {meta['date']}",
+        f"- machine: {meta['nproc']} CPUs ({meta['cpu_model']}), {meta['mem_gb']:.0f} GB RAM, "
+        f"kernel {meta['kernel']}",
+        f"- python: {meta['python']}",
+        *(f"- {k}: {v}" for k, v in meta["versions"].items()),
+        f"- tercel commit: {meta['git']}",
+        f"- pinning: server on CPU {meta['server_cpu']}, load generator on CPU "
+        f"{meta['client_cpu']}",
+        f"- rounds: {meta['rounds']}, warm-up {meta['warmup']} s, measured {meta['duration']} s "
+        f"per cell; wall time {meta['wall_s'] / 60:.1f} min",
+        f"- raw results: `{meta['results']}`",
+    ]
+    text = "\n".join(
+        [
+            "# Benchmarks",
+            "",
+            "_Generated by `bench/suite.py`; edit `bench/METHOD.md` or `bench/report.py`, "
+            "not this file._",
+            "",
+            _read_method().strip(),
+            "",
+            "## Last run",
+            "",
+            *machine,
+            "",
+            "Command:",
+            "",
+            "```",
+            meta["command"],
+            "```",
+            "",
+            "## Results",
+            "",
+            tables(records),
+        ]
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.rstrip() + "\n")

@@ -1,0 +1,312 @@
+"""The servers under test: how to start each one fresh, find its port, and stop it.
+
+Contract:
+- :data:`SERVERS` maps a short name to a :class:`ServerDef`. Every definition belongs to one
+  durability class (``none``, ``periodic`` = ack before a periodic fsync, ``durable`` = ack after
+  fsync) and speaks one protocol (``mc``, ``bs``, ``redis``).
+- :func:`start` launches a server on 127.0.0.1 with a fresh data dir under ``workdir`` (or the
+  ``data_dir`` given, for restarts), pinned with ``taskset`` when ``cpu`` is not None, and
+  returns only once the server accepts connections. :meth:`Running.stop` ends it (SIGTERM, then
+  SIGKILL after a grace period); :meth:`Running.kill` is an immediate SIGKILL.
+- tercel is started as ``<tercel-cmd> serve --data-dir DIR --host 127.0.0.1 --memcache-port 0
+  --ports-file PATH --config FILE --log-level warning`` and its port is read from the ports file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import procstat
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class ServerDef:
+    """A server configuration. ``kind`` selects the launcher; ``opts`` are its knobs."""
+
+    name: str
+    kind: str  # memcached | redis | beanstalkd | tercel
+    proto: str  # mc | bs | redis
+    durability: str  # none | periodic | durable
+    opts: tuple[str, ...] = ()
+    note: str = ""
+
+    @property
+    def is_tercel(self) -> bool:
+        """True for the server this suite exists to measure."""
+        return self.kind == "tercel"
+
+
+SERVERS: dict[str, ServerDef] = {
+    d.name: d
+    for d in (
+        ServerDef("memcached", "memcached", "mc", "none", note="-t 1; no durability, ceiling"),
+        ServerDef("redis-everysec", "redis", "redis", "periodic", ("everysec",)),
+        ServerDef("redis-always", "redis", "redis", "durable", ("always",)),
+        ServerDef("beanstalkd", "beanstalkd", "bs", "periodic", note="-b DIR (fsync <= 50 ms)"),
+        ServerDef("beanstalkd-f0", "beanstalkd", "bs", "durable", ("-f0",)),
+        ServerDef("tercel-nosync", "tercel", "mc", "none", ("false",)),
+        ServerDef("tercel-50ms", "tercel", "mc", "periodic", ('"50ms"',)),
+        ServerDef("tercel-sync", "tercel", "mc", "durable", ("true",)),
+    )
+}
+
+PEER_TARGETS: dict[str, tuple[str, ...]] = {
+    "memcached": ("tercel-nosync", "tercel-50ms"),
+    "redis-everysec": ("tercel-50ms",),
+    "beanstalkd": ("tercel-50ms",),
+    "redis-always": ("tercel-sync",),
+    "beanstalkd-f0": ("tercel-sync",),
+}
+"""For each peer, the tercel configurations whose paired ratio against it is reported: the same
+durability class, plus memcached as the protocol-speed ceiling for the Kestrel-like mode."""
+
+
+def tercel_command() -> list[str] | None:
+    """The command that runs tercel, or None when the server is not installed yet.
+
+    ``TERCEL_CMD`` (shell words) overrides; otherwise ``.venv/bin/tercel`` when
+    ``src/tercel/cli.py`` exists.
+    """
+    env = os.environ.get("TERCEL_CMD")
+    if env:
+        return shlex.split(env)
+    exe = REPO / ".venv" / "bin" / "tercel"
+    if exe.exists() and (REPO / "src" / "tercel" / "cli.py").exists():
+        return [str(exe)]
+    return None
+
+
+def available(d: ServerDef) -> str | None:
+    """None if ``d`` can be started here, else the reason it cannot."""
+    if d.kind == "tercel":
+        return None if tercel_command() else "tercel is not installed (.venv/bin/tercel)"
+    exe = {"memcached": "memcached", "redis": "redis-server", "beanstalkd": "beanstalkd"}[d.kind]
+    return None if shutil.which(exe) else f"{exe} not found"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, deadline: float, proc: subprocess.Popen[bytes]) -> None:
+    """Blocks until 127.0.0.1:``port`` accepts a connection (monotonic ``deadline``)."""
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listening on {port}") from None
+            time.sleep(0.01)
+
+
+@dataclass
+class Running:
+    """A started server. ``data_dir`` survives :meth:`kill` so the server can be restarted."""
+
+    sdef: ServerDef
+    proc: subprocess.Popen[bytes]
+    port: int
+    data_dir: Path
+    cell_dir: Path
+    log_path: Path
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def pid(self) -> int:
+        """The server's pid (taskset execs the server, so it is the Popen pid)."""
+        return self.proc.pid
+
+    def peak_rss_kb(self) -> int:
+        """VmHWM of the server, 0 if it is gone."""
+        try:
+            return procstat.peak_rss_kb(self.pid)
+        except OSError:
+            return 0
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.proc.poll() is None
+
+    def log_tail(self, n: int = 5) -> str:
+        """The last ``n`` lines of the server's stdout/stderr."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        """SIGTERM, wait up to ``grace`` s, then SIGKILL. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL now (a crash, for replay tests)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def cleanup(self) -> None:
+        """Stops the server and deletes its cell directory."""
+        self.stop()
+        shutil.rmtree(self.cell_dir, ignore_errors=True)
+
+
+def _command(
+    d: ServerDef, port: int, data: Path, cell: Path, tercel: list[str] | None
+) -> tuple[list[str], Path | None]:
+    """The argv for ``d`` and, for tercel, the ports file to poll."""
+    host = "127.0.0.1"
+    if d.kind == "memcached":
+        return ["memcached", "-t", "1", "-l", host, "-p", str(port), "-U", "0", "-u", "root"], None
+    if d.kind == "redis":
+        fsync = d.opts[0]
+        return [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            host,
+            "--dir",
+            str(data),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            fsync,
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--loglevel",
+            "warning",
+        ], None
+    if d.kind == "beanstalkd":
+        return ["beanstalkd", "-l", host, "-p", str(port), "-b", str(data), *d.opts], None
+    if d.kind == "tercel":
+        if not tercel:
+            raise RuntimeError("tercel is not installed")
+        cfg = cell / "tercel.toml"
+        cfg.write_text(f"[queues]\nsync_journal = {d.opts[0]}\n")
+        ports = cell / f"ports-{time.monotonic_ns()}.json"
+        return [
+            *tercel,
+            "serve",
+            "--data-dir",
+            str(data),
+            "--host",
+            host,
+            "--memcache-port",
+            "0",
+            "--ports-file",
+            str(ports),
+            "--config",
+            str(cfg),
+            "--log-level",
+            "warning",
+        ], ports
+    raise ValueError(d.kind)
+
+
+def _read_ports(path: Path, deadline: float, proc: subprocess.Popen[bytes]) -> int:
+    """Polls tercel's ports file and returns its memcache port."""
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"tercel exited with {proc.returncode} before writing its ports")
+        try:
+            return int(json.loads(path.read_text())["memcache"])
+        except (OSError, ValueError, KeyError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tercel wrote no ports file at {path}") from None
+            time.sleep(0.01)
+
+
+def start(
+    d: ServerDef,
+    workdir: Path,
+    cpu: int | None,
+    *,
+    data_dir: Path | None = None,
+    cell_dir: Path | None = None,
+    timeout: float = 30.0,
+) -> Running:
+    """Starts ``d`` fresh (see module docstring); raises if it does not come up in time."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cell = cell_dir or Path(tempfile.mkdtemp(prefix=f"{d.name}-", dir=workdir))
+    data = data_dir or cell / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    port = 0 if d.kind == "tercel" else free_port()
+    argv, ports_file = _command(d, port, data, cell, tercel_command())
+    if cpu is not None:
+        argv = ["taskset", "-c", str(cpu), *argv]
+    log = cell / "server.log"
+    with open(log, "ab") as logf:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=cell
+        )
+    r = Running(d, proc, port, data, cell, log)
+    deadline = time.monotonic() + timeout
+    try:
+        if ports_file is not None:
+            r.port = _read_ports(ports_file, deadline, proc)
+        wait_port(r.port, deadline, proc)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            r.kill()
+        tail = r.log_tail()
+        raise RuntimeError(f"{d.name} did not start: {' '.join(argv)}\n{tail}") from None
+    return r
+
+
+def versions() -> dict[str, str]:
+    """Version strings of the peer servers installed here (best effort)."""
+    probes = {
+        "memcached": ["memcached", "-V"],
+        "redis-server": ["redis-server", "--version"],
+        "beanstalkd": ["beanstalkd", "-v"],
+    }
+    out: dict[str, str] = {}
+    for name, argv in probes.items():
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+            out[name] = (p.stdout or p.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            out[name] = "not installed"
+    cmd = tercel_command()
+    if cmd:
+        try:
+            p = subprocess.run(
+                [*cmd, "--version"], capture_output=True, text=True, timeout=10, check=False
+            )
+            out["tercel"] = (p.stdout or p.stderr).strip().splitlines()[0] if p.returncode == 0 else ""
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            out["tercel"] = ""
+        if not out["tercel"]:
+            out["tercel"] = "installed (no --version)"
+    return out

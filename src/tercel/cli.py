@@ -1,0 +1,106 @@
+"""The ``tercel`` command: ``tercel serve`` (and the tools that later issues add).
+
+Flags override the config file, which overrides the built-in defaults (127.0.0.1, memcache
+port 22133, data in ``./tercel-data``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tercel import __version__
+from tercel.config import ServerConfig, load_config
+from tercel.errors import ConfigError, JournalCorrupt
+
+log = logging.getLogger("tercel")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tercel", description="A durable Kestrel-compatible queue server."
+    )
+    parser.add_argument("--version", action="version", version=f"tercel {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the server")
+    serve.add_argument("--config", help="TOML config file")
+    serve.add_argument("--data-dir", help="where journals live (default ./tercel-data)")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--memcache-port", type=int, help="memcache port (default 22133; 0 = any free)"
+    )
+    serve.add_argument("--ports-file", help="write the bound ports here as JSON once listening")
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="logging level",
+    )
+    return parser
+
+
+def _config_from(args: argparse.Namespace) -> ServerConfig:
+    config = load_config(args.config) if args.config else ServerConfig()
+    overrides: dict[str, Any] = {}
+    if args.data_dir is not None:
+        overrides["data_dir"] = args.data_dir
+    if args.host is not None:
+        overrides["host"] = args.host
+    if args.memcache_port is not None:
+        if not 0 <= args.memcache_port <= 65535:
+            raise ConfigError(f"--memcache-port: {args.memcache_port} is not a port number")
+        overrides["memcache_port"] = args.memcache_port
+    return config.with_server(**overrides) if overrides else config
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the server until SIGTERM/SIGINT/``shutdown``; the process exit code."""
+    from tercel.server.app import run_server
+
+    try:
+        config = _config_from(args)
+    except ConfigError as exc:
+        log.error("bad configuration: %s", exc)
+        return 2
+    try:
+        with asyncio.Runner(loop_factory=_new_loop) as runner:
+            runner.run(run_server(config, args.ports_file))
+    except JournalCorrupt as exc:
+        log.error("journal is corrupt, refusing to start: %s", exc)
+        log.error("inspect it with `tercel journal check`; move the file away to start without it")
+        return 3
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tercel`` command."""
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO)
+        if hasattr(args, "log_level")
+        else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.command == "serve":
+        return serve(args)
+    return 2  # pragma: no cover - argparse rejects unknown commands

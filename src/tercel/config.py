@@ -1,0 +1,327 @@
+"""Configuration: load a TOML file, validate every key, resolve per-queue settings.
+
+This module only parses and validates; it never opens journals or sockets. A
+:class:`ServerConfig` is immutable: ``reload`` builds a new one and swaps it in whole, so a bad
+file leaves the old config untouched. See ``docs/configuration.md`` for every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from tercel.errors import ConfigError
+from tercel.names import fanout_parent, valid_name
+
+UNLIMITED = 2**63 - 1
+"""The value of a size or count limit that is not set (Kestrel's Long.MaxValue)."""
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1024**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1024**4,
+    "tib": 1024**4,
+}
+_DURATIONS = {
+    "ms": 1,
+    "s": 1000,
+    "sec": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+}
+_NUM_UNIT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+
+
+def parse_size(value: object, key: str) -> int:
+    """Bytes from an integer or a string such as ``"16MB"`` (K, M, G are powers of 1024)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{key}: size must not be negative")
+        return value
+    if isinstance(value, str):
+        m = _NUM_UNIT.fullmatch(value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ConfigError(f'{key}: expected a size like 1024 or "16MB", got {value!r}')
+
+
+def parse_duration(value: object, key: str) -> int:
+    """Milliseconds from an integer (ms) or a string such as ``"250ms"``, ``"1s"``, ``"5m"``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a duration, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{key}: duration must not be negative")
+        return value
+    if isinstance(value, str):
+        m = _NUM_UNIT.fullmatch(value)
+        if m and m.group(2).lower() in _DURATIONS:
+            return int(float(m.group(1)) * _DURATIONS[m.group(2).lower()])
+    raise ConfigError(f'{key}: expected a duration like 250, "250ms" or "1s", got {value!r}')
+
+
+def _parse_bool(value: object, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def _parse_count(value: object, key: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ConfigError(f"{key}: expected a non-negative integer, got {value!r}")
+
+
+def _parse_sync(value: object, key: str) -> int | None:
+    """``false`` -> None (never fsync), ``true`` -> 0 (before every reply), duration -> period."""
+    if value is False:
+        return None
+    if value is True:
+        return 0
+    period = parse_duration(value, key)
+    if period == 0:
+        return 0
+    return period
+
+
+def _parse_queue_ref(value: object, key: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and valid_name(value):
+        return value
+    raise ConfigError(f"{key}: expected a queue name, got {value!r}")
+
+
+def _optional_duration(value: object, key: str) -> int | None:
+    ms = parse_duration(value, key)
+    return ms or None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """Settings of one queue (Kestrel's names in snake case). Sizes in bytes, times in ms."""
+
+    max_items: int = UNLIMITED
+    max_size: int = UNLIMITED
+    max_item_size: int = UNLIMITED
+    discard_old_when_full: bool = False
+    journal: bool = True
+    sync_journal: int | None = None
+    """None: never fsync; 0: fsync before every reply (grouped); N: fsync every N ms."""
+    max_journal_size: int = 16 * 1024**2
+    max_journal_overflow: int = 10
+    max_journal_size_absolute: int = UNLIMITED
+    max_memory_size: int = 128 * 1024**2
+    max_age: int | None = None
+    expire_to_queue: str | None = None
+    max_expire_sweep: int = UNLIMITED
+    fanout_only: bool = False
+    max_queue_age: int | None = None
+
+    def describe(self) -> list[tuple[str, str]]:
+        """``(key, value)`` pairs in declaration order, formatted the way the config file
+        spells them (for ``dump_config``)."""
+        out = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "sync_journal":
+                text = "false" if v is None else "true" if v == 0 else f"{v}ms"
+            elif isinstance(v, bool):
+                text = "true" if v else "false"
+            elif v is None:
+                text = "none"
+            else:
+                text = str(v)
+            out.append((f.name, text))
+        return out
+
+
+_QUEUE_PARSERS: dict[str, Any] = {
+    "max_items": _parse_count,
+    "max_size": parse_size,
+    "max_item_size": parse_size,
+    "discard_old_when_full": _parse_bool,
+    "journal": _parse_bool,
+    "sync_journal": _parse_sync,
+    "max_journal_size": parse_size,
+    "max_journal_overflow": _parse_count,
+    "max_journal_size_absolute": parse_size,
+    "max_memory_size": parse_size,
+    "max_age": _optional_duration,
+    "expire_to_queue": _parse_queue_ref,
+    "max_expire_sweep": _parse_count,
+    "fanout_only": _parse_bool,
+    "max_queue_age": _optional_duration,
+}
+
+
+def _queue_overrides(table: Mapping[str, object], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in table.items():
+        parser = _QUEUE_PARSERS.get(key)
+        if parser is None:
+            raise ConfigError(f"{where}: unknown key {key!r}")
+        out[key] = parser(raw, f"{where}.{key}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """The ``[server]`` table. Port 0 means "pick a free port"; None disables a listener."""
+
+    host: str = "127.0.0.1"
+    memcache_port: int | None = 22133
+    admin_port: int | None = None
+    data_dir: str = "./tercel-data"
+    max_open_reads: int = 100
+    client_timeout: int | None = None
+    """Idle connections are closed after this many ms; None: never."""
+    expiration_timer_frequency: int = 1000
+    max_connections: int | None = None
+
+
+def _parse_port(value: object, key: str) -> int | None:
+    if value is False or value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 65535:
+        return value
+    raise ConfigError(f"{key}: expected a port number 0-65535 or false, got {value!r}")
+
+
+def _parse_host(value: object, key: str) -> str:
+    if isinstance(value, str) and value:
+        return value
+    raise ConfigError(f"{key}: expected an address, got {value!r}")
+
+
+def _parse_positive(value: object, key: str) -> int:
+    n = _parse_count(value, key)
+    if n == 0:
+        raise ConfigError(f"{key}: must be at least 1")
+    return n
+
+
+_SERVER_PARSERS: dict[str, Any] = {
+    "host": _parse_host,
+    "memcache_port": _parse_port,
+    "admin_port": _parse_port,
+    "data_dir": _parse_host,
+    "max_open_reads": _parse_positive,
+    "client_timeout": _optional_duration,
+    "expiration_timer_frequency": parse_duration,
+    "max_connections": lambda v, k: _parse_count(v, k) or None,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """A whole, validated configuration: server settings, queue defaults and overrides,
+    aliases. Immutable; :meth:`queue_config` resolves the settings of any queue name."""
+
+    server: ServerSettings = field(default_factory=ServerSettings)
+    defaults: QueueConfig = field(default_factory=QueueConfig)
+    overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    source: str | None = None
+    """The file this config came from, for ``reload``; None for the embedded default."""
+
+    def queue_config(self, name: str) -> QueueConfig:
+        """Settings for ``name``: defaults, then the parent's overrides for a fanout child
+        (``a+b`` inherits ``a``), then the queue's own overrides."""
+        merged: dict[str, Any] = {}
+        parent = fanout_parent(name)
+        if parent is not None:
+            merged.update(self.overrides.get(parent, {}))
+        merged.update(self.overrides.get(name, {}))
+        if not merged:
+            return self.defaults
+        return dataclasses.replace(self.defaults, **merged)
+
+    def with_server(self, **changes: Any) -> ServerConfig:
+        """A copy with some ``[server]`` settings replaced (command-line flags)."""
+        return dataclasses.replace(self, server=dataclasses.replace(self.server, **changes))
+
+
+def _check_aliases(aliases: dict[str, tuple[str, ...]]) -> None:
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        for dest in aliases.get(name, ()):
+            if dest in path:
+                raise ConfigError(f"aliases: cycle {' -> '.join((*path, dest))}")
+            visit(dest, (*path, dest))
+
+    for name in aliases:
+        visit(name, (name,))
+
+
+def parse_config(data: Mapping[str, Any], source: str | None = None) -> ServerConfig:
+    """Validate a parsed TOML document. Raises :class:`ConfigError` naming the bad key."""
+    unknown = set(data) - {"server", "queues", "aliases"}
+    if unknown:
+        raise ConfigError(f"unknown table(s): {', '.join(sorted(unknown))}")
+    server_table = data.get("server", {})
+    if not isinstance(server_table, dict):
+        raise ConfigError("[server] must be a table")
+    server_kw: dict[str, Any] = {}
+    for key, raw in server_table.items():
+        parser = _SERVER_PARSERS.get(key)
+        if parser is None:
+            raise ConfigError(f"server: unknown key {key!r}")
+        server_kw[key] = parser(raw, f"server.{key}")
+
+    queues_table = data.get("queues", {})
+    if not isinstance(queues_table, dict):
+        raise ConfigError("[queues] must be a table")
+    default_kw = {k: v for k, v in queues_table.items() if not isinstance(v, dict)}
+    defaults = QueueConfig(**_queue_overrides(default_kw, "queues"))
+    overrides: dict[str, dict[str, Any]] = {}
+    for name, table in queues_table.items():
+        if isinstance(table, dict):
+            if not valid_name(name):
+                raise ConfigError(f"queues: bad queue name {name!r}")
+            overrides[name] = _queue_overrides(table, f"queues.{name}")
+
+    aliases_table = data.get("aliases", {})
+    if not isinstance(aliases_table, dict):
+        raise ConfigError("[aliases] must be a table")
+    aliases: dict[str, tuple[str, ...]] = {}
+    for name, dests in aliases_table.items():
+        if not valid_name(name):
+            raise ConfigError(f"aliases: bad alias name {name!r}")
+        if not isinstance(dests, list) or not all(
+            isinstance(d, str) and valid_name(d) for d in dests
+        ):
+            raise ConfigError(f"aliases.{name}: expected a list of queue names")
+        aliases[name] = tuple(dests)
+    _check_aliases(aliases)
+    return ServerConfig(ServerSettings(**server_kw), defaults, overrides, aliases, source)
+
+
+def load_config(path: str | Path) -> ServerConfig:
+    """Read and validate a TOML config file."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return parse_config(data, str(path))

@@ -1,0 +1,178 @@
+"""All the queues of a server: creation on first use, fanout, aliases, delete and flush.
+
+The collection is handed an ``open_log(name, config)`` factory and never a path: what a log is
+made of is the server's choice. Same threading contract as :mod:`tercel.core.queue`.
+
+Fanout: a queue named ``parent+child`` is registered as a child of ``parent`` when it is
+created; every add to ``parent`` goes first to each child (each through its own add rules),
+then to the parent, and the result is the parent's. Children inherit the parent's settings;
+``fanout_only`` parents store nothing. Aliases: an add to an alias goes to each destination and
+succeeds only if every destination took it; reads of an alias are always empty.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+from tercel.clock import Clock
+from tercel.config import QueueConfig, ServerConfig
+from tercel.core.log import QueueLog
+from tercel.core.queue import PersistentQueue, QItem
+from tercel.core.stats import GlobalStats
+from tercel.errors import BadQueueName
+from tercel.names import fanout_parent, valid_name
+
+log = logging.getLogger(__name__)
+
+OpenLog = Callable[[str, QueueConfig], QueueLog]
+
+
+class QueueCollection:
+    """Name -> queue, with the rules in the module docstring."""
+
+    def __init__(self, config: ServerConfig, open_log: OpenLog, clock: Clock) -> None:
+        self.config = config
+        self._open_log = open_log
+        self.clock = clock
+        self._queues: dict[str, PersistentQueue] = {}
+        self._children: dict[str, dict[str, None]] = {}
+        self.stats = GlobalStats()
+
+    # ---- lookup and creation --------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[PersistentQueue]:
+        return iter(list(self._queues.values()))
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def queue(self, name: str) -> PersistentQueue | None:
+        """The queue called ``name`` if it exists (never creates one)."""
+        return self._queues.get(name)
+
+    def is_alias(self, name: str) -> bool:
+        """True when ``name`` is an alias (aliases mask queues of the same name)."""
+        return name in self.config.aliases
+
+    def get_or_create(self, name: str) -> PersistentQueue:
+        """The queue called ``name``, created (and replayed) on first reference."""
+        q = self._queues.get(name)
+        if q is not None:
+            return q
+        if not valid_name(name):
+            raise BadQueueName(name)
+        return self._create(name)
+
+    def _create(self, name: str) -> PersistentQueue:
+        cfg = self.config.queue_config(name)
+        q = PersistentQueue(name, cfg, self._open_log(name, cfg), self.clock, self._expired)
+        report = q.replay()
+        self._queues[name] = q
+        self.stats.queue_creates += 1
+        self.stats.total_items += q.total_items
+        truncations = getattr(report, "truncations", ())
+        self.stats.journal_torn_tails += len(truncations)
+        parent = fanout_parent(name)
+        if parent is not None:
+            self._children.setdefault(parent, {})[name] = None
+        log.debug("queue %s ready: %d items, %d bytes", name, len(q), q.bytes)
+        return q
+
+    def load(self, names: list[str]) -> None:
+        """Create (and replay) the queues found on disk at start-up, parents first."""
+        for name in sorted(names, key=lambda n: (n.count("+"), n)):
+            self.get_or_create(name)
+
+    def children(self, name: str) -> list[str]:
+        """Names of the fanout children registered under ``name``."""
+        return list(self._children.get(name, ()))
+
+    # ---- writes ---------------------------------------------------------------------------
+
+    def add(self, name: str, data: bytes, expiry: int | None, now: int) -> bool:
+        """Add an item to a queue or alias (with fanout); see the module docstring.
+
+        Raises :class:`BadQueueName`, :class:`~tercel.errors.ItemTooLarge`, or a journal error.
+        """
+        dests = self.config.aliases.get(name)
+        if dests is not None:
+            ok = True
+            for dest in dests:
+                ok = self.add(dest, data, expiry, now) and ok
+            return ok
+        q = self.get_or_create(name)
+        children = self._children.get(name)
+        if children:
+            for child in children:
+                self.add(child, data, expiry, now)
+        if q.config.fanout_only and "+" not in name:
+            return True
+        if q.add(data, expiry, now):
+            self.stats.total_items += 1
+            return True
+        return False
+
+    def _expired(self, q: PersistentQueue, item: QItem) -> None:
+        target = q.config.expire_to_queue
+        if target is not None and target != q.name:
+            try:
+                self.add(target, item.data, None, self.clock.now_ms())
+            except Exception:
+                log.exception("could not move an expired item from %s to %s", q.name, target)
+
+    def delete(self, name: str) -> bool:
+        """Delete a queue and its journal; its fanout registration ends too."""
+        q = self._queues.pop(name, None)
+        if q is None:
+            return False
+        q.erase()
+        parent = fanout_parent(name)
+        if parent is not None and parent in self._children:
+            self._children[parent].pop(name, None)
+        self.stats.queue_deletes += 1
+        return True
+
+    def flush(self, name: str) -> None:
+        """Drop every item of ``name`` that is not open (no-op for a missing queue)."""
+        q = self._queues.get(name)
+        if q is not None:
+            q.flush()
+
+    def flush_all(self) -> None:
+        """Flush every queue."""
+        for q in self:
+            q.flush()
+
+    def flush_expired(self, name: str) -> int:
+        """Expire what is due in ``name`` now; the count."""
+        q = self._queues.get(name)
+        return 0 if q is None else q.flush_expired()
+
+    def flush_all_expired(self) -> int:
+        """Expire what is due in every queue; the total count."""
+        now = self.clock.now_ms()
+        return sum(q.flush_expired(now) for q in self)
+
+    # ---- configuration and shutdown -------------------------------------------------------
+
+    def reload(self, config: ServerConfig) -> None:
+        """Apply a new configuration's queue settings and aliases to every live queue."""
+        self.config = config
+        for q in self:
+            q.config = config.queue_config(q.name)
+
+    def close(self) -> None:
+        """Close every queue's log (after which nothing may be written)."""
+        for q in self:
+            q.close()
+
+    @property
+    def total_bytes(self) -> int:
+        """Payload bytes in every queue."""
+        return sum(q.bytes for q in self._queues.values())
+
+    @property
+    def total_length(self) -> int:
+        """Items in every queue."""
+        return sum(len(q) for q in self._queues.values())

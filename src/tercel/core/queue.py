@@ -1,0 +1,359 @@
+"""One named FIFO queue: items, open reads, limits, expiry and blocked readers.
+
+Contract (as darner states its own): every method is synchronous and is called from one
+thread; nothing here waits. A blocked reader registers a :class:`Waiter`; when an item
+arrives (``add``, ``abort``) the queue removes it on the waiter's behalf and calls
+``waiter.deliver`` at once, so no other reader can take it in between. ``deliver`` must not
+call back into this queue (schedule further work instead).
+
+Every change is written to the queue's log *before* memory changes, so a log that refuses a
+write leaves the queue as it was.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from tercel.clock import Clock
+from tercel.config import QueueConfig
+from tercel.core.log import QueueLog
+from tercel.errors import ItemTooLarge
+
+XID_LIMIT = 2**32
+
+
+class QItem:
+    """An item: its per-queue id, add time and expiry (epoch ms, 0 = none), payload, and
+    how many times it was handed out."""
+
+    __slots__ = ("add_time", "data", "deliveries", "expiry", "id")
+
+    def __init__(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
+        self.id = item_id
+        self.add_time = add_time
+        self.expiry = expiry
+        self.data = data
+        self.deliveries = 0
+
+
+class Waiter(Protocol):
+    """A blocked reader. ``mode`` is ``"get"``, ``"open"`` or ``"peek"``."""
+
+    mode: str
+
+    def deliver(self, xid: int, item: QItem) -> None:
+        """Called with the item (already removed unless peeking); ``xid`` is 0 unless open."""
+        ...
+
+
+class PersistentQueue:
+    """A queue (see the module docstring for the threading contract)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: QueueConfig,
+        log: QueueLog,
+        clock: Clock,
+        on_expired: Callable[[PersistentQueue, QItem], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.log = log
+        self.clock = clock
+        self.on_expired = on_expired
+        self._items: deque[QItem] = deque()
+        self._open: dict[int, QItem] = {}
+        self._waiters: dict[Waiter, None] = {}
+        self.bytes = 0
+        self._xid = 0
+        self._next_id = 1
+        self._last_removed_add_time = 0
+        self.create_time = clock.now_ms()
+        self.closed = False
+        # Kestrel's per-queue counters.
+        self.total_items = 0
+        self.expired_items = 0
+        self.discarded = 0
+        self.transactions = 0
+        self.canceled_transactions = 0
+        self.total_flushes = 0
+        self.journal_rewrites = 0
+        self.journal_rotations = 0
+
+    # ---- state ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def open_reads(self) -> int:
+        """Items handed out by open reads and not yet confirmed or aborted."""
+        return len(self._open)
+
+    @property
+    def waiters(self) -> int:
+        """Blocked readers."""
+        return len(self._waiters)
+
+    def age(self, now: int) -> int:
+        """Kestrel's ``age``: ms since the add time of the last item removed; 0 when empty."""
+        if not self.bytes or not self._last_removed_add_time:
+            return 0
+        return max(0, now - self._last_removed_add_time)
+
+    # ---- replay ---------------------------------------------------------------------------
+
+    def replay(self) -> object:
+        """Rebuild state from the log, then return every open read to the head, in order.
+
+        Returns the log's replay report.
+        """
+        report = self.log.replay(_Replayer(self))
+        for xid in sorted(self._open, reverse=True):
+            self.log.abort(xid)
+            item = self._open.pop(xid)
+            self._items.appendleft(item)
+            self.bytes += len(item.data)
+        return report
+
+    # ---- writes ---------------------------------------------------------------------------
+
+    def add(self, data: bytes, expiry: int | None = None, now: int | None = None) -> bool:
+        """Append an item; False when the queue is full (and may not discard) or closed.
+
+        ``expiry`` is absolute epoch ms (None or 0: none), capped by ``max_age``. Raises
+        :class:`ItemTooLarge` above ``max_item_size``, and the log's error when it cannot write.
+        """
+        cfg = self.config
+        if self.closed:
+            return False
+        if len(data) > cfg.max_item_size:
+            raise ItemTooLarge()
+        if now is None:
+            now = self.clock.now_ms()
+        items = self._items
+        if items and items[0].expiry and items[0].expiry < now:
+            self._discard_expired(now, cfg.max_expire_sweep)
+        if len(items) >= cfg.max_items or self.bytes >= cfg.max_size:
+            if not cfg.discard_old_when_full:
+                return False
+            while items and (len(items) >= cfg.max_items or self.bytes >= cfg.max_size):
+                self._pop_head()
+                self.discarded += 1
+        if cfg.max_age is not None:
+            cap = now + cfg.max_age
+            expiry = cap if not expiry or expiry > cap else expiry
+        item = QItem(self._next_id, now, expiry or 0, data)
+        self.log.add(item.id, now, item.expiry, data)
+        self._next_id += 1
+        items.append(item)
+        self.bytes += len(data)
+        self.total_items += 1
+        if self._waiters:
+            self._serve_waiters(now)
+        return True
+
+    def remove(self, now: int | None = None) -> QItem | None:
+        """Take the head item for good, or None when empty (expired heads are dropped)."""
+        if now is None:
+            now = self.clock.now_ms()
+        items = self._items
+        if items and items[0].expiry and items[0].expiry < now:
+            self._discard_expired(now, self.config.max_expire_sweep)
+        if not items:
+            return None
+        self.log.remove()
+        item = items.popleft()
+        self._taken(item)
+        return item
+
+    def remove_open(self, now: int | None = None) -> tuple[int, QItem] | None:
+        """Take the head item into a new open read; ``(xid, item)`` or None when empty."""
+        if now is None:
+            now = self.clock.now_ms()
+        items = self._items
+        if items and items[0].expiry and items[0].expiry < now:
+            self._discard_expired(now, self.config.max_expire_sweep)
+        if not items:
+            return None
+        xid = self._new_xid()
+        self.log.open_read(xid)
+        item = items.popleft()
+        self._open[xid] = item
+        self.transactions += 1
+        self._taken(item)
+        return xid, item
+
+    def _taken(self, item: QItem) -> None:
+        self.bytes -= len(item.data)
+        item.deliveries += 1
+        self._last_removed_add_time = item.add_time
+
+    def peek(self, now: int | None = None) -> QItem | None:
+        """The head item without removing it, or None (expired heads are dropped)."""
+        if now is None:
+            now = self.clock.now_ms()
+        items = self._items
+        if items and items[0].expiry and items[0].expiry < now:
+            self._discard_expired(now, self.config.max_expire_sweep)
+        return items[0] if items else None
+
+    def confirm(self, xid: int) -> bool:
+        """Finish open read ``xid`` for good; False when no such read is open."""
+        if xid not in self._open:
+            return False
+        self.log.confirm(xid)
+        del self._open[xid]
+        return True
+
+    def abort(self, xid: int) -> bool:
+        """Return open read ``xid``'s item to the head; False when no such read is open."""
+        if xid not in self._open or self.closed:
+            return False
+        self.log.abort(xid)
+        item = self._open.pop(xid)
+        self._items.appendleft(item)
+        self.bytes += len(item.data)
+        self.canceled_transactions += 1
+        if self._waiters:
+            self._serve_waiters(self.clock.now_ms())
+        return True
+
+    def flush(self) -> None:
+        """Drop every item that is not open."""
+        if not self._items:
+            return
+        self.log.flush_items()
+        self._items.clear()
+        self.bytes = 0
+        self.total_flushes += 1
+
+    def flush_expired(self, now: int | None = None) -> int:
+        """Drop expired items from the head (at most ``max_expire_sweep``); the count."""
+        return self._discard_expired(
+            self.clock.now_ms() if now is None else now, self.config.max_expire_sweep
+        )
+
+    def _discard_expired(self, now: int, limit: int) -> int:
+        items = self._items
+        n = 0
+        while n < limit and items and items[0].expiry and items[0].expiry < now:
+            item = self._pop_head()
+            self.expired_items += 1
+            n += 1
+            if self.on_expired is not None:
+                self.on_expired(self, item)
+        return n
+
+    def _pop_head(self) -> QItem:
+        self.log.remove()
+        item = self._items.popleft()
+        self.bytes -= len(item.data)
+        return item
+
+    def _new_xid(self) -> int:
+        xid = self._xid
+        while True:
+            xid = xid + 1 if xid + 1 < XID_LIMIT else 1
+            if xid not in self._open:
+                self._xid = xid
+                return xid
+
+    # ---- blocked readers ------------------------------------------------------------------
+
+    def wait(self, waiter: Waiter) -> None:
+        """Register a blocked reader (served first come, first served)."""
+        self._waiters[waiter] = None
+
+    def cancel_wait(self, waiter: Waiter) -> None:
+        """Forget a blocked reader (timeout, disconnect); harmless if already served."""
+        self._waiters.pop(waiter, None)
+
+    def _serve_waiters(self, now: int) -> None:
+        waiters = self._waiters
+        while waiters and self._items:
+            waiter = next(iter(waiters))
+            del waiters[waiter]
+            if waiter.mode == "peek":
+                head = self.peek(now)
+                if head is None:
+                    waiters[waiter] = None
+                    return
+                waiter.deliver(0, head)
+            elif waiter.mode == "open":
+                taken = self.remove_open(now)
+                if taken is None:
+                    waiters[waiter] = None
+                    return
+                waiter.deliver(*taken)
+            else:
+                item = self.remove(now)
+                if item is None:
+                    waiters[waiter] = None
+                    return
+                waiter.deliver(0, item)
+
+    # ---- life cycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop accepting work and close the log (waiters are left to time out)."""
+        self.closed = True
+        self.log.close()
+
+    def erase(self) -> None:
+        """Close and delete the log and every item (``delete``)."""
+        self.closed = True
+        self._items.clear()
+        self._open.clear()
+        self.bytes = 0
+        self.log.erase()
+
+
+class _Replayer:
+    """Applies journal records to a queue without writing anything back."""
+
+    __slots__ = ("q",)
+
+    def __init__(self, q: PersistentQueue) -> None:
+        self.q = q
+
+    def on_add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
+        q = self.q
+        q._items.append(QItem(item_id, add_time, expiry, data))
+        q.bytes += len(data)
+        q.total_items += 1
+        if item_id >= q._next_id:
+            q._next_id = item_id + 1
+
+    def on_remove(self) -> None:
+        q = self.q
+        if q._items:
+            item = q._items.popleft()
+            q.bytes -= len(item.data)
+            q._last_removed_add_time = item.add_time
+
+    def on_open(self, xid: int) -> None:
+        q = self.q
+        if q._items:
+            item = q._items.popleft()
+            q.bytes -= len(item.data)
+            item.deliveries += 1
+            q._open[xid] = item
+        q._xid = xid
+
+    def on_confirm(self, xid: int) -> None:
+        self.q._open.pop(xid, None)
+
+    def on_abort(self, xid: int) -> None:
+        q = self.q
+        item = q._open.pop(xid, None)
+        if item is not None:
+            q._items.appendleft(item)
+            q.bytes += len(item.data)
+
+    def on_flush(self) -> None:
+        self.q._items.clear()
+        self.q.bytes = 0

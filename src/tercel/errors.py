@@ -1,0 +1,96 @@
+"""The one exception tree of tercel.
+
+Every error tercel raises on purpose is one of these::
+
+    TercelError
+    ├── ProtocolError         a request the codec cannot accept; ``close`` says whether the
+    │                         connection can still find the next command boundary
+    ├── QueueError            a request the queue layer refuses
+    │   ├── BadQueueName      the name is empty, too long or has a forbidden byte
+    │   ├── ItemTooLarge      the item exceeds the queue's max_item_size
+    │   └── OpenReadError     Kestrel's open-read violations (answered with bare ``ERROR``)
+    ├── UnavailableError      the server's status (or shutdown) forbids the operation
+    ├── ConfigError           a configuration file or value is invalid
+    └── JournalError          something is wrong with a journal file (carries path and offset)
+        ├── JournalCorrupt    a bad record that is not a torn tail: start-up must stop
+        └── JournalWriteError the OS refused a journal write or fsync
+
+Protocol handlers translate these into wire replies at one place; any other exception that
+reaches a connection is a bug: it is logged and the connection is closed.
+"""
+
+from __future__ import annotations
+
+
+class TercelError(Exception):
+    """Base class of every error tercel raises on purpose."""
+
+
+class ProtocolError(TercelError):
+    """A request that cannot be accepted.
+
+    ``reason`` is the short text sent to the client after ``CLIENT_ERROR``. ``close`` is true
+    when the codec lost the command boundary (an over-long line, a payload not followed by
+    CRLF, an absurd size) and the connection must be closed after the reply.
+    """
+
+    def __init__(self, reason: str, *, close: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.close = close
+
+
+class QueueError(TercelError):
+    """A request the queue layer refuses; ``reason`` goes to the client."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class BadQueueName(QueueError):
+    """The queue name is empty, longer than 200 bytes, or has a byte outside the allowed set."""
+
+    def __init__(self, name: str = "") -> None:
+        super().__init__("bad queue name")
+        self.name = name
+
+
+class ItemTooLarge(QueueError):
+    """The item is larger than the queue's ``max_item_size``."""
+
+    def __init__(self) -> None:
+        super().__init__("item too large")
+
+
+class OpenReadError(QueueError):
+    """A Kestrel open-read violation: a plain get while holding an open read, or too many."""
+
+
+class UnavailableError(TercelError):
+    """The server's status (READONLY, QUIESCENT, shutting down) forbids the operation."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ConfigError(TercelError):
+    """An invalid configuration file or value; the message names the key."""
+
+
+class JournalError(TercelError):
+    """A problem with a journal file, located by ``path`` and byte ``offset``."""
+
+    def __init__(self, message: str, path: str, offset: int) -> None:
+        super().__init__(f"{path} at offset {offset}: {message}")
+        self.path = path
+        self.offset = offset
+
+
+class JournalCorrupt(JournalError):
+    """A bad record that is not a torn tail. Start-up stops; nothing is truncated."""
+
+
+class JournalWriteError(JournalError):
+    """The OS refused a write or fsync; the journal refuses further writes."""

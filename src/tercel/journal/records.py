@@ -1,0 +1,179 @@
+"""The record format, version 1: pure encode and decode, no files.
+
+Every file starts with an 8-byte header (``b"TRCL"``, the format version, three zero bytes).
+Every record is ``u32 length | u32 crc32 | body`` (little-endian), where ``length`` counts the
+body and the crc32 (zlib's) covers the body; the body starts with a one-byte opcode. The full
+table is in ``docs/journal_format.md``; changing it follows the procedure written there.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Iterator
+from typing import Final, Protocol
+from zlib import crc32
+
+Bytes = bytes | bytearray | memoryview | mmap.mmap
+"""Anything replay can read records from."""
+
+MAGIC: Final = b"TRCL"
+VERSION: Final = 1
+FILE_HEADER: Final = MAGIC + bytes([VERSION, 0, 0, 0])
+HEADER_SIZE: Final = len(FILE_HEADER)
+
+OP_ADD: Final = 1
+OP_REMOVE: Final = 2
+OP_OPEN: Final = 3
+OP_CONFIRM: Final = 4
+OP_ABORT: Final = 5
+OP_FLUSH: Final = 6
+OP_NAMES: Final = {
+    OP_ADD: "ADD",
+    OP_REMOVE: "REMOVE",
+    OP_OPEN: "OPEN",
+    OP_CONFIRM: "CONFIRM",
+    OP_ABORT: "ABORT",
+    OP_FLUSH: "FLUSH",
+}
+
+MAX_PAYLOAD: Final = 64 * 1024 * 1024
+"""No item can be larger (the codecs refuse bigger ones), so no honest record is either."""
+
+_PREFIX = struct.Struct("<II")  # body length, crc32 of body
+_ADD = struct.Struct("<BQqq")  # op, item id, add time ms, expiry ms (0 = none)
+_XID = struct.Struct("<BI")  # op, xid
+PREFIX_SIZE: Final = _PREFIX.size
+ADD_FIELDS_SIZE: Final = _ADD.size
+MAX_BODY: Final = ADD_FIELDS_SIZE + MAX_PAYLOAD
+
+
+class RecordSink(Protocol):
+    """What replay drives: one method per opcode, called in journal order."""
+
+    def on_add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None: ...
+    def on_remove(self) -> None: ...
+    def on_open(self, xid: int) -> None: ...
+    def on_confirm(self, xid: int) -> None: ...
+    def on_abort(self, xid: int) -> None: ...
+    def on_flush(self) -> None: ...
+
+
+def encode_add(buf: bytearray, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
+    """Append an ADD record to ``buf``: an item enters the tail of the queue."""
+    fields = _ADD.pack(OP_ADD, item_id, add_time, expiry)
+    buf += _PREFIX.pack(ADD_FIELDS_SIZE + len(data), crc32(data, crc32(fields)))
+    buf += fields
+    buf += data
+
+
+def _simple(op: int) -> bytes:
+    body = bytes([op])
+    return _PREFIX.pack(1, crc32(body)) + body
+
+
+REMOVE_RECORD: Final = _simple(OP_REMOVE)
+FLUSH_RECORD: Final = _simple(OP_FLUSH)
+
+
+def encode_xid(buf: bytearray, op: int, xid: int) -> None:
+    """Append an OPEN, CONFIRM or ABORT record for ``xid`` to ``buf``."""
+    body = _XID.pack(op, xid)
+    buf += _PREFIX.pack(len(body), crc32(body))
+    buf += body
+
+
+class BadRecord(Exception):
+    """Internal: the record at ``offset`` is incomplete or fails its checks."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(reason)
+        self.offset = offset
+        self.reason = reason
+
+
+def check_record(buf: Bytes, pos: int) -> int:
+    """Validate the record at ``pos``; return the offset just after it.
+
+    Raises BadRecord when the record runs past the end of ``buf``, has an impossible length,
+    a wrong checksum, an unknown opcode or fields that do not fit the opcode.
+    """
+    end = len(buf)
+    if pos + PREFIX_SIZE > end:
+        raise BadRecord(pos, "incomplete record header")
+    length, crc = _PREFIX.unpack_from(buf, pos)
+    if length == 0 or length > MAX_BODY:
+        raise BadRecord(pos, f"impossible record length {length}")
+    start = pos + PREFIX_SIZE
+    stop = start + length
+    if stop > end:
+        raise BadRecord(pos, "record runs past the end of the file")
+    body = memoryview(buf)[start:stop]
+    if crc32(body) != crc:
+        raise BadRecord(pos, "checksum mismatch")
+    op = body[0]
+    if op == OP_ADD:
+        if length < ADD_FIELDS_SIZE:
+            raise BadRecord(pos, "ADD record too short")
+    elif op in (OP_OPEN, OP_CONFIRM, OP_ABORT):
+        if length != _XID.size:
+            raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
+    elif op in (OP_REMOVE, OP_FLUSH):
+        if length != 1:
+            raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
+    else:
+        raise BadRecord(pos, f"unknown opcode {op}")
+    return int(stop)
+
+
+def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
+    """Call the sink method for the (already checked) record between ``pos`` and ``stop``."""
+    start = pos + PREFIX_SIZE
+    op = buf[start]
+    if op == OP_ADD:
+        _, item_id, add_time, expiry = _ADD.unpack_from(buf, start)
+        sink.on_add(item_id, add_time, expiry, bytes(buf[start + ADD_FIELDS_SIZE : stop]))
+    elif op == OP_REMOVE:
+        sink.on_remove()
+    elif op == OP_FLUSH:
+        sink.on_flush()
+    else:
+        xid = _XID.unpack_from(buf, start)[1]
+        if op == OP_OPEN:
+            sink.on_open(xid)
+        elif op == OP_CONFIRM:
+            sink.on_confirm(xid)
+        else:
+            sink.on_abort(xid)
+
+
+def describe_record(buf: Bytes, pos: int, stop: int) -> dict[str, object]:
+    """A plain description of a checked record (for tools such as ``tercel journal dump``)."""
+    start = pos + PREFIX_SIZE
+    op = buf[start]
+    out: dict[str, object] = {"offset": pos, "op": OP_NAMES[op], "size": stop - pos}
+    if op == OP_ADD:
+        _, out["item_id"], out["add_time"], out["expiry"] = _ADD.unpack_from(buf, start)
+        out["data"] = bytes(buf[start + ADD_FIELDS_SIZE : stop])
+    elif op in (OP_OPEN, OP_CONFIRM, OP_ABORT):
+        out["xid"] = _XID.unpack_from(buf, start)[1]
+    return out
+
+
+def iter_records(buf: Bytes, pos: int) -> Iterator[tuple[int, int]]:
+    """Yield ``(offset, end)`` of each valid record from ``pos``; raise BadRecord at the
+    first bad one."""
+    end = len(buf)
+    while pos < end:
+        stop = check_record(buf, pos)
+        yield pos, stop
+        pos = stop
+
+
+def looks_like_record(buf: Bytes, pos: int) -> bool:
+    """True when a valid record starts at ``pos`` (used to tell a torn tail from damage)."""
+    try:
+        check_record(buf, pos)
+    except BadRecord:
+        return False
+    return True

@@ -1,0 +1,274 @@
+"""The server: wires config -> journals -> queues -> listeners, and runs them until stopped.
+
+This is the only place where the journal and the core meet: each queue gets a
+:class:`~tercel.journal.FileJournal` (or a null journal) through ``open_log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import time
+
+from tercel import __version__
+from tercel.clock import Clock, SystemClock
+from tercel.config import QueueConfig, ServerConfig, load_config
+from tercel.core.collection import QueueCollection
+from tercel.core.log import QueueLog
+from tercel.errors import ConfigError, UnavailableError
+from tercel.journal import FileJournal, NullJournal, list_queue_names
+from tercel.server import stats
+from tercel.server.commit import Committer
+from tercel.server.memcache import MemcacheConnection
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+
+
+class Server:
+    """A running tercel server (create, ``await start()``, ``await serve()``, ``await stop()``)."""
+
+    def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.version = __version__
+        self.loop = asyncio.get_running_loop()
+        self.committer = Committer(self.loop, self._sync_policy)
+        self.collection = QueueCollection(config, self._open_log, self.clock)
+        self.connections: set[MemcacheConnection] = set()
+        self.total_connections = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.started_at = self.clock.now_ms()
+        self.ports: dict[str, int] = {}
+        self.stopping = False
+        self._stop = asyncio.Event()
+        self._listeners: list[asyncio.Server] = []
+        self._timers: list[asyncio.TimerHandle] = []
+        self._lock_fd = -1
+
+    # ---- wiring ---------------------------------------------------------------------------
+
+    @property
+    def data_dir(self) -> str:
+        return self.config.server.data_dir
+
+    def _open_log(self, name: str, cfg: QueueConfig) -> QueueLog:
+        if not cfg.journal:
+            return NullJournal()
+        return FileJournal(self.data_dir, name, on_dirty=self.committer.journal_dirty)
+
+    def _sync_policy(self, journal: FileJournal) -> int | None:
+        q = self.collection.queue(journal.name)
+        return None if q is None else q.config.sync_journal
+
+    # ---- start and stop -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Lock the data dir, replay every journal, then bind the listeners."""
+        os.makedirs(self.data_dir, exist_ok=True)
+        self._lock_data_dir()
+        t0 = time.monotonic()
+        names = list_queue_names(self.data_dir)
+        if names:
+            log.info("replaying %d queue(s) from %s", len(names), self.data_dir)
+        for i, name in enumerate(names, 1):
+            self.collection.load([name])
+            if time.monotonic() - t0 > 1:
+                log.info("replayed %d/%d queues (%s)", i, len(names), name)
+        self.committer.flush_now()
+        if names:
+            log.info(
+                "replayed %d queue(s), %d items in %.2fs",
+                len(names),
+                self.collection.total_length,
+                time.monotonic() - t0,
+            )
+        srv = self.config.server
+        if srv.memcache_port is not None:
+            listener = await self.loop.create_server(
+                lambda: MemcacheConnection(self), srv.host, srv.memcache_port, backlog=1024
+            )
+            self._listeners.append(listener)
+            sock = listener.sockets[0].getsockname()
+            self.ports["memcache"] = sock[1]
+            log.info("memcache listening on %s:%d", sock[0], sock[1])
+        self._schedule_sweeps()
+
+    def _lock_data_dir(self) -> None:
+        fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigError(f"data dir {self.data_dir} is in use by another tercel") from None
+        self._lock_fd = fd
+
+    def write_ports_file(self, path: str) -> None:
+        """Write ``{"memcache": N, ...}`` atomically (tmp file, then rename)."""
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(self.ports, fh)
+        os.replace(tmp, path)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`serve` to return (signal handlers, ``shutdown``)."""
+        self._stop.set()
+
+    async def serve(self) -> None:
+        """Run until :meth:`request_stop`."""
+        await self._stop.wait()
+
+    async def stop(self) -> None:
+        """Stop accepting, end every session (open reads go back), write, fsync, close."""
+        self.stopping = True
+        for listener in self._listeners:
+            listener.close()
+        for handle in self._timers:
+            handle.cancel()
+        for conn in list(self.connections):
+            conn.session.close()
+        self.committer.flush_now()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        while self.committer.busy:
+            await asyncio.sleep(0.001)
+        self.collection.close()
+        self.committer.close()
+        for listener in self._listeners:
+            await listener.wait_closed()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    # ---- connections ----------------------------------------------------------------------
+
+    def connection_opened(self, conn: MemcacheConnection) -> bool:
+        """Count a new connection; False when ``max_connections`` refuses it."""
+        limit = self.config.server.max_connections
+        if self.stopping or (limit is not None and len(self.connections) >= limit):
+            return False
+        self.connections.add(conn)
+        self.total_connections += 1
+        return True
+
+    def connection_closed(self, conn: MemcacheConnection) -> None:
+        self.connections.discard(conn)
+
+    def check_writable(self) -> None:
+        """Raise UnavailableError when writes are refused."""
+        if self.stopping:
+            raise UnavailableError("server is shutting down")
+
+    def check_readable(self) -> None:
+        """Raise UnavailableError when reads are refused."""
+        if self.stopping:
+            raise UnavailableError("server is shutting down")
+
+    # ---- background work ------------------------------------------------------------------
+
+    def _schedule_sweeps(self) -> None:
+        period = self.config.server.expiration_timer_frequency / 1000
+        if period > 0:
+            self._timers.append(self.loop.call_later(period, self._sweep))
+        timeout = self.config.server.client_timeout
+        if timeout:
+            self._timers.append(self.loop.call_later(min(timeout / 2000, 1.0), self._reap_idle))
+
+    def _sweep(self) -> None:
+        self._timers = [
+            t for t in self._timers if not t.cancelled() and t.when() > self.loop.time()
+        ]
+        try:
+            self.collection.flush_all_expired()
+            now = self.clock.now_ms()
+            for q in self.collection:
+                age = q.config.max_queue_age
+                if age and not len(q) and not q.open_reads and now > q.create_time + age:
+                    self.collection.delete(q.name)
+                    self.collection.stats.queue_expires += 1
+        except Exception:
+            log.exception("expiry sweep failed")
+        if not self.stopping:
+            period = self.config.server.expiration_timer_frequency / 1000
+            self._timers.append(self.loop.call_later(period, self._sweep))
+
+    def _reap_idle(self) -> None:
+        timeout = self.config.server.client_timeout
+        if not timeout or self.stopping:
+            return
+        cutoff = self.loop.time() - timeout / 1000
+        for conn in list(self.connections):
+            if conn.blocked is None and conn.last_active < cutoff and conn.transport is not None:
+                conn.transport.close()
+        self._timers.append(self.loop.call_later(min(timeout / 2000, 1.0), self._reap_idle))
+
+    # ---- operations -----------------------------------------------------------------------
+
+    def reload(self) -> None:
+        """Re-read the config file and apply its queue settings and aliases to live queues.
+
+        Raises ConfigError (the old config stays) when the file is bad. ``[server]`` settings
+        need a restart and are kept as they are.
+        """
+        source = self.config.source
+        if source is None:
+            return
+        fresh = load_config(source)
+        self.config = ServerConfig(
+            self.config.server, fresh.defaults, fresh.overrides, fresh.aliases, source
+        )
+        self.collection.reload(self.config)
+        log.info("reloaded config from %s", source)
+
+    def stats_lines(self) -> list[tuple[str, object]]:
+        return stats.stats_lines(self)
+
+    def dump_stats(self, names: tuple[str, ...]) -> list[tuple[str, list[tuple[str, object]]]]:
+        return stats.dump_stats(self, names)
+
+    def dump_config(self) -> list[tuple[str, list[tuple[str, object]]]]:
+        """One block per existing queue with its resolved settings, then one per alias."""
+        blocks: list[tuple[str, list[tuple[str, object]]]] = []
+        for q in sorted(self.collection, key=lambda q: q.name):
+            blocks.append((q.name, list(q.config.describe())))
+        for name, dests in sorted(self.config.aliases.items()):
+            blocks.append((name, [("alias_of", ",".join(dests))]))
+        return blocks
+
+
+async def run_server(
+    config: ServerConfig, ports_file: str | None = None, reload_signal: bool = True
+) -> None:
+    """Start a server, install signal handlers, serve until told to stop, stop cleanly."""
+    server = Server(config)
+    await server.start()
+    if ports_file:
+        server.write_ports_file(ports_file)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_stop)
+    if reload_signal:
+        loop.add_signal_handler(signal.SIGHUP, _reload_logged, server)
+    try:
+        await server.serve()
+    finally:
+        log.info("shutting down")
+        await server.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
+
+
+def _reload_logged(server: Server) -> None:
+    try:
+        server.reload()
+    except ConfigError as exc:
+        log.error("reload refused, keeping the old config: %s", exc)

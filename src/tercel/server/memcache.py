@@ -1,0 +1,341 @@
+"""The memcache listener: one asyncio Protocol per connection, one small handler per command.
+
+The pump: ``data_received`` feeds the codec, runs every complete command (stopping at a blocked
+read, so replies keep their order), and sends all the replies of the batch as one write, through
+the committer when they acknowledge journal records. Errors are translated to replies here and
+nowhere else: ``ProtocolError``/``QueueError`` -> ``CLIENT_ERROR <reason>``, open-read
+violations and unknown commands -> ``ERROR``, ``UnavailableError``/journal failures ->
+``SERVER_ERROR <reason>``. Anything else is a bug: logged, and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tercel.core.queue import QItem
+from tercel.errors import (
+    ConfigError,
+    JournalError,
+    OpenReadError,
+    ProtocolError,
+    QueueError,
+    UnavailableError,
+)
+from tercel.protocol import memcache as mc
+from tercel.protocol.commands import (
+    Delete,
+    DumpStats,
+    Flush,
+    FlushAll,
+    FlushExpired,
+    Get,
+    Set,
+    Simple,
+    Unknown,
+)
+from tercel.session import PendingRead, Session
+
+if TYPE_CHECKING:
+    from tercel.server.app import Server
+
+log = logging.getLogger(__name__)
+
+MAX_BUFFERED_WHILE_BLOCKED = 1024 * 1024
+"""Stop reading from a client whose read is blocked once this much input waits behind it."""
+
+EXPIRY_RELATIVE_LIMIT = 1_000_000
+"""Kestrel's rule: a set's exptime below this is relative seconds, at or above it epoch
+seconds (memcached uses 30 days; Kestrel uses 1,000,000 s and so do we)."""
+
+
+def expiry_ms(exptime: int, now: int) -> int | None:
+    """Absolute expiry in epoch ms from a memcache exptime (Kestrel's rule); None: never."""
+    if exptime == 0:
+        return None
+    if exptime < EXPIRY_RELATIVE_LIMIT:
+        return now + exptime * 1000
+    return exptime * 1000
+
+
+class MemcacheConnection(asyncio.Protocol):
+    """One client connection speaking Kestrel's memcache protocol."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.codec = mc.MemcacheServerCodec()
+        self.session = Session(server.collection, server.config.server.max_open_reads)
+        self.transport: asyncio.Transport | None = None
+        self.out: list[bytes] = []
+        self.blocked: tuple[Get, PendingRead, asyncio.TimerHandle] | None = None
+        self.closing = False
+        self.sync_waits = 0
+        self.last_active = 0.0
+        self._write_paused = False
+
+    # ---- asyncio callbacks ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but they quack alike.
+        t: asyncio.Transport = transport  # type: ignore[assignment]
+        self.transport = t
+        self.last_active = self.server.loop.time()
+        if not self.server.connection_opened(self):
+            t.write(mc.server_error("too many connections"))
+            self.closing = True
+            t.close()
+
+    def data_received(self, data: bytes) -> None:
+        self.server.bytes_read += len(data)
+        self.last_active = self.server.loop.time()
+        self.codec.receive_data(data)
+        if self.blocked is None:
+            self._process()
+        elif self.codec.buffered > MAX_BUFFERED_WHILE_BLOCKED and self.transport is not None:
+            self.transport.pause_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self.blocked is not None:
+            self.blocked[2].cancel()
+            self.blocked = None
+        self.session.close()
+        self.server.connection_closed(self)
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self.transport is not None and self.blocked is None:
+            self.transport.resume_reading()
+
+    # ---- the pump -------------------------------------------------------------------------
+
+    def _process(self) -> None:
+        codec = self.codec
+        out = self.out
+        while not self.closing:
+            try:
+                cmd = codec.next_command()
+                if cmd is mc.NEED_DATA:
+                    break
+                HANDLERS[type(cmd)](self, cmd)
+            except ProtocolError as exc:
+                out.append(mc.client_error(exc.reason))
+                if exc.close:
+                    self.closing = True
+            except OpenReadError:
+                out.append(mc.ERROR)
+            except QueueError as exc:
+                out.append(mc.client_error(exc.reason))
+            except UnavailableError as exc:
+                out.append(mc.server_error(exc.reason))
+            except JournalError:
+                out.append(mc.server_error("journal write failed"))
+            except ConfigError as exc:
+                out.append(mc.server_error(f"reload refused: {exc}"))
+            except Exception:
+                log.exception("bug while serving a memcache command; closing the connection")
+                self.out.clear()
+                self.closing = True
+            if self.blocked is not None:
+                break
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.out:
+            data = b"".join(self.out)
+            self.out.clear()
+            committer = self.server.committer
+            if committer.must_hold(self):
+                committer.hold(self, data)
+                return
+            self.release(data)
+        elif self.closing and self.sync_waits == 0 and self.transport is not None:
+            self.transport.close()
+
+    def release(self, data: bytes) -> None:
+        """Write replies (called directly, or by the committer once they are journaled)."""
+        transport = self.transport
+        if transport is None:
+            return
+        self.server.bytes_written += len(data)
+        transport.write(data)
+        if self.closing and self.sync_waits == 0:
+            transport.close()
+
+    def fail(self) -> None:
+        """Drop the connection without the replies whose records could not be written."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---- blocked reads --------------------------------------------------------------------
+
+    def _block(self, cmd: Get, mode: str, timeout_ms: int) -> None:
+        pending = self.session.wait(cmd.queue, mode, self._delivered)
+        if pending is None:
+            self.out.append(mc.END)
+            return
+        timer = self.server.loop.call_later(timeout_ms / 1000, pending.timeout)
+        self.blocked = (cmd, pending, timer)
+
+    def _delivered(self, xid: int, item: QItem | None) -> None:
+        # Called from inside another connection's command (or a timer): only record the
+        # reply here and resume this connection's pump on the next loop pass.
+        if self.blocked is None:
+            return
+        cmd, _, timer = self.blocked
+        self.blocked = None
+        timer.cancel()
+        if item is None:
+            self.out.append(mc.END)
+        else:
+            self._value(cmd, item)
+        self.server.loop.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        if self.transport is None:
+            return
+        if not self._write_paused:
+            self.transport.resume_reading()
+        self._process()
+
+    def _value(self, cmd: Get, item: QItem) -> None:
+        data = item.data
+        self.out += (mc.value_head(cmd.key, len(data), item.id if cmd.cas else None), data)
+        self.out.append(mc.VALUE_TAIL)
+
+
+# ---- handlers: one per command, a table at the bottom ---------------------------------------
+
+
+def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
+    """Kestrel's get with /abort, /close, /open, /peek and /t= (reference §1.3)."""
+    session = conn.session
+    if cmd.abort:
+        session.abort_oldest(cmd.queue)
+        conn.out.append(mc.END)
+        return
+    if cmd.close:
+        session.confirm_oldest(cmd.queue)
+        if not cmd.open:
+            conn.out.append(mc.END)
+            return
+    conn.server.check_readable()
+    mode = "peek" if cmd.peek else "open" if cmd.open else "get"
+    got = session.fetch(cmd.queue, mode, conn.server.clock.now_ms())
+    if got is not None:
+        session.count_result(True)
+        conn._value(cmd, got[1])
+    elif cmd.timeout is not None:
+        conn._block(cmd, mode, cmd.timeout)
+    else:
+        session.count_result(False)
+        conn.out.append(mc.END)
+
+
+def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
+    server = conn.server
+    server.check_writable()
+    server.collection.stats.cmd_set += 1
+    now = server.clock.now_ms()
+    stored = server.collection.add(cmd.queue, cmd.data, expiry_ms(cmd.exptime, now), now)
+    if not cmd.noreply:
+        conn.out.append(mc.STORED if stored else mc.NOT_STORED)
+
+
+def handle_delete(conn: MemcacheConnection, cmd: Delete) -> None:
+    conn.server.check_writable()
+    conn.server.collection.delete(cmd.queue)
+    if not cmd.noreply:
+        conn.out.append(mc.DELETED)
+
+
+def handle_flush(conn: MemcacheConnection, cmd: Flush) -> None:
+    conn.server.check_writable()
+    conn.server.collection.flush(cmd.queue)
+    if not cmd.noreply:
+        conn.out.append(mc.END)
+
+
+def handle_flush_all(conn: MemcacheConnection, cmd: FlushAll) -> None:
+    conn.server.check_writable()
+    conn.server.collection.flush_all()
+    if not cmd.noreply:
+        conn.out.append(mc.OK)
+
+
+def handle_flush_expired(conn: MemcacheConnection, cmd: FlushExpired) -> None:
+    conn.out.append(mc.number(conn.server.collection.flush_expired(cmd.queue)))
+
+
+def handle_dump_stats(conn: MemcacheConnection, cmd: DumpStats) -> None:
+    conn.out.append(mc.blocks(conn.server.dump_stats(cmd.queues)))
+
+
+def handle_unknown(conn: MemcacheConnection, cmd: Unknown) -> None:
+    conn.out.append(mc.ERROR)
+
+
+def handle_simple(conn: MemcacheConnection, cmd: Simple) -> None:
+    SIMPLE[cmd.name](conn)
+
+
+def _version(conn: MemcacheConnection) -> None:
+    conn.out.append(mc.version(conn.server.version))
+
+
+def _quit(conn: MemcacheConnection) -> None:
+    conn.closing = True
+
+
+def _shutdown(conn: MemcacheConnection) -> None:
+    conn.closing = True
+    conn.server.request_stop()
+
+
+def _reload(conn: MemcacheConnection) -> None:
+    conn.server.reload()  # raises ConfigError -> SERVER_ERROR below
+    conn.out.append(mc.RELOADED)
+
+
+def _stats(conn: MemcacheConnection) -> None:
+    conn.out.append(mc.stats(conn.server.stats_lines()))
+
+
+def _dump_config(conn: MemcacheConnection) -> None:
+    conn.out.append(mc.blocks(conn.server.dump_config()))
+
+
+def _flush_all_expired(conn: MemcacheConnection) -> None:
+    conn.out.append(mc.number(conn.server.collection.flush_all_expired()))
+
+
+SIMPLE: dict[str, Callable[[MemcacheConnection], None]] = {
+    "version": _version,
+    "quit": _quit,
+    "shutdown": _shutdown,
+    "reload": _reload,
+    "stats": _stats,
+    "dump_config": _dump_config,
+    "flush_all_expired": _flush_all_expired,
+}
+
+HANDLERS: dict[type, Callable[[MemcacheConnection, Any], None]] = {
+    Get: handle_get,
+    Set: handle_set,
+    Delete: handle_delete,
+    Flush: handle_flush,
+    FlushAll: handle_flush_all,
+    FlushExpired: handle_flush_expired,
+    DumpStats: handle_dump_stats,
+    Simple: handle_simple,
+    Unknown: handle_unknown,
+}

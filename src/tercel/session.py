@@ -1,0 +1,162 @@
+"""A client's state, whatever protocol it speaks: open reads, a blocked read, statistics.
+
+Kestrel's ``KestrelHandler`` under another name. Open reads are kept per queue, oldest first;
+``close`` confirms and ``abort`` returns the oldest; ending the session returns every open read
+to the head of its queue in its original order. A session holds the queue *objects* it
+opened reads on, so a read on a queue deleted meanwhile is simply gone, never confused with a
+new queue of the same name. Synchronous; the caller owns timers and sockets.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from tercel.core.collection import QueueCollection
+from tercel.core.queue import PersistentQueue, QItem
+from tercel.errors import OpenReadError
+
+Delivery = Callable[[int, QItem | None], None]
+"""Called once with ``(xid, item)`` when a blocked read is served, or ``(0, None)`` on timeout."""
+
+
+class PendingRead:
+    """A blocked read registered with a queue (see :class:`tercel.core.queue.Waiter`)."""
+
+    __slots__ = ("callback", "mode", "queue", "session")
+
+    def __init__(
+        self, session: Session, queue: PersistentQueue, mode: str, callback: Delivery
+    ) -> None:
+        self.session = session
+        self.queue = queue
+        self.mode = mode
+        self.callback = callback
+
+    def deliver(self, xid: int, item: QItem) -> None:
+        s = self.session
+        s.pending = None
+        if xid:
+            s._record(self.queue, xid)
+        s.collection.stats.get_hits += 1
+        self.callback(xid, item)
+
+    def timeout(self) -> None:
+        """The deadline passed: forget the wait and report a miss."""
+        self.cancel()
+        self.session.collection.stats.get_misses += 1
+        self.callback(0, None)
+
+    def cancel(self) -> None:
+        """Forget the wait without reporting anything."""
+        self.queue.cancel_wait(self)
+        if self.session.pending is self:
+            self.session.pending = None
+
+
+class Session:
+    """One client's transactional state (see the module docstring)."""
+
+    __slots__ = ("_open", "collection", "max_open_reads", "pending")
+
+    def __init__(self, collection: QueueCollection, max_open_reads: int) -> None:
+        self.collection = collection
+        self.max_open_reads = max_open_reads
+        self._open: dict[str, tuple[PersistentQueue, deque[int]]] = {}
+        self.pending: PendingRead | None = None
+
+    def open_count(self, name: str) -> int:
+        """Open reads this session holds on ``name``."""
+        entry = self._open.get(name)
+        return len(entry[1]) if entry else 0
+
+    def _record(self, queue: PersistentQueue, xid: int) -> None:
+        entry = self._open.get(queue.name)
+        if entry is None or entry[0] is not queue:
+            entry = self._open[queue.name] = (queue, deque())
+        entry[1].append(xid)
+
+    def _pop_oldest(self, name: str) -> tuple[PersistentQueue, int] | None:
+        entry = self._open.get(name)
+        if entry is None:
+            return None
+        queue, xids = entry
+        xid = xids.popleft()
+        if not xids:
+            del self._open[name]
+        return queue, xid
+
+    def confirm_oldest(self, name: str) -> bool:
+        """Confirm the oldest open read on ``name``; False when none is open."""
+        popped = self._pop_oldest(name)
+        return popped is not None and popped[0].confirm(popped[1])
+
+    def abort_oldest(self, name: str) -> bool:
+        """Return the oldest open read on ``name`` to the head; False when none is open."""
+        popped = self._pop_oldest(name)
+        return popped is not None and popped[0].abort(popped[1])
+
+    def confirm_all(self, name: str) -> int:
+        """Confirm every open read on ``name``; the count."""
+        n = 0
+        while self.confirm_oldest(name):
+            n += 1
+        return n
+
+    def fetch(self, name: str, mode: str, now: int) -> tuple[int, QItem] | None:
+        """Try to read ``name`` now. ``mode`` is ``"get"``, ``"open"`` or ``"peek"``.
+
+        Returns ``(xid, item)`` (xid 0 unless open) or None when empty. Raises
+        :class:`OpenReadError` for a plain get while this session holds an open read on the
+        queue, or an open beyond ``max_open_reads``; ``BadQueueName`` for a bad name.
+        """
+        stats = self.collection.stats
+        if mode == "peek":
+            stats.cmd_peek += 1
+        else:
+            stats.cmd_get += 1
+            if name in self._open:
+                if mode == "get":
+                    raise OpenReadError("a plain get while an open read is held on this queue")
+                if len(self._open[name][1]) >= self.max_open_reads:
+                    raise OpenReadError("too many open reads")
+        if self.collection.is_alias(name):
+            return None
+        queue = self.collection.get_or_create(name)
+        if mode == "get":
+            item = queue.remove(now)
+            got = None if item is None else (0, item)
+        elif mode == "open":
+            got = queue.remove_open(now)
+            if got is not None:
+                self._record(queue, got[0])
+        else:
+            head = queue.peek(now)
+            got = None if head is None else (0, head)
+        return got
+
+    def count_result(self, hit: bool) -> None:
+        """Count an immediate read attempt as a hit or a miss."""
+        if hit:
+            self.collection.stats.get_hits += 1
+        else:
+            self.collection.stats.get_misses += 1
+
+    def wait(self, name: str, mode: str, callback: Delivery) -> PendingRead | None:
+        """Block a read on ``name`` (after :meth:`fetch` found it empty). None for an alias."""
+        if self.collection.is_alias(name):
+            return None
+        queue = self.collection.get_or_create(name)
+        pending = PendingRead(self, queue, mode, callback)
+        queue.wait(pending)
+        self.pending = pending
+        return pending
+
+    def close(self) -> None:
+        """End the session: cancel a blocked read and abort every open read, keeping order."""
+        if self.pending is not None:
+            self.pending.cancel()
+        entries, self._open = self._open, {}
+        for queue, xids in entries.values():
+            for xid in reversed(xids):
+                queue.abort(xid)
