@@ -74,6 +74,7 @@ class LoadResult:
     misses: int = 0
     errors: int = 0
     dry: bool = False
+    dry_in_warmup: bool = False
     client_cpu_s: float = 0.0
     server_cpu_s: float | None = None
     error_samples: list[str] = field(default_factory=list)
@@ -383,7 +384,7 @@ class _Worker:
         return cpu0
 
 
-def _worker_main(spec: LoadSpec, nconns: int, dry: Any, ready: Any, go: Any, times: Any) -> None:
+def _worker_main(spec: LoadSpec, nconns: int, *, dry: Any, ready: Any, go: Any, times: Any) -> None:
     """Entry point of one forked worker: connect, report ready, wait for go, run, report."""
     try:
         if spec.cpu is not None:
@@ -428,7 +429,12 @@ def run_load(spec: LoadSpec, server_pid: int | None = None) -> LoadResult:
     q: Any = ctx.Queue()
     shares = [spec.conns // procs + (1 if i < spec.conns % procs else 0) for i in range(procs)]
     workers = [
-        ctx.Process(target=_worker_main, args=(spec, n, dry, q, go, times), daemon=True)
+        ctx.Process(
+            target=_worker_main,
+            args=(spec, n),
+            kwargs={"dry": dry, "ready": q, "go": go, "times": times},
+            daemon=True,
+        )
         for n in shares
     ]
     for w in workers:
@@ -474,6 +480,7 @@ def run_load(spec: LoadSpec, server_pid: int | None = None) -> LoadResult:
         weight.extend(payload["weight"])
         last_done = max(last_done, payload["last_done"])
         if payload["dry_in_warmup"]:
+            res.dry_in_warmup = True
             res.errors += 1
             res.error_samples.append("queue ran dry during warm-up: prefill more")
     if cpu_before is not None and server_pid is not None:

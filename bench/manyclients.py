@@ -17,6 +17,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import selectors
+import socket
 import time
 import traceback
 from array import array
@@ -30,7 +31,7 @@ TIMEOUT_MS = 1000
 
 
 def _consumer_main(
-    proto: str, port: int, queue: bytes, n: int, cpu: int | None, out: Any, stop: Any, count: Any
+    proto: str, port: int, n: int, *, queue: bytes, cpu: int | None, out: Any, stop: Any, count: Any
 ) -> None:
     """One consumer process: ``n`` connections each with one blocking dequeue in flight."""
     try:
@@ -56,13 +57,14 @@ def _consumer_main(
         while not stop.value:
             for key, _ in sel.select(0.05):
                 s = key.fileobj
-                data = s.recv(1 << 16)  # type: ignore[union-attr]
+                assert isinstance(s, socket.socket)
+                data = s.recv(1 << 16)
                 now = time.monotonic_ns()
                 if not data:
                     errors.append("server closed a consumer connection")
                     sel.unregister(s)
                     continue
-                buf = bufs[s.fileno()]  # type: ignore[union-attr]
+                buf = bufs[s.fileno()]
                 buf += data
                 pos = 0
                 again = []
@@ -89,7 +91,7 @@ def _consumer_main(
                         again.append(req)
                 del buf[:pos]
                 if again:
-                    s.sendall(b"".join(again))  # type: ignore[union-attr]
+                    s.sendall(b"".join(again))
         for s in socks:
             with contextlib.suppress(OSError):
                 s.close()
@@ -98,7 +100,9 @@ def _consumer_main(
         out.put(("fail", traceback.format_exc(limit=3)))
 
 
-def _producer(proto: str, port: int, queue: bytes, size: int, rate: float, duration: float) -> int:
+def _producer(
+    proto: str, port: int, *, queue: bytes, size: int, rate: float, duration: float
+) -> int:
     """Enqueues paced items until ``duration`` is over; returns how many were produced."""
     s = loadgen.connect("127.0.0.1", port)
     loadgen.setup_connection(s, proto, queue)
@@ -143,7 +147,8 @@ def run_many_clients(
     workers = [
         ctx.Process(
             target=_consumer_main,
-            args=(proto, port, queue, n, cpu, out, stop, count),
+            args=(proto, port, n),
+            kwargs={"queue": queue, "cpu": cpu, "out": out, "stop": stop, "count": count},
             daemon=True,
         )
         for n in shares
@@ -160,14 +165,16 @@ def run_many_clients(
     t0 = time.monotonic()
     if not errors:
         try:
-            produced = _producer(proto, port, queue, size, rate, duration)
+            produced = _producer(proto, port, queue=queue, size=size, rate=rate, duration=duration)
         except (OSError, RuntimeError) as e:
             errors.append(f"producer: {e}")
     t_prod = time.monotonic() - t0
     deadline = time.monotonic() + grace
-    while count.value < produced and time.monotonic() < deadline:  # type: ignore[attr-defined]
+    while count.value < produced and time.monotonic() < deadline:
         time.sleep(0.01)
-    server_cpu = procstat.cpu_seconds(server_pid) - cpu0 if server_pid and cpu0 is not None else None
+    server_cpu = (
+        procstat.cpu_seconds(server_pid) - cpu0 if server_pid and cpu0 is not None else None
+    )
     stop.value = 1
     seqs = array("q")
     lat = array("q")

@@ -46,7 +46,7 @@ def _first_dequeue(proto: str, port: int, deadline: float) -> tuple[bytes | None
             s.sendall(req)
             buf = bytearray()
             while True:
-                p, code = parse(buf, 0, extra)
+                _, code = parse(buf, 0, extra)
                 if code != wire.INCOMPLETE:
                     break
                 data = s.recv(1 << 16)
@@ -86,7 +86,9 @@ def run_replay(
             subprocess.run(["sync"], check=False)
             Path("/proc/sys/vm/drop_caches").write_text("3\n")
         t0 = time.monotonic()
-        r = servers.start(sdef, workdir, cpu, data_dir=r.data_dir, cell_dir=r.cell_dir, timeout=timeout)
+        r = servers.start(
+            sdef, workdir, cpu, data_dir=r.data_dir, cell_dir=r.cell_dir, timeout=timeout
+        )
         t_listen = time.monotonic() - t0
         head, err = _first_dequeue(sdef.proto, r.port, t0 + timeout)
         t_first = time.monotonic() - t0

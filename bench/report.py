@@ -4,7 +4,7 @@ Contract:
 - :func:`tables` returns one Markdown table per cell key, in first-seen order. Each row is one
   server: medians over rounds of ops/s, p50/p99 latency, server CPU µs/op and peak RSS, plus
   for each peer the paired ratio tercel/peer (throughput and CPU per op), computed within each
-  round and reported as ``median [min–max]``. Only records with ``status == "ok"`` count.
+  round and reported as ``median [min-max]``. Only records with ``status == "ok"`` count.
 - Replay cells report seconds to the first dequeue after restart (lower is better) instead of
   ops/s; their ratio is tercel's time over the peer's.
 - :func:`write_docs` renders the whole ``docs/benchmarks.md`` from the records and run metadata.
@@ -32,7 +32,7 @@ def _fmt_rate(x: float) -> str:
 
 def _fmt_us(x: float | None) -> str:
     if x is None:
-        return "–"
+        return "-"
     if x >= 10_000:
         return f"{x / 1000:.1f} ms"
     return f"{x:.0f} µs"
@@ -44,11 +44,11 @@ def _median(xs: list[float]) -> float | None:
 
 def _ratio_text(rs: list[float]) -> str:
     if not rs:
-        return "–"
+        return "-"
     med = statistics.median(rs)
     if len(rs) == 1:
-        return f"{med:.2f}×"
-    return f"{med:.2f}× [{min(rs):.2f}–{max(rs):.2f}]"
+        return f"{med:.2f}x"
+    return f"{med:.2f}x [{min(rs):.2f}-{max(rs):.2f}]"
 
 
 def cpu_us_per_op(rec: dict[str, Any]) -> float | None:
@@ -60,9 +60,7 @@ def cpu_us_per_op(rec: dict[str, Any]) -> float | None:
     return float(cpu) * 1e6 / ops
 
 
-def _paired(
-    recs: list[dict[str, Any]], target: str, peer: str, metric: str
-) -> list[float]:
+def _paired(recs: list[dict[str, Any]], target: str, peer: str, metric: str) -> list[float]:
     """Per-round ratios target/peer of ``metric`` where both ran cleanly in that round."""
     by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in recs:
@@ -92,22 +90,32 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
         if r["server"] not in order:
             order.append(r["server"])
     targets = [s for s in order if SERVERS[s].is_tercel]
-    main_metric = "replay_first_s" if replay else "ops_per_s"
+    many = key.startswith("many-clients")
+    main_metric = "replay_first_s" if replay else "p99_us" if many else "ops_per_s"
+    ratio_label = "p99" if many else "ops/s"
     head = (
         "| server | class | first dequeue after restart | listening after | fill | on disk "
         "| peak RSS after replay | errors | tercel / peer (time) |"
         if replay
         else "| server | class | ops/s | p50 | p99 | server CPU µs/op | peak RSS | errors "
-        "| tercel / peer (ops/s) | tercel / peer (CPU/op) |"
+        f"| tercel / peer ({ratio_label}) | tercel / peer (CPU/op) |"
     )
-    lines = [f"### {key}", "", head, "|" + "---|" * (head.count("|") - 1)]
+    lines = [f"### {key}", ""]
+    if many:
+        lines += [
+            "ops/s = deliveries per second at the producer's trickle rate; p50/p99 = latency "
+            "from add to delivery; errors include lost or duplicated items.",
+            "",
+        ]
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for name in order:
         mine = [r for r in recs if r["server"] == name]
         ok = [r for r in mine if r["status"] == "ok"]
         errs = sum(int(r.get("errors") or 0) for r in mine)
         bad = [r for r in mine if r["status"] != "ok"]
         if bad and not ok:
-            reason = str(bad[0].get("reason") or bad[0]["status"]).splitlines()[0][:80]
+            why = bad[0].get("reason") or "; ".join(bad[0].get("error_samples") or [])
+            reason = (str(why or bad[0]["status"]).splitlines() or [""])[0][:100]
             lines.append(f"| {name} | {SERVERS[name].durability} | {reason} |")
             continue
         ratios_ops: list[str] = []
@@ -117,7 +125,7 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
                 ratios_ops.append(f"{t}: {_ratio_text(_paired(recs, t, name, main_metric))}")
                 ratios_cpu.append(f"{t}: {_ratio_text(_paired(recs, t, name, 'cpu'))}")
         rss = _median([r["peak_rss_kb"] / 1024 for r in ok if r.get("peak_rss_kb")])
-        rss_s = f"{rss:.0f} MB" if rss is not None else "–"
+        rss_s = f"{rss:.0f} MB" if rss is not None else "-"
         cls = SERVERS[name].durability
         if replay:
             first = _median([r["replay_first_s"] for r in ok])
@@ -126,18 +134,18 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
             disk = _median([r["disk_bytes"] / 2**20 for r in ok])
             lines.append(
                 f"| {name} | {cls} | {first or 0:.2f} s | {listen or 0:.2f} s | {fill or 0:.1f} s "
-                f"| {disk or 0:.0f} MB | {rss_s} | {errs} | {'; '.join(ratios_ops) or '–'} |"
+                f"| {disk or 0:.0f} MB | {rss_s} | {errs} | {'; '.join(ratios_ops) or '-'} |"
             )
             continue
         rate = _median([r["ops_per_s"] for r in ok]) or 0.0
         p50 = _median([r["p50_us"] for r in ok])
         p99 = _median([r["p99_us"] for r in ok])
         cpu = _median([c for c in (cpu_us_per_op(r) for r in ok) if c is not None])
-        cpu_s = f"{cpu:.1f}" if cpu is not None else "–"
+        cpu_s = f"{cpu:.1f}" if cpu is not None else "-"
         lines.append(
             f"| {name} | {cls} | {_fmt_rate(rate)} | {_fmt_us(p50)} | {_fmt_us(p99)} | {cpu_s} "
-            f"| {rss_s} | {errs} | {'; '.join(ratios_ops) or '–'} "
-            f"| {'; '.join(ratios_cpu) or '–'} |"
+            f"| {rss_s} | {errs} | {'; '.join(ratios_ops) or '-'} "
+            f"| {'; '.join(ratios_cpu) or '-'} |"
         )
     return [*lines, ""]
 

@@ -304,7 +304,9 @@ def versions() -> dict[str, str]:
             p = subprocess.run(
                 [*cmd, "--version"], capture_output=True, text=True, timeout=10, check=False
             )
-            out["tercel"] = (p.stdout or p.stderr).strip().splitlines()[0] if p.returncode == 0 else ""
+            out["tercel"] = (
+                (p.stdout or p.stderr).strip().splitlines()[0] if p.returncode == 0 else ""
+            )
         except (OSError, IndexError, subprocess.TimeoutExpired):
             out["tercel"] = ""
         if not out["tercel"]:

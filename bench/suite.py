@@ -46,10 +46,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """Command-line options; ``--quick`` overrides the sizes of everything for a smoke run."""
     ap = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n", 1)[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: one round, tiny cells")
-    ap.add_argument("--scenarios", default=",".join(scenarios.DEFAULT_SCENARIOS),
-                    help=f"comma list of: {', '.join(scenarios.ALL_SCENARIOS)}")
-    ap.add_argument("--servers", default=",".join(servers.SERVERS),
-                    help=f"comma list of: {', '.join(servers.SERVERS)}")
+    ap.add_argument(
+        "--scenarios",
+        default=",".join(scenarios.DEFAULT_SCENARIOS),
+        help=f"comma list of: {', '.join(scenarios.ALL_SCENARIOS)}",
+    )
+    ap.add_argument(
+        "--servers",
+        default=",".join(servers.SERVERS),
+        help=f"comma list of: {', '.join(servers.SERVERS)}",
+    )
     ap.add_argument("--sizes", default="1024,64", help="item sizes in bytes")
     ap.add_argument("--conns", default="1,32", help="connection counts")
     ap.add_argument("--depths", default="1,16", help="pipeline depths (1 = none)")
@@ -58,21 +64,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds per cell")
     ap.add_argument("--procs", type=int, default=1, help="load-generator processes per cell")
     ap.add_argument("--consumers", type=int, default=500, help="many-clients: blocked consumers")
-    ap.add_argument("--trickle-rate", type=float, default=1000.0,
-                    help="many-clients: items per second from the producer")
-    ap.add_argument("--replay-items", type=int, default=200_000,
-                    help="replay: items filled before the crash (1000000 for the 1M goal)")
-    ap.add_argument("--drop-caches", action="store_true",
-                    help="replay: drop the page cache before restarting (root)")
-    ap.add_argument("--prefill-mb", type=int, default=96,
-                    help="dequeue: largest backlog per segment, below tercel's memory window")
+    ap.add_argument(
+        "--trickle-rate",
+        type=float,
+        default=1000.0,
+        help="many-clients: items per second from the producer",
+    )
+    ap.add_argument(
+        "--replay-items",
+        type=int,
+        default=200_000,
+        help="replay: items filled before the crash (1000000 for the 1M goal)",
+    )
+    ap.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="replay: drop the page cache before restarting (root)",
+    )
+    ap.add_argument(
+        "--prefill-mb",
+        type=int,
+        default=96,
+        help="dequeue: largest backlog per segment, below tercel's memory window",
+    )
     ap.add_argument("--server-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="JSON-lines results file")
     ap.add_argument("--docs", type=Path, default=BENCH.parent / "docs" / "benchmarks.md")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
-    ap.add_argument("--allow-missing", action="store_true",
-                    help="skip servers that are not installed instead of failing")
+    ap.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="skip servers that are not installed instead of failing",
+    )
     a = ap.parse_args(argv)
     if a.quick:
         a.rounds = 1
@@ -185,16 +209,25 @@ class Runner:
         ``--prefill-mb`` so tercel serves it from memory."""
         key = (sdef.name, cell.key)
         cap = max(1000, min(400_000, self.a.prefill_mb * 2**20 // cell.size))
-        seg_warm = min(self.a.warmup, 0.1)
         parts: list[loadgen.LoadResult] = []
         measured = 0.0
+        retries = 0
         while measured < self.a.duration * 0.98 and len(parts) < 40:
             remaining = self.a.duration - measured
             est = self.rate_memo.get(key, _guess_rate(cell.conns, cell.depth))
-            n = int(min(cap, max(2000, est * (remaining + seg_warm) * 1.3)))
+            n = int(min(cap, max(2000, est * (remaining + 0.1) * 1.3)))
+            # warm up on at most a fifth of the backlog, so it cannot drain before counting
+            seg_warm = min(self.a.warmup, 0.1, 0.2 * n / est)
             errors, _ = loadgen.fill(sdef.proto, r.port, n, cell.size)
             seg = replace(spec, warmup=seg_warm, duration=remaining, stop_on_miss=True)
             res = loadgen.run_load(seg, r.pid)
+            if res.dry_in_warmup and res.errors == 1 and retries < 3:
+                retries += (
+                    1  # faster than guessed: drain what is left, retry with a shorter warm-up
+                )
+                self.rate_memo[key] = est * 4
+                loadgen.run_load(replace(seg, warmup=0.0, duration=30.0))
+                continue
             if errors:
                 res.errors += errors
                 res.error_samples.append(f"{errors} errors during prefill")
@@ -222,11 +255,15 @@ def machine_meta(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     repo = BENCH.parent
     git = subprocess.run(
         ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout.strip()
     dirty = subprocess.run(
         ["git", "-C", str(repo), "status", "--porcelain", "--", "src"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout.strip()
     return {
         "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
@@ -289,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     if runner.client_cpu is not None:
         os.sched_setaffinity(0, {runner.client_cpu})
     today = dt.date.today().isoformat()
-    out = a.out or (RESULTS / "tmp" / f"quick-{today}.jsonl" if a.quick else RESULTS / f"{today}.jsonl")
+    out = a.out or (
+        RESULTS / "tmp" / f"quick-{today}.jsonl" if a.quick else RESULTS / f"{today}.jsonl"
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     run_id = dt.datetime.now().isoformat(timespec="seconds")
     total = a.rounds * sum(len(c.servers) or 1 for c in plan)
@@ -350,7 +389,11 @@ def _one(
         "duration": a.duration,
     }
     if cell.scenario in scenarios.HOOK_SCENARIOS:
-        return {**base, "status": "not-available", "reason": scenarios.HOOK_SCENARIOS[cell.scenario]}
+        return {
+            **base,
+            "status": "not-available",
+            "reason": scenarios.HOOK_SCENARIOS[cell.scenario],
+        }
     if name in missing:
         return {**base, "status": "unavailable", "reason": missing[name]}
     try:
