@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import time
 
 from tercel import __version__
@@ -111,10 +112,16 @@ class Server:
         self._lock_fd = fd
 
     def write_ports_file(self, path: str) -> None:
-        """Write ``{"memcache": N, ...}`` atomically (tmp file, then rename)."""
+        """Write ``{"memcache": N, ...}``: atomically (tmp file, then rename) for a regular
+        file, directly for a FIFO (which lets a supervisor wait for it without polling)."""
+        text = json.dumps(self.ports)
+        if os.path.exists(path) and stat.S_ISFIFO(os.stat(path).st_mode):
+            with open(path, "w") as fh:
+                fh.write(text)
+            return
         tmp = f"{path}.tmp"
         with open(tmp, "w") as fh:
-            json.dump(self.ports, fh)
+            fh.write(text)
         os.replace(tmp, path)
 
     def request_stop(self) -> None:
