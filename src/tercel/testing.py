@@ -117,8 +117,7 @@ class ServerProcess:
                         except ValueError:
                             continue
                 if out.fileno() in ready and not os.read(out.fileno(), 4096):
-                    code = self.proc.wait()
-                    self.proc = None
+                    code = self._wait(30.0)
                     raise ServerStartError(f"server exited with {code}: {self.log()[-2000:]}")
         finally:
             os.close(fd)

@@ -108,10 +108,12 @@ def check_record(buf: Bytes, pos: int) -> int:
     stop = start + length
     if stop > end:
         raise BadRecord(pos, "record runs past the end of the file")
-    body = memoryview(buf)[start:stop]
-    if crc32(body) != crc:
+    # Views are released before anything is raised: a live view would pin an mmap open.
+    with memoryview(buf) as view, view[start:stop] as body:
+        crc_ok = crc32(body) == crc
+        op = body[0]
+    if not crc_ok:
         raise BadRecord(pos, "checksum mismatch")
-    op = body[0]
     if op == OP_ADD:
         if length < ADD_FIELDS_SIZE:
             raise BadRecord(pos, "ADD record too short")
