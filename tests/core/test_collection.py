@@ -1,0 +1,364 @@
+"""QueueCollection: creation, fanout, aliases, expire_to_queue, delete/flush, reload.
+
+Run on the RAM twin and on the file journal: the collection only ever sees ``open_log``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tercel.clock import ManualClock
+from tercel.config import QueueConfig, ServerConfig, parse_config
+from tercel.core.collection import QueueCollection
+from tercel.core.queue import PersistentQueue
+from tercel.errors import BadQueueName
+from tercel.journal import FileJournal, MemoryJournal, list_queue_names
+
+T0 = 1_700_000_000_000
+
+
+class Logs:
+    """An ``open_log`` factory that keeps each queue's storage across collections."""
+
+    def __init__(self, kind: str, path: Path) -> None:
+        self.kind = kind
+        self.path = path
+        self.memory: dict[str, MemoryJournal] = {}
+        self.opened: list[str] = []
+
+    def __call__(self, name: str, config: QueueConfig) -> MemoryJournal | FileJournal:
+        self.opened.append(name)
+        if self.kind == "file":
+            return FileJournal(str(self.path), name)
+        return self.memory.setdefault(name, MemoryJournal())
+
+    def names(self) -> list[str]:
+        """Queues with stored records."""
+        if self.kind == "file":
+            return list_queue_names(str(self.path))
+        return sorted(n for n, j in self.memory.items() if len(j.data) > 8)
+
+
+@pytest.fixture(params=["memory", "file"])
+def logs(request: pytest.FixtureRequest, tmp_path: Path) -> Logs:
+    return Logs(request.param, tmp_path)
+
+
+class World:
+    def __init__(self, logs: Logs, doc: dict[str, Any] | None = None) -> None:
+        self.logs = logs
+        self.clock = ManualClock(T0)
+        self.qc = QueueCollection(parse_config(doc or {}), logs, self.clock)
+
+    def add(self, name: str, data: bytes, expiry: int | None = None) -> bool:
+        return self.qc.add(name, data, expiry, self.clock.now_ms())
+
+    def items(self, name: str) -> list[bytes]:
+        q = self.qc.queue(name)
+        assert q is not None, f"no queue {name}"
+        return [i.data for i in q._items]
+
+    def restart(self) -> None:
+        self.qc.close()
+        self.qc = QueueCollection(self.qc.config, self.logs, self.clock)
+        self.qc.load(self.logs.names())
+
+
+@pytest.fixture
+def world(logs: Logs) -> Iterator[World]:
+    w = World(logs)
+    yield w
+    w.qc.close()
+
+
+def make(logs: Logs, doc: dict[str, Any]) -> World:
+    return World(logs, doc)
+
+
+# ---- creation ------------------------------------------------------------------------------
+
+
+def test_queues_are_created_on_first_reference(world: World) -> None:
+    qc = world.qc
+    assert qc.queue("a") is None
+    assert len(qc) == 0
+    q = qc.get_or_create("a")
+    assert qc.get_or_create("a") is q
+    assert qc.queue("a") is q
+    assert list(qc) == [q]
+    assert world.logs.opened == ["a"]
+    assert qc.stats.queue_creates == 1
+
+
+@pytest.mark.parametrize("name", ["", ".", "a/b", "a~b", "a.1", "+a", "x" * 201, "caf\u00e9"])
+def test_bad_names_are_refused(world: World, name: str) -> None:
+    with pytest.raises(BadQueueName):
+        world.qc.get_or_create(name)
+    with pytest.raises(BadQueueName):
+        world.add(name, b"x")
+    assert len(world.qc) == 0
+
+
+def test_add_counts_and_totals(world: World) -> None:
+    assert world.add("a", b"xx")
+    assert world.add("b", b"yyy")
+    qc = world.qc
+    assert (qc.total_length, qc.total_bytes, qc.stats.total_items) == (2, 5, 2)
+
+
+def test_load_replays_queues_parents_first(logs: Logs) -> None:
+    w = World(logs)
+    w.qc.get_or_create("a+b")
+    w.add("a", b"1")
+    w.add("a+b", b"2")
+    w.add("c", b"3")
+    w.restart()
+    assert logs.opened[-3:] == ["a", "c", "a+b"]  # parents (no '+') first
+    assert w.items("a") == [b"1"]
+    assert w.items("a+b") == [b"1", b"2"]
+    assert w.qc.children("a") == ["a+b"]
+    assert w.qc.stats.total_items == 4  # replayed adds count
+    w.add("a", b"4")
+    assert w.items("a+b") == [b"1", b"2", b"4"]
+    w.qc.close()
+
+
+# ---- fanout --------------------------------------------------------------------------------
+
+
+def test_fanout_children_get_copies(world: World) -> None:
+    qc = world.qc
+    world.add("a", b"before")  # no child yet: not copied later
+    qc.get_or_create("a+x")
+    qc.get_or_create("a+y")
+    assert qc.children("a") == ["a+x", "a+y"]
+    assert world.add("a", b"one")
+    assert world.items("a") == [b"before", b"one"]
+    assert world.items("a+x") == [b"one"]
+    assert world.items("a+y") == [b"one"]
+    assert qc.children("a+x") == []
+    assert world.add("a+x", b"direct")  # a child is a queue of its own
+    assert world.items("a+x") == [b"one", b"direct"]
+    assert world.items("a") == [b"before", b"one"]
+
+
+def test_fanout_child_registered_by_a_set(world: World) -> None:
+    world.add("a+x", b"first")
+    assert world.qc.children("a") == ["a+x"]
+    assert world.qc.queue("a") is None  # the parent is not created by its child
+    world.add("a", b"second")
+    assert world.items("a+x") == [b"first", b"second"]
+
+
+def test_fanout_children_inherit_the_parent_config(logs: Logs) -> None:
+    doc = {
+        "queues": {
+            "max_items": 100,
+            "a": {"max_items": 2, "max_age": "1s"},
+            "a+own": {"max_items": 5},
+        }
+    }
+    w = make(logs, doc)
+    child = w.qc.get_or_create("a+x")
+    own = w.qc.get_or_create("a+own")
+    other = w.qc.get_or_create("b")
+    assert (child.config.max_items, child.config.max_age) == (2, 1000)
+    assert (own.config.max_items, own.config.max_age) == (5, 1000)
+    assert other.config.max_items == 100
+    w.qc.close()
+
+
+def test_fanout_reply_reflects_only_the_parent(logs: Logs) -> None:
+    w = make(logs, {"queues": {"a": {"max_items": 1}, "a+big": {"max_items": 10}}})
+    w.qc.get_or_create("a+big")
+    w.qc.get_or_create("a+small")  # inherits max_items = 1
+    assert w.add("a", b"1")
+    assert not w.add("a", b"2")  # the parent is full...
+    assert w.items("a+big") == [b"1", b"2"]  # ...but the children were fed first
+    assert w.items("a+small") == [b"1"]  # a full child silently misses
+    w.qc.delete("a")
+    w.qc.get_or_create("a+small").remove()
+    assert w.add("a", b"3")  # the parent re-created: its children are still registered
+    assert w.items("a+small") == [b"3"]
+    w.qc.close()
+
+
+def test_deleting_a_child_stops_its_feed(world: World) -> None:
+    qc = world.qc
+    qc.get_or_create("a+x")
+    world.add("a", b"1")
+    assert qc.delete("a+x")
+    assert qc.children("a") == []
+    assert qc.queue("a+x") is None
+    world.add("a", b"2")
+    assert qc.queue("a+x") is None  # not fed, not re-created
+    qc.get_or_create("a+x")
+    assert world.items("a+x") == []  # re-created empty
+    world.add("a", b"3")
+    assert world.items("a+x") == [b"3"]
+
+
+def test_fanout_only_parent_stores_nothing(logs: Logs) -> None:
+    w = make(logs, {"queues": {"a": {"fanout_only": True}}})
+    assert w.add("a", b"lost")  # no children: a black hole that says STORED
+    w.qc.get_or_create("a+x")
+    assert w.add("a", b"1")
+    assert w.items("a") == []
+    assert w.items("a+x") == [b"1"]
+    assert w.qc.queue("a+x").config.fanout_only  # type: ignore[union-attr]  # inherited
+    w.restart()
+    assert w.qc.get_or_create("a").bytes == 0
+    assert w.items("a+x") == [b"1"]
+    w.add("a", b"2")
+    assert w.items("a+x") == [b"1", b"2"]
+    w.qc.close()
+
+
+# ---- aliases -------------------------------------------------------------------------------
+
+
+def test_alias_writes_to_every_destination(logs: Logs) -> None:
+    w = make(logs, {"aliases": {"all": ["a", "b"], "outer": ["all", "c"]}})
+    assert w.qc.is_alias("all") and not w.qc.is_alias("a")
+    assert w.add("all", b"1")
+    assert w.add("outer", b"2")
+    assert w.items("a") == [b"1", b"2"]
+    assert w.items("b") == [b"1", b"2"]
+    assert w.items("c") == [b"2"]
+    assert w.qc.queue("all") is None  # an alias is never a queue
+    w.qc.close()
+
+
+def test_alias_succeeds_only_if_every_destination_took_it(logs: Logs) -> None:
+    w = make(logs, {"queues": {"a": {"max_items": 1}}, "aliases": {"all": ["a", "b"]}})
+    assert w.add("all", b"1")
+    assert not w.add("all", b"2")
+    assert w.items("a") == [b"1"]
+    assert w.items("b") == [b"1", b"2"]  # the other destinations still got it
+    w.qc.close()
+
+
+def test_alias_to_a_fanout_parent(logs: Logs) -> None:
+    w = make(logs, {"aliases": {"al": ["a"]}})
+    w.qc.get_or_create("a+x")
+    w.add("al", b"1")
+    assert w.items("a+x") == [b"1"]
+    w.qc.close()
+
+
+# ---- expiry --------------------------------------------------------------------------------
+
+
+def test_expire_to_queue(logs: Logs) -> None:
+    doc = {"queues": {"a": {"expire_to_queue": "dead"}, "dead": {"max_age": 500}}}
+    w = make(logs, doc)
+    w.add("a", b"1", expiry=T0 + 10)
+    w.add("a", b"2", expiry=T0 + 10)
+    w.add("a", b"3")
+    w.clock.advance(100)
+    assert w.qc.flush_expired("a") == 2
+    assert w.items("a") == [b"3"]
+    assert w.items("dead") == [b"1", b"2"]
+    dead = w.qc.queue("dead")
+    assert dead is not None
+    # No expiry of its own, a new add time, and the target's max_age applies.
+    assert [(i.add_time, i.expiry) for i in dead._items] == [(T0 + 100, T0 + 600)] * 2
+    w.qc.close()
+
+
+def test_expire_to_itself_is_ignored(logs: Logs) -> None:
+    w = make(logs, {"queues": {"a": {"expire_to_queue": "a"}}})
+    w.add("a", b"1", expiry=T0 + 1)
+    w.clock.advance(5)
+    assert w.qc.flush_expired("a") == 1
+    assert w.items("a") == []
+    w.qc.close()
+
+
+def test_flush_expired_and_flush_all_expired(world: World) -> None:
+    qc = world.qc
+    assert qc.flush_expired("missing") == 0
+    assert qc.queue("missing") is None
+    world.add("a", b"1", expiry=T0 + 1)
+    world.add("a", b"2", expiry=T0 + 1)
+    world.add("b", b"3", expiry=T0 + 1)
+    world.add("c", b"4")
+    world.clock.advance(2)
+    assert qc.flush_all_expired() == 3
+    assert qc.flush_all_expired() == 0
+    assert (qc.total_length, qc.total_bytes) == (1, 1)
+
+
+# ---- delete and flush ----------------------------------------------------------------------
+
+
+def test_delete(world: World) -> None:
+    qc = world.qc
+    assert not qc.delete("missing")
+    assert qc.queue("missing") is None
+    world.add("a", b"1")
+    world.add("b", b"2")
+    q = qc.queue("a")
+    assert q is not None
+    assert qc.delete("a")
+    assert q.closed
+    assert qc.queue("a") is None
+    assert qc.stats.queue_deletes == 1
+    assert world.logs.names() == ["b"]
+    if world.logs.kind == "file":
+        assert os.listdir(world.logs.path) == ["b"]
+    assert world.items("b") == [b"2"]
+    assert qc.get_or_create("a") is not q
+    assert world.items("a") == []
+
+
+def test_flush(world: World) -> None:
+    qc = world.qc
+    qc.flush("missing")
+    assert qc.queue("missing") is None
+    world.add("a", b"1")
+    world.add("a", b"2")
+    world.add("b", b"3")
+    got = qc.get_or_create("a").remove_open()
+    qc.flush("a")
+    assert world.items("a") == []
+    assert world.items("b") == [b"3"]
+    assert qc.get_or_create("a").open_reads == 1
+    assert got is not None
+    qc.get_or_create("a").abort(got[0])
+    assert world.items("a") == [b"1"]
+    qc.flush_all()
+    assert qc.total_length == 0
+
+
+# ---- configuration -------------------------------------------------------------------------
+
+
+def test_reload_changes_live_queues(logs: Logs) -> None:
+    w = make(logs, {"queues": {"a": {"max_items": 1}}})
+    w.add("a", b"1")
+    w.qc.get_or_create("a+x")
+    w.qc.get_or_create("b")
+    assert not w.add("a", b"2")
+    new: ServerConfig = parse_config(
+        {"queues": {"max_items": 7, "a": {"max_items": 3}}, "aliases": {"al": ["b"]}}
+    )
+    w.qc.reload(new)
+    assert w.qc.config is new
+    configs = {q.name: q.config.max_items for q in w.qc}
+    assert configs == {"a": 3, "a+x": 3, "b": 7}
+    assert w.add("a", b"2")
+    assert w.add("al", b"via alias")
+    assert w.items("b") == [b"via alias"]
+    w.qc.close()
+
+
+def test_close_closes_every_log(world: World) -> None:
+    queues: list[PersistentQueue] = [world.qc.get_or_create(n) for n in ("a", "b")]
+    world.qc.close()
+    assert all(q.closed for q in queues)
