@@ -67,8 +67,16 @@ class Session:
 
     def open_count(self, name: str) -> int:
         """Open reads this session holds on ``name``."""
-        entry = self._open.get(name)
+        entry = self._entry(name)
         return len(entry[1]) if entry else 0
+
+    def _entry(self, name: str) -> tuple[PersistentQueue, deque[int]] | None:
+        """The open reads on ``name``; those on a queue deleted since are dropped here."""
+        entry = self._open.get(name)
+        if entry is not None and self.collection.queue(name) is not entry[0]:
+            del self._open[name]
+            return None
+        return entry
 
     def _record(self, queue: PersistentQueue, xid: int) -> None:
         entry = self._open.get(queue.name)
@@ -77,7 +85,7 @@ class Session:
         entry[1].append(xid)
 
     def _pop_oldest(self, name: str) -> tuple[PersistentQueue, int] | None:
-        entry = self._open.get(name)
+        entry = self._entry(name)
         if entry is None:
             return None
         queue, xids = entry
@@ -115,10 +123,11 @@ class Session:
             stats.cmd_peek += 1
         else:
             stats.cmd_get += 1
-            if name in self._open:
+            entry = self._entry(name)
+            if entry is not None:
                 if mode == "get":
                     raise OpenReadError("a plain get while an open read is held on this queue")
-                if len(self._open[name][1]) >= self.max_open_reads:
+                if len(entry[1]) >= self.max_open_reads:
                     raise OpenReadError("too many open reads")
         if self.collection.is_alias(name):
             return None

@@ -194,7 +194,7 @@ BAD = [
     (raw(b"\x02\x00"), "REMOVE record has the wrong length"),
     (raw(b"\x06\x00"), "FLUSH record has the wrong length"),
     (raw(b"\x00"), "unknown opcode 0"),
-    (raw(b"\x07"), "unknown opcode 7"),
+    (raw(bytes([max(rec.OP_NAMES) + 1])), f"unknown opcode {max(rec.OP_NAMES) + 1}"),
     (raw(b"\xff\x00\x00\x00\x00"), "unknown opcode 255"),
 ]
 
