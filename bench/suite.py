@@ -100,8 +100,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.quick:
         a.rounds = 1
-        a.duration = min(a.duration, 0.3)
-        a.warmup = min(a.warmup, 0.1)
+        a.duration = min(a.duration, 0.2)
+        a.warmup = min(a.warmup, 0.05)
         a.sizes = "1024"
         a.conns = "4"
         a.depths = "4"
