@@ -584,3 +584,42 @@ def test_waiter_is_not_handed_an_expired_item(h: Harness) -> None:
     assert r.got == []
     assert h.expired == [b"old"]
     assert q.waiters == 1
+
+
+# ---- configuration changes -----------------------------------------------------------------
+
+
+def test_new_limits_apply_to_later_operations_only(store: Store) -> None:
+    h = Harness(store)
+    q = h.q
+    for data in (b"a", b"b", b"c"):
+        q.add(data)
+    h.reconfigure(max_items=1, max_age=10)
+    assert datas(q) == [b"a", b"b", b"c"]  # lowering max_items drops nothing
+    h.clock.advance(1000)
+    assert q.flush_expired() == 0  # a new max_age does not touch queued items
+    assert not q.add(b"d")
+    h.reconfigure(max_items=0, discard_old_when_full=False)
+    q.flush()
+    assert not q.add(b"e")  # 0 means always full
+
+
+def test_discard_with_max_items_zero_keeps_the_newest(store: Store) -> None:
+    h = Harness(store, max_items=0, discard_old_when_full=True)
+    assert h.q.add(b"a")
+    assert h.q.add(b"b")
+    assert datas(h.q) == [b"b"]
+
+
+@pytest.mark.parametrize("mode", ["get", "open", "peek"])
+def test_waiter_keeps_its_place_when_only_expired_items_arrive(h: Harness, mode: str) -> None:
+    q = h.q
+    first, second = Reader(mode), Reader(mode)
+    q.wait(first)
+    q.wait(second)
+    q.add(b"dead on arrival", expiry=T0 - 1)
+    assert (first.got, second.got, q.waiters) == ([], [], 2)
+    q.add(b"live")
+    assert first.got[0][1] == b"live"
+    if mode != "peek":
+        assert second.got == []

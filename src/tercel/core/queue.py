@@ -280,21 +280,25 @@ class PersistentQueue:
             if waiter.mode == "peek":
                 head = self.peek(now)
                 if head is None:
-                    waiters[waiter] = None
+                    self._requeue_first(waiter)
                     return
                 waiter.deliver(0, head)
             elif waiter.mode == "open":
                 taken = self.remove_open(now)
                 if taken is None:
-                    waiters[waiter] = None
+                    self._requeue_first(waiter)
                     return
                 waiter.deliver(*taken)
             else:
                 item = self.remove(now)
                 if item is None:
-                    waiters[waiter] = None
+                    self._requeue_first(waiter)
                     return
                 waiter.deliver(0, item)
+
+    def _requeue_first(self, waiter: Waiter) -> None:
+        # Only expired items were left: the waiter keeps its place at the front of the line.
+        self._waiters = {waiter: None, **self._waiters}
 
     # ---- life cycle -----------------------------------------------------------------------
 
