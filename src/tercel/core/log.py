@@ -8,7 +8,8 @@ write method appends one record; it raises (a :class:`~tercel.errors.JournalWrit
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 
 class ReplaySink(Protocol):
@@ -20,6 +21,26 @@ class ReplaySink(Protocol):
     def on_confirm(self, xid: int) -> None: ...
     def on_abort(self, xid: int) -> None: ...
     def on_flush(self) -> None: ...
+    def on_snapshot(self, next_id: int, xid: int) -> None: ...
+
+
+Position = tuple[int, int]
+"""An opaque place in a log (the journal's ``(file seq, offset)``); compared only for order."""
+
+
+class ItemReader(Protocol):
+    """Reads back, in order, the items a queue left in its log (read-behind)."""
+
+    @property
+    def position(self) -> Position:
+        """Where the next read starts."""
+        ...
+
+    def next_add(self) -> tuple[int, int, int, bytes] | None:
+        """``(item_id, add_time, expiry, data)`` of the next item, or None."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class QueueLog(Protocol):
@@ -44,6 +65,42 @@ class QueueLog(Protocol):
     @property
     def current_size(self) -> int:
         """Bytes of the file being appended to."""
+        ...
+
+    pages: bool
+    """True when items may be left in the log and read back later (read-behind)."""
+    compacting: bool
+    """True while a compaction runs; the queue starts no other."""
+    replay_position: Position
+    """During replay: where the record being applied starts."""
+    rotations: int
+    compactions: int
+
+    def position(self) -> Position:
+        """Where the next appended record will start."""
+        ...
+
+    def reader(self, position: Position) -> ItemReader:
+        """Read the items recorded from ``position`` on."""
+        ...
+
+    def size_before(self, seq: int) -> int:
+        """Bytes of the log's files older than file ``seq``."""
+        ...
+
+    def rotate(self) -> bool:
+        """Start a new file; False when it cannot now."""
+        ...
+
+    def compact(
+        self,
+        next_id: int,
+        xid: int,
+        open_items: Sequence[tuple[int, Any]],
+        items: Iterable[Any],
+        cursor: Position | None,
+    ) -> bool:
+        """Replace history by a snapshot of this state; True when started (see the journal)."""
         ...
 
     def close(self) -> None: ...

@@ -1,4 +1,4 @@
-"""One named FIFO queue: items, open reads, limits, expiry and blocked readers.
+"""One named FIFO queue: items, open reads, limits, expiry, read-behind and blocked readers.
 
 Contract (as darner states its own): every method is synchronous and is called from one
 thread; nothing here waits. A blocked reader registers a :class:`Waiter`; when an item
@@ -8,18 +8,25 @@ call back into this queue (schedule further work instead).
 
 Every change is written to the queue's log *before* memory changes, so a log that refuses a
 write leaves the queue as it was.
+
+Read-behind: while the payload bytes in memory are at ``max_memory_size``, new items are only
+written to the log and counted (``disk_items``); memory keeps the head of the queue, and each
+removal reads the next items back from the log (Kestrel's "read-behind"). Items on disk have no
+Python object at all. The queue also decides when the log should rotate or compact
+(:meth:`maintain_log`); the log carries it out.
 """
 
 from __future__ import annotations
 
+import builtins
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 from tercel.clock import Clock
 from tercel.config import QueueConfig
-from tercel.core.log import QueueLog
-from tercel.errors import ItemTooLarge
+from tercel.core.log import ItemReader, Position, QueueLog
+from tercel.errors import ItemTooLarge, JournalError
 
 XID_LIMIT = 2**32
 
@@ -67,7 +74,14 @@ class PersistentQueue:
         self._items: deque[QItem] = deque()
         self._open: dict[int, QItem] = {}
         self._waiters: dict[Waiter, None] = {}
-        self.bytes = 0
+        self.mem_bytes = 0
+        """Payload bytes of the items in memory."""
+        self.disk_items = 0
+        """Items only in the log (read-behind), after every item in memory."""
+        self.disk_bytes = 0
+        self._cursor: Position | None = None  # where the first disk item's record starts
+        self._reader: ItemReader | None = None
+        self._compact_floor = 0
         self._xid = 0
         self._next_id = 1
         self._last_removed_add_time = 0
@@ -80,12 +94,20 @@ class PersistentQueue:
         self.transactions = 0
         self.canceled_transactions = 0
         self.total_flushes = 0
-        self.journal_rewrites = 0
-        self.journal_rotations = 0
 
     # ---- state ----------------------------------------------------------------------------
 
     def __len__(self) -> int:
+        return len(self._items) + self.disk_items
+
+    @property
+    def bytes(self) -> int:
+        """Payload bytes of every item, in memory and on disk (open reads excluded)."""
+        return self.mem_bytes + self.disk_bytes
+
+    @property
+    def mem_items(self) -> int:
+        """Items held in memory."""
         return len(self._items)
 
     @property
@@ -97,6 +119,16 @@ class PersistentQueue:
     def waiters(self) -> int:
         """Blocked readers."""
         return len(self._waiters)
+
+    @property
+    def journal_rewrites(self) -> int:
+        """Compactions of this queue's log since start."""
+        return self.log.compactions
+
+    @property
+    def journal_rotations(self) -> int:
+        """Rotations of this queue's log since start."""
+        return self.log.rotations
 
     def age(self, now: int) -> int:
         """Kestrel's ``age``: ms since the add time of the last item removed; 0 when empty."""
@@ -116,12 +148,13 @@ class PersistentQueue:
             self.log.abort(xid)
             item = self._open.pop(xid)
             self._items.appendleft(item)
-            self.bytes += len(item.data)
+            self.mem_bytes += len(item.data)
+        self._refill()
         return report
 
     # ---- writes ---------------------------------------------------------------------------
 
-    def add(self, data: bytes, expiry: int | None = None, now: int | None = None) -> bool:
+    def add(self, data: builtins.bytes, expiry: int | None = None, now: int | None = None) -> bool:
         """Append an item; False when the queue is full (and may not discard) or closed.
 
         ``expiry`` is absolute epoch ms (None or 0: none), capped by ``max_age``. Raises
@@ -137,36 +170,43 @@ class PersistentQueue:
         items = self._items
         if items and items[0].expiry and items[0].expiry < now:
             self._discard_expired(now, cfg.max_expire_sweep)
-        if len(items) >= cfg.max_items or self.bytes >= cfg.max_size:
+        if len(self) >= cfg.max_items or self.bytes >= cfg.max_size:
             if not cfg.discard_old_when_full:
                 return False
-            while items and (len(items) >= cfg.max_items or self.bytes >= cfg.max_size):
+            while len(self) and (len(self) >= cfg.max_items or self.bytes >= cfg.max_size):
+                if not items:
+                    self._refill()
                 self._pop_head()
                 self.discarded += 1
         if cfg.max_age is not None:
             cap = now + cfg.max_age
             expiry = cap if not expiry or expiry > cap else expiry
-        item = QItem(self._next_id, now, expiry or 0, data)
-        self.log.add(item.id, now, item.expiry, data)
-        self._next_id += 1
-        items.append(item)
-        self.bytes += len(data)
+        item_id = self._next_id
+        if self.disk_items or (self.mem_bytes >= cfg.max_memory_size and self.log.pages):
+            if not self.disk_items:
+                self._cursor = self.log.position()
+            self.log.add(item_id, now, expiry or 0, data)
+            self.disk_items += 1
+            self.disk_bytes += len(data)
+        else:
+            self.log.add(item_id, now, expiry or 0, data)
+            items.append(QItem(item_id, now, expiry or 0, data))
+            self.mem_bytes += len(data)
+        self._next_id = item_id + 1
         self.total_items += 1
         if self._waiters:
             self._serve_waiters(now)
+        self.maintain_log()
         return True
 
     def remove(self, now: int | None = None) -> QItem | None:
         """Take the head item for good, or None when empty (expired heads are dropped)."""
         if now is None:
             now = self.clock.now_ms()
-        items = self._items
-        if items and items[0].expiry and items[0].expiry < now:
-            self._discard_expired(now, self.config.max_expire_sweep)
-        if not items:
+        if not self._head(now):
             return None
         self.log.remove()
-        item = items.popleft()
+        item = self._items.popleft()
         self._taken(item)
         return item
 
@@ -174,32 +214,38 @@ class PersistentQueue:
         """Take the head item into a new open read; ``(xid, item)`` or None when empty."""
         if now is None:
             now = self.clock.now_ms()
-        items = self._items
-        if items and items[0].expiry and items[0].expiry < now:
-            self._discard_expired(now, self.config.max_expire_sweep)
-        if not items:
+        if not self._head(now):
             return None
         xid = self._new_xid()
         self.log.open_read(xid)
-        item = items.popleft()
+        item = self._items.popleft()
         self._open[xid] = item
         self.transactions += 1
         self._taken(item)
         return xid, item
 
+    def _head(self, now: int) -> bool:
+        """Bring the head into memory and drop expired heads; True when there is a head."""
+        items = self._items
+        if not items and self.disk_items:
+            self._refill()
+        if items and items[0].expiry and items[0].expiry < now:
+            self._discard_expired(now, self.config.max_expire_sweep)
+        return bool(items)
+
     def _taken(self, item: QItem) -> None:
-        self.bytes -= len(item.data)
+        self.mem_bytes -= len(item.data)
         item.deliveries += 1
         self._last_removed_add_time = item.add_time
+        if self.disk_items:
+            self._refill()
+        self.maintain_log()
 
     def peek(self, now: int | None = None) -> QItem | None:
         """The head item without removing it, or None (expired heads are dropped)."""
         if now is None:
             now = self.clock.now_ms()
-        items = self._items
-        if items and items[0].expiry and items[0].expiry < now:
-            self._discard_expired(now, self.config.max_expire_sweep)
-        return items[0] if items else None
+        return self._items[0] if self._head(now) else None
 
     def confirm(self, xid: int) -> bool:
         """Finish open read ``xid`` for good; False when no such read is open."""
@@ -216,7 +262,7 @@ class PersistentQueue:
         self.log.abort(xid)
         item = self._open.pop(xid)
         self._items.appendleft(item)
-        self.bytes += len(item.data)
+        self.mem_bytes += len(item.data)
         self.canceled_transactions += 1
         if self._waiters:
             self._serve_waiters(self.clock.now_ms())
@@ -224,11 +270,12 @@ class PersistentQueue:
 
     def flush(self) -> None:
         """Drop every item that is not open."""
-        if not self._items:
+        if not len(self):
             return
         self.log.flush_items()
         self._items.clear()
-        self.bytes = 0
+        self.mem_bytes = 0
+        self._drop_disk_items()
         self.total_flushes += 1
 
     def flush_expired(self, now: int | None = None) -> int:
@@ -251,7 +298,9 @@ class PersistentQueue:
     def _pop_head(self) -> QItem:
         self.log.remove()
         item = self._items.popleft()
-        self.bytes -= len(item.data)
+        self.mem_bytes -= len(item.data)
+        if self.disk_items:
+            self._refill()
         return item
 
     def _new_xid(self) -> int:
@@ -261,6 +310,86 @@ class PersistentQueue:
             if xid not in self._open:
                 self._xid = xid
                 return xid
+
+    # ---- read-behind and log upkeep -------------------------------------------------------
+
+    def _refill(self) -> None:
+        """Read items back from the log until memory is full again (or none are left)."""
+        limit = self.config.max_memory_size
+        items = self._items
+        while self.disk_items and (self.mem_bytes < limit or not items):
+            if self._reader is None:
+                assert self._cursor is not None
+                self._reader = self.log.reader(self._cursor)
+            got = self._reader.next_add()
+            if got is None:
+                raise JournalError(
+                    f"queue {self.name}: {self.disk_items} items missing from the log", "", 0
+                )
+            item = QItem(*got)
+            items.append(item)
+            size = len(item.data)
+            self.mem_bytes += size
+            self.disk_items -= 1
+            self.disk_bytes -= size
+        if not self.disk_items:
+            self._drop_disk_items()
+
+    def _drop_disk_items(self) -> None:
+        self.disk_items = self.disk_bytes = 0
+        self._cursor = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def maintain_log(self) -> None:
+        """Rotate or compact the log when the rules say so (docs/journal_format.md).
+
+        1. empty queue (open reads aside), log over ``max_journal_size``: compact;
+        2. queue under ``max_journal_size`` but log over ``max_journal_overflow`` times it:
+           compact;
+        3. log over ``max_journal_size_absolute``: compact what can be;
+        in read-behind: rotate files at ``max_journal_size``, and compact the files wholly
+        before the read position once they outweigh both ``max_journal_size`` and twice the
+        memory window. Sizes count every file of the log, not only the current one.
+        """
+        log = self.log
+        cfg = self.config
+        size = log.size
+        if size <= cfg.max_journal_size or log.compacting or not log.pages:
+            return
+        if self.disk_items:
+            if log.current_size > cfg.max_journal_size:
+                log.rotate()
+            cursor = self._reader.position if self._reader is not None else self._cursor
+            assert cursor is not None
+            consumed = log.size_before(cursor[0])
+            if consumed > max(cfg.max_journal_size, 2 * self.mem_bytes) or (
+                size > cfg.max_journal_size_absolute and consumed
+            ):
+                self._compact(cursor)
+            return
+        if size <= self._compact_floor:
+            return
+        live = self.mem_bytes
+        if (
+            not self._items
+            or (
+                live < cfg.max_journal_size
+                and size > cfg.max_journal_overflow * cfg.max_journal_size
+            )
+            or size > cfg.max_journal_size_absolute
+        ):
+            self._compact(None)
+
+    def _compact(self, cursor: Position | None) -> None:
+        open_items = list(self._open.items())
+        items = list(self._items)
+        if self.log.compact(self._next_id, self._xid, open_items, items, cursor):
+            kept = self.mem_bytes + sum(len(i.data) for _, i in open_items)
+            # Do not compact again until the log has grown by another max_journal_size
+            # (Kestrel issue #114: rewrite storms when many reads stay open).
+            self._compact_floor = kept + self.config.max_journal_size
 
     # ---- blocked readers ------------------------------------------------------------------
 
@@ -274,7 +403,7 @@ class PersistentQueue:
 
     def _serve_waiters(self, now: int) -> None:
         waiters = self._waiters
-        while waiters and self._items:
+        while waiters and len(self):
             waiter = next(iter(waiters))
             del waiters[waiter]
             if waiter.mode == "peek":
@@ -305,6 +434,9 @@ class PersistentQueue:
     def close(self) -> None:
         """Stop accepting work and close the log (waiters are left to time out)."""
         self.closed = True
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         self.log.close()
 
     def erase(self) -> None:
@@ -312,7 +444,8 @@ class PersistentQueue:
         self.closed = True
         self._items.clear()
         self._open.clear()
-        self.bytes = 0
+        self.mem_bytes = 0
+        self._drop_disk_items()
         self.log.erase()
 
 
@@ -326,24 +459,37 @@ class _Replayer:
 
     def on_add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
         q = self.q
-        q._items.append(QItem(item_id, add_time, expiry, data))
-        q.bytes += len(data)
+        if q.disk_items or (q.mem_bytes >= q.config.max_memory_size and q.log.pages):
+            if not q.disk_items:
+                q._cursor = q.log.replay_position
+            q.disk_items += 1
+            q.disk_bytes += len(data)
+        else:
+            q._items.append(QItem(item_id, add_time, expiry, data))
+            q.mem_bytes += len(data)
         q.total_items += 1
         if item_id >= q._next_id:
             q._next_id = item_id + 1
 
-    def on_remove(self) -> None:
+    def _pop(self) -> QItem | None:
         q = self.q
-        if q._items:
-            item = q._items.popleft()
-            q.bytes -= len(item.data)
-            q._last_removed_add_time = item.add_time
+        if not q._items and q.disk_items:
+            q._refill()
+        if not q._items:
+            return None
+        item = q._items.popleft()
+        q.mem_bytes -= len(item.data)
+        return item
+
+    def on_remove(self) -> None:
+        item = self._pop()
+        if item is not None:
+            self.q._last_removed_add_time = item.add_time
 
     def on_open(self, xid: int) -> None:
         q = self.q
-        if q._items:
-            item = q._items.popleft()
-            q.bytes -= len(item.data)
+        item = self._pop()
+        if item is not None:
             item.deliveries += 1
             q._open[xid] = item
         q._xid = xid
@@ -356,8 +502,19 @@ class _Replayer:
         item = q._open.pop(xid, None)
         if item is not None:
             q._items.appendleft(item)
-            q.bytes += len(item.data)
+            q.mem_bytes += len(item.data)
 
     def on_flush(self) -> None:
-        self.q._items.clear()
-        self.q.bytes = 0
+        q = self.q
+        q._items.clear()
+        q.mem_bytes = 0
+        q._drop_disk_items()
+
+    def on_snapshot(self, next_id: int, xid: int) -> None:
+        q = self.q
+        q._items.clear()
+        q._open.clear()
+        q.mem_bytes = 0
+        q._drop_disk_items()
+        q._next_id = max(q._next_id, next_id)
+        q._xid = xid

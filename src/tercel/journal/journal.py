@@ -1,15 +1,25 @@
-"""One queue's journal on disk: the files, the buffered appends, replay and torn tails.
+"""One queue's journal on disk: its files, buffered appends, replay, rotation, compaction.
 
-Files live directly in the data directory and begin with the queue's name: ``<name>`` is the
-file being appended to; ``<name>.<n>`` are older files, replayed first in numeric order;
-``<name>~~<anything>`` are temporary files, removed before replay. Queue names can never hold
-``.`` or ``~`` (see :mod:`tercel.names`), so these names never collide.
+Files live directly in the data directory and begin with the queue's name. ``<name>`` is the
+file being appended to; ``<name>.<seq>`` are older files, replayed first in numeric order;
+``<name>~~<anything>`` are temporary files, removed before replay. Every file has a sequence
+number (the current file's is one more than the newest older file's), and a
+:data:`~tercel.journal.records.Position` names a record as ``(seq, offset)``. Queue names can
+never hold ``.`` or ``~`` (see :mod:`tercel.names`), so these names never collide.
 
 Appends go to an in-memory buffer; :meth:`FileJournal.write_out` hands the whole buffer to the
-OS in one ``write`` call. Who calls it, and when, is the owner's business (the server's
-group-commit writes every dirty journal once per event-loop pass, before any reply leaves);
-without an owner each append is written through at once. Single-threaded, except
-:meth:`FileJournal.sync`, which a worker thread may run while the loop keeps appending.
+OS in one ``write``. Who calls it, and when, is the owner's business (the server's group
+commit writes every dirty journal once per event-loop pass, before any reply leaves); without
+an owner each append is written through at once.
+
+The queue decides *when* to rotate or compact; this module only executes. Compaction writes a
+snapshot file (state at a rotation point, see docs/journal_format.md) through an injected
+``background`` runner (a worker thread in the server; inline by default), then switches over
+on the owner's thread in one short step: rename over the newest obsolete file, delete the
+older ones. Every crash window has a named fail point (:func:`failpoint`).
+
+Threading: single-threaded, except :meth:`FileJournal.sync` and the snapshot writer, which run
+on worker threads and touch only their own file descriptors.
 """
 
 from __future__ import annotations
@@ -17,19 +27,61 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal import records as rec
+from tercel.journal.reader import ChunkReader
 from tercel.names import valid_name
 
 log = logging.getLogger(__name__)
 
-TORN_SCAN = 4096
-"""How far past a bad record replay looks for a valid one before calling the bad record a
-torn tail. Torn writes are page-sized or smaller: power loss leaves at most the last pages
-of a file half-written, so valid data beyond one page means real damage."""
+TORN_SCAN = 1 << 20
+"""How much of a file after a bad record replay searches for a valid record before deciding
+the bad record is a torn tail (nothing valid after it) rather than damage (valid data after
+it, which must never be cut away). The whole rest of the file is searched when it is shorter;
+a longer rest is a torn tail only if the bad record claims to run past the end of the file
+(a large record cut short) and its first MiB holds nothing valid."""
+
+FAILPOINTS = (
+    "compact_before_write",
+    "compact_after_write",
+    "compact_after_rename",
+    "compact_after_delete",
+)
+"""Crash windows of a compaction, in order. With ``TERCEL_FAILPOINT=<name>`` in the
+environment the process exits at once (``os._exit(99)``, no cleanup) on reaching it."""
+
+
+def failpoint(name: str) -> None:
+    """Die here if the environment asks for it (crash tests; see :data:`FAILPOINTS`)."""
+    if os.environ.get("TERCEL_FAILPOINT") == name:
+        os._exit(99)
+
+
+class ItemLike(Protocol):
+    """What a snapshot needs of an item."""
+
+    id: int
+    add_time: int
+    expiry: int
+    data: bytes
+
+
+Background = Callable[[Callable[[], None], Callable[[BaseException | None], None]], None]
+"""``run(work, done)``: run ``work`` somewhere, then call ``done(error)`` on the owner's thread."""
+
+
+def run_inline(work: Callable[[], None], done: Callable[[BaseException | None], None]) -> None:
+    """The default :data:`Background`: do the work now, on this thread."""
+    try:
+        work()
+    except Exception as exc:
+        done(exc)
+    else:
+        done(None)
 
 
 @dataclass(slots=True)
@@ -51,19 +103,21 @@ class ReplayReport:
     truncations: list[Truncation] = field(default_factory=list)
 
 
+def _older_seqs(data_dir: str, name: str) -> list[int]:
+    prefix = name + "."
+    return sorted(
+        int(e[len(prefix) :])
+        for e in os.listdir(data_dir)
+        if e.startswith(prefix) and e[len(prefix) :].isdigit()
+    )
+
+
 def journal_files(data_dir: str, name: str) -> list[str]:
     """The paths of ``name``'s journal files in replay order (older files, then current)."""
-    older: list[tuple[int, str]] = []
-    prefix = name + "."
-    current = None
-    for entry in os.listdir(data_dir):
-        if entry == name:
-            current = os.path.join(data_dir, entry)
-        elif entry.startswith(prefix) and entry[len(prefix) :].isdigit():
-            older.append((int(entry[len(prefix) :]), os.path.join(data_dir, entry)))
-    paths = [p for _, p in sorted(older)]
-    if current is not None:
-        paths.append(current)
+    base = os.path.join(data_dir, name)
+    paths = [f"{base}.{seq}" for seq in _older_seqs(data_dir, name)]
+    if os.path.exists(base):
+        paths.append(base)
     return paths
 
 
@@ -89,6 +143,26 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[n:]
 
 
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _starts_with_snapshot(path: str) -> bool:
+    with open(path, "rb") as fh:
+        head = fh.read(rec.HEADER_SIZE + rec.PREFIX_SIZE + 1)
+    return len(head) == rec.HEADER_SIZE + rec.PREFIX_SIZE + 1 and head[-1] == rec.OP_SNAPSHOT
+
+
+@dataclass(slots=True)
+class _ReplayState:
+    skip_until: rec.Position | None = None
+    adds_until: rec.Position | None = None
+
+
 class FileJournal:
     """The journal of queue ``name`` in ``data_dir`` (see the module docstring)."""
 
@@ -98,86 +172,176 @@ class FileJournal:
         name: str,
         *,
         on_dirty: Callable[[FileJournal], None] | None = None,
+        background: Background | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.name = name
         self.path = os.path.join(data_dir, name)
         self._on_dirty = on_dirty if on_dirty is not None else FileJournal.write_out
+        self._background = background or run_inline
         self._buf = bytearray()
         self._fd = -1
+        self._seq = 1  # sequence number of the current file
         self._written = 0  # bytes of the current file handed to the OS
-        self._older = 0  # bytes in older files
+        self._older: dict[int, int] = {}  # seq -> size of each older file
+        self._older_total = 0
         self._failed: JournalWriteError | None = None
         self.syncing = False
-        """True while a worker thread runs :meth:`sync`; close waits for it."""
+        """True while a worker thread runs :meth:`sync`; close and rotation wait for it."""
         self._close_after_sync = False
         self._unsynced = False
+        self.compacting = False
+        """True while a snapshot is being written in the background."""
+        self.replay_position: rec.Position = (1, 0)
+        """During :meth:`replay`, where the record being applied starts."""
+        self.rotations = 0
+        self.compactions = 0
+        self.pages = True
+        """Items can be left on disk and read back (read-behind)."""
 
-    # ---- replay -------------------------------------------------------------------------
+    # ---- files ----------------------------------------------------------------------------
+
+    def _path(self, seq: int) -> str:
+        return self.path if seq == self._seq else f"{self.path}.{seq}"
+
+    def _next_seq(self, seq: int) -> int | None:
+        later = [s for s in self._older if s > seq]
+        if later:
+            return min(later)
+        return self._seq if seq < self._seq else None
+
+    def position(self) -> rec.Position:
+        """Where the next appended record will start."""
+        return self._seq, self._written + len(self._buf)
+
+    def size_before(self, seq: int) -> int:
+        """Bytes of the older files whose sequence number is below ``seq``."""
+        return sum(size for s, size in self._older.items() if s < seq)
+
+    # ---- replay ---------------------------------------------------------------------------
 
     def replay(self, sink: rec.RecordSink) -> ReplayReport:
         """Apply every record of every file to ``sink``, in order, then open for appends.
 
-        A torn tail of the newest file is cut off at its last good record (and reported);
-        any other bad record raises :class:`JournalCorrupt` with path and offset, leaving
-        every file as it was.
+        Replay starts at the newest file that begins with a SNAPSHOT (older files are left
+        over from an interrupted compaction and are deleted). A torn tail of the newest file
+        is cut off at its last good record (and reported); any other bad record raises
+        :class:`JournalCorrupt` with path and offset, leaving every file as it was.
         """
         for entry in os.listdir(self.data_dir):
             if entry.startswith(self.name + "~~"):
                 os.unlink(os.path.join(self.data_dir, entry))
+        older = _older_seqs(self.data_dir, self.name)
+        self._seq = (older[-1] + 1) if older else 1
+        files = [(s, f"{self.path}.{s}") for s in older]
+        if os.path.exists(self.path):
+            files.append((self._seq, self.path))
+        start = 0
+        for i in range(len(files) - 1, 0, -1):
+            if _starts_with_snapshot(files[i][1]):
+                start = i
+                break
+        for _, path in files[:start]:
+            log.info("journal %s: removing %s, superseded by a snapshot", self.name, path)
+            os.unlink(path)
+        files = files[start:]
+        # Read-behind may read older files while they are replayed: know them up front.
+        self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         report = ReplayReport()
-        paths = journal_files(self.data_dir, self.name)
-        for i, path in enumerate(paths):
-            self._replay_file(path, sink, report, newest=i == len(paths) - 1)
-        self._older = sum(os.path.getsize(p) for p in paths if p != self.path)
+        state = _ReplayState()
+        for i, (seq, path) in enumerate(files):
+            self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
+        self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
+        self._older_total = sum(self._older.values())
         self._open()
         return report
 
     def _replay_file(
-        self, path: str, sink: rec.RecordSink, report: ReplayReport, *, newest: bool
+        self,
+        seq: int,
+        path: str,
+        sink: rec.RecordSink,
+        report: ReplayReport,
+        state: _ReplayState,
+        *,
+        newest: bool,
     ) -> None:
+        size = os.path.getsize(path)
+        if size == 0:
+            return
         with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                return
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                good = self._check_header(buf, path, newest)
-                try:
-                    for pos, stop in rec.iter_records(buf, good):
-                        rec.apply_record(buf, pos, stop, sink)
-                        report.records += 1
-                        good = stop
-                except rec.BadRecord as bad:
-                    if not newest or _valid_data_after(buf, bad.offset):
-                        raise JournalCorrupt(bad.reason, path, bad.offset) from None
-                    report.truncations.append(
-                        Truncation(path, bad.offset, size - bad.offset, bad.reason)
-                    )
+            head = fh.read(rec.HEADER_SIZE)
+        good = self._check_header(head, path, newest)
+        if not good:
+            report.truncations.append(Truncation(path, 0, size, "torn file header"))
+        else:
+            reader = ChunkReader(path, good)
+            try:
+                good = self._replay_records(seq, reader, sink, report, state)
+            except rec.BadRecord as bad:
+                if not newest or _valid_data_after(path, bad.offset):
+                    raise JournalCorrupt(bad.reason, path, bad.offset) from None
+                report.truncations.append(
+                    Truncation(path, bad.offset, size - bad.offset, bad.reason)
+                )
+                good = bad.offset
+            finally:
+                reader.close()
         report.bytes += good
         if good < size:
             log.warning(
                 "journal %s: torn tail at offset %d (%s); cut %d bytes",
                 path,
                 good,
-                report.truncations[-1].reason if report.truncations else "header",
+                report.truncations[-1].reason if report.truncations else "torn header",
                 size - good,
             )
             with open(path, "r+b") as fh:
-                fh.truncate(good if good >= rec.HEADER_SIZE else 0)
+                fh.truncate(good)
                 os.fsync(fh.fileno())
 
+    def _replay_records(
+        self,
+        seq: int,
+        reader: ChunkReader,
+        sink: rec.RecordSink,
+        report: ReplayReport,
+        state: _ReplayState,
+    ) -> int:
+        while (span := reader.next()) is not None:
+            start, stop = span
+            buf = reader.buffer
+            pos = (seq, reader.file_offset(start))
+            report.records += 1
+            if state.skip_until is not None:
+                if pos < state.skip_until:
+                    continue
+                state.skip_until = None
+            op = rec.record_op(buf, start)
+            if state.adds_until is not None:
+                if pos < state.adds_until:
+                    if op != rec.OP_ADD:
+                        continue
+                else:
+                    state.adds_until = None
+            if op == rec.OP_RESUME:
+                state.skip_until, state.adds_until = rec.decode_resume(buf, start)
+                continue
+            self.replay_position = pos
+            rec.apply_record(buf, start, stop, sink)
+        return reader.offset
+
     @staticmethod
-    def _check_header(buf: mmap.mmap, path: str, newest: bool) -> int:
-        head = buf[: rec.HEADER_SIZE]
+    def _check_header(head: bytes, path: str, newest: bool) -> int:
         if head == rec.FILE_HEADER:
             return rec.HEADER_SIZE
         if len(head) < rec.HEADER_SIZE and newest and rec.FILE_HEADER.startswith(head):
             return 0  # torn while the header itself was written; replay truncates to 0
-        if head[:4] == rec.MAGIC:
+        if head[:4] == rec.MAGIC and len(head) > 4:
             raise JournalCorrupt(f"unsupported journal format version {head[4]}", path, 4)
         raise JournalCorrupt("not a tercel journal (bad file header)", path, 0)
 
-    # ---- appends ------------------------------------------------------------------------
+    # ---- appends --------------------------------------------------------------------------
 
     def _open(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -276,12 +440,112 @@ class FileJournal:
     @property
     def size(self) -> int:
         """Bytes of all this queue's files, including what is still buffered."""
-        return self._older + self._written + len(self._buf)
+        return self._older_total + self._written + len(self._buf)
 
     @property
     def current_size(self) -> int:
         """Bytes of the current file (Kestrel's ``logsize``)."""
         return self._written + len(self._buf)
+
+    # ---- read-behind ----------------------------------------------------------------------
+
+    def reader(self, position: rec.Position) -> AddReader:
+        """A reader of the ADD records from ``position`` on (see :class:`AddReader`)."""
+        return AddReader(self, position)
+
+    # ---- rotation and compaction ----------------------------------------------------------
+
+    def rotate(self) -> bool:
+        """Close the current file as ``<name>.<seq>`` and start a new one. False if a sync
+        is running (try again later)."""
+        if self._fd < 0 or self.syncing or self._failed is not None:
+            return False
+        self.write_out()
+        os.fdatasync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        old = self._seq
+        os.rename(self.path, f"{self.path}.{old}")
+        self._older[old] = self._written
+        self._older_total += self._written
+        self._seq = old + 1
+        self._unsynced = False
+        self._open()
+        _fsync_dir(self.data_dir)
+        self.rotations += 1
+        return True
+
+    def compact(
+        self,
+        next_id: int,
+        xid: int,
+        open_items: Sequence[tuple[int, ItemLike]],
+        items: Iterable[ItemLike],
+        cursor: rec.Position | None,
+    ) -> bool:
+        """Replace the older files by one snapshot of the queue's state; True if started.
+
+        The current file is rotated first; the snapshot describes the state at that point:
+        ``open_items`` (xid, item) and ``items`` (in memory, head first), and, when
+        ``cursor`` is given (read-behind), that the ADD records from ``cursor`` to the
+        rotation point are items still on disk. Files before ``cursor``'s file are replaced;
+        without a cursor every older file is. Items and open reads are read from the
+        objects given, on a worker thread: the caller passes copies of its containers.
+        """
+        if self.compacting or self.syncing or self._failed is not None or self._fd < 0:
+            return False
+        if not self.rotate():
+            return False
+        taken = (self._seq, rec.HEADER_SIZE)
+        keep_from = cursor[0] if cursor is not None else self._seq
+        obsolete = sorted(s for s in self._older if s < keep_from)
+        if not obsolete:
+            return False
+        target = obsolete[-1]
+        tmp = f"{self.path}~~{target}"
+        self.compacting = True
+
+        def work() -> None:
+            failpoint("compact_before_write")
+            _write_snapshot(
+                tmp,
+                next_id=next_id,
+                xid=xid,
+                open_items=open_items,
+                items=items,
+                cursor=cursor,
+                taken=taken,
+            )
+            failpoint("compact_after_write")
+
+        self._background(work, lambda exc: self._switch_over(tmp, target, obsolete, exc))
+        return True
+
+    def _switch_over(
+        self, tmp: str, target: int, obsolete: list[int], exc: BaseException | None
+    ) -> None:
+        self.compacting = False
+        if exc is not None or self._fd < 0:
+            if exc is not None:
+                log.error("journal %s: compaction failed: %s", self.path, exc)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            return
+        os.rename(tmp, f"{self.path}.{target}")
+        _fsync_dir(self.data_dir)
+        failpoint("compact_after_rename")
+        for seq in obsolete:
+            if seq != target:
+                os.unlink(f"{self.path}.{seq}")
+                del self._older[seq]
+        _fsync_dir(self.data_dir)
+        failpoint("compact_after_delete")
+        self._older[target] = os.path.getsize(f"{self.path}.{target}")
+        self._older_total = sum(self._older.values())
+        self.compactions += 1
+        log.debug("journal %s: compacted into %s.%d", self.path, self.path, target)
+
+    # ---- life cycle -----------------------------------------------------------------------
 
     def close(self) -> None:
         """Write out, fsync and close. Deferred to the end of an in-flight sync."""
@@ -311,16 +575,109 @@ class FileJournal:
         self.close()
         for path in journal_files(self.data_dir, self.name):
             os.unlink(path)
-        self._older = self._written = 0
+        self._older.clear()
+        self._older_total = self._written = 0
 
 
-def _valid_data_after(buf: mmap.mmap, bad: int) -> bool:
-    """True when a valid record starts anywhere in the page after offset ``bad``, or where
-    the bad record's own length points (then the bad record is damage, not a torn tail)."""
-    candidates: Iterator[int] = iter(range(bad + 1, min(len(buf), bad + TORN_SCAN)))
-    if bad + rec.PREFIX_SIZE <= len(buf):
-        length = int.from_bytes(buf[bad : bad + 4], "little")
-        nxt = bad + rec.PREFIX_SIZE + length
-        if nxt < len(buf) and rec.looks_like_record(buf, nxt):
-            return True
-    return any(rec.looks_like_record(buf, pos) for pos in candidates)
+def _write_snapshot(
+    path: str,
+    *,
+    next_id: int,
+    xid: int,
+    open_items: Sequence[tuple[int, ItemLike]],
+    items: Iterable[ItemLike],
+    cursor: rec.Position | None,
+    taken: rec.Position,
+) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        buf = bytearray(rec.FILE_HEADER)
+        rec.encode_snapshot(buf, next_id, xid)
+        for open_xid, item in open_items:
+            rec.encode_add(buf, item.id, item.add_time, item.expiry, item.data)
+            rec.encode_xid(buf, rec.OP_OPEN, open_xid)
+        for item in items:
+            rec.encode_add(buf, item.id, item.add_time, item.expiry, item.data)
+            if len(buf) >= 1 << 20:
+                _write_all(fd, buf)
+                buf.clear()
+        if cursor is not None:
+            rec.encode_resume(buf, cursor, taken)
+        _write_all(fd, buf)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AddReader:
+    """Reads the items a queue left on disk: every ADD record from a position on, across
+    files, skipping other records and following RESUME jumps. Reads what is buffered in the
+    journal too (it asks the journal to write it out first)."""
+
+    __slots__ = ("_journal", "_reader", "_seq")
+
+    def __init__(self, journal: FileJournal, position: rec.Position) -> None:
+        self._journal = journal
+        self._seq = position[0]
+        self._reader = ChunkReader(journal._path(self._seq), position[1])
+
+    @property
+    def position(self) -> rec.Position:
+        """Where the next record to read starts."""
+        return self._seq, self._reader.offset
+
+    def _move(self, position: rec.Position) -> None:
+        self._reader.close()
+        self._seq = position[0]
+        self._reader = ChunkReader(self._journal._path(self._seq), position[1])
+
+    def next_add(self) -> tuple[int, int, int, bytes] | None:
+        """``(item_id, add_time, expiry, data)`` of the next ADD, or None when there is none.
+
+        Raises :class:`JournalCorrupt` when a record cannot be read.
+        """
+        journal = self._journal
+        flushed = False
+        while True:
+            try:
+                span = self._reader.next()
+            except rec.BadRecord as bad:
+                raise JournalCorrupt(bad.reason, self._reader.path, bad.offset) from None
+            if span is None:
+                nxt = journal._next_seq(self._seq)
+                if nxt is not None:
+                    self._move((nxt, rec.HEADER_SIZE))
+                    continue
+                if journal._buf and not flushed:
+                    journal.write_out()
+                    flushed = True
+                    continue
+                return None
+            start, stop = span
+            buf = self._reader.buffer
+            op = rec.record_op(buf, start)
+            if op == rec.OP_ADD:
+                return rec.decode_add(buf, start, stop)
+            if op == rec.OP_RESUME:
+                self._move(rec.decode_resume(buf, start)[0])
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def _valid_data_after(path: str, bad: int) -> bool:
+    """True when the bytes after the bad record at ``bad`` hold a valid record (then the bad
+    record is damage, not a torn tail; see :data:`TORN_SCAN`)."""
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        end = len(buf)
+        claimed_end = end + 1
+        if bad + rec.PREFIX_SIZE <= end:
+            length = int.from_bytes(buf[bad : bad + 4], "little")
+            claimed_end = bad + rec.PREFIX_SIZE + length
+            if claimed_end < end and rec.looks_like_record(buf, claimed_end):
+                return True
+        if end - bad > TORN_SCAN and claimed_end <= end:
+            return True  # a long rest after a record that claims to fit: not a torn write
+        return any(
+            rec.looks_like_record(buf, pos) for pos in range(bad + 1, min(end, bad + TORN_SCAN))
+        )

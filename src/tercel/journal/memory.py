@@ -19,15 +19,41 @@ class MemoryJournal:
         self.data = bytearray(rec.FILE_HEADER)
         self.failed = False
         self.needs_sync = False
+        self.compacting = False
+        self.pages = True
+        self.replay_position: rec.Position = (1, 0)
+        self.rotations = 0
+        self.compactions = 0
 
     def replay(self, sink: rec.RecordSink) -> ReplayReport:
         """Apply every record so far to ``sink``."""
         report = ReplayReport()
         for pos, stop in rec.iter_records(self.data, rec.HEADER_SIZE):
+            self.replay_position = (1, pos)
             rec.apply_record(self.data, pos, stop, sink)
             report.records += 1
         report.bytes = len(self.data)
         return report
+
+    def position(self) -> rec.Position:
+        """Where the next record will start (there is only one "file", number 1)."""
+        return 1, len(self.data)
+
+    def size_before(self, seq: int) -> int:
+        """No older files: always 0."""
+        return 0
+
+    def reader(self, position: rec.Position) -> MemoryAddReader:
+        """A reader of the ADD records from ``position`` on."""
+        return MemoryAddReader(self, position[1])
+
+    def rotate(self) -> bool:
+        """Nothing to rotate in RAM."""
+        return False
+
+    def compact(self, *args: object, **kwargs: object) -> bool:
+        """Nothing to compact in RAM: the twin keeps its whole history."""
+        return False
 
     def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
         rec.encode_add(self.data, item_id, add_time, expiry, data)
@@ -63,11 +89,39 @@ class MemoryJournal:
         del self.data[rec.HEADER_SIZE :]
 
 
+class MemoryAddReader:
+    """:class:`~tercel.journal.journal.AddReader` over a :class:`MemoryJournal`."""
+
+    __slots__ = ("_journal", "_pos")
+
+    def __init__(self, journal: MemoryJournal, pos: int) -> None:
+        self._journal = journal
+        self._pos = pos
+
+    @property
+    def position(self) -> rec.Position:
+        return 1, self._pos
+
+    def next_add(self) -> tuple[int, int, int, bytes] | None:
+        data = self._journal.data
+        while self._pos < len(data):
+            start = self._pos
+            self._pos = rec.check_record(data, start)
+            if rec.record_op(data, start) == rec.OP_ADD:
+                return rec.decode_add(data, start, self._pos)
+        return None
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
 class NullJournal(MemoryJournal):
-    """A journal that keeps nothing (``journal = false``): restart starts empty."""
+    """A journal that keeps nothing (``journal = false``): restart starts empty, and items
+    can never be left on disk (no read-behind)."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.pages = False
 
     def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
         pass

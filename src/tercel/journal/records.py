@@ -28,6 +28,8 @@ OP_OPEN: Final = 3
 OP_CONFIRM: Final = 4
 OP_ABORT: Final = 5
 OP_FLUSH: Final = 6
+OP_SNAPSHOT: Final = 7
+OP_RESUME: Final = 8
 OP_NAMES: Final = {
     OP_ADD: "ADD",
     OP_REMOVE: "REMOVE",
@@ -35,6 +37,8 @@ OP_NAMES: Final = {
     OP_CONFIRM: "CONFIRM",
     OP_ABORT: "ABORT",
     OP_FLUSH: "FLUSH",
+    OP_SNAPSHOT: "SNAPSHOT",
+    OP_RESUME: "RESUME",
 }
 
 MAX_PAYLOAD: Final = 64 * 1024 * 1024
@@ -43,6 +47,8 @@ MAX_PAYLOAD: Final = 64 * 1024 * 1024
 _PREFIX = struct.Struct("<II")  # body length, crc32 of body
 _ADD = struct.Struct("<BQqq")  # op, item id, add time ms, expiry ms (0 = none)
 _XID = struct.Struct("<BI")  # op, xid
+_SNAPSHOT = struct.Struct("<BQI")  # op, next item id, last xid
+_RESUME = struct.Struct("<BQQQQ")  # op, cursor file seq, cursor offset, snapshot seq, offset
 PREFIX_SIZE: Final = _PREFIX.size
 ADD_FIELDS_SIZE: Final = _ADD.size
 MAX_BODY: Final = ADD_FIELDS_SIZE + MAX_PAYLOAD
@@ -57,6 +63,11 @@ class RecordSink(Protocol):
     def on_confirm(self, xid: int) -> None: ...
     def on_abort(self, xid: int) -> None: ...
     def on_flush(self) -> None: ...
+    def on_snapshot(self, next_id: int, xid: int) -> None: ...
+
+
+Position = tuple[int, int]
+"""Where a record starts: (file sequence number, byte offset in that file)."""
 
 
 def encode_add(buf: bytearray, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
@@ -81,6 +92,49 @@ def encode_xid(buf: bytearray, op: int, xid: int) -> None:
     body = _XID.pack(op, xid)
     buf += _PREFIX.pack(len(body), crc32(body))
     buf += body
+
+
+def encode_snapshot(buf: bytearray, next_id: int, xid: int) -> None:
+    """Append a SNAPSHOT record: replay forgets all state so far and sets the counters."""
+    body = _SNAPSHOT.pack(OP_SNAPSHOT, next_id, xid)
+    buf += _PREFIX.pack(len(body), crc32(body))
+    buf += body
+
+
+def encode_resume(buf: bytearray, cursor: Position, taken: Position) -> None:
+    """Append a RESUME record (see docs/journal_format.md: read-behind compaction)."""
+    body = _RESUME.pack(OP_RESUME, cursor[0], cursor[1], taken[0], taken[1])
+    buf += _PREFIX.pack(len(body), crc32(body))
+    buf += body
+
+
+def decode_resume(buf: Bytes, pos: int) -> tuple[Position, Position]:
+    """The (cursor, taken) positions of the RESUME record at ``pos``."""
+    _, cs, co, ts, to = _RESUME.unpack_from(buf, pos + PREFIX_SIZE)
+    return (cs, co), (ts, to)
+
+
+def record_op(buf: Bytes, pos: int) -> int:
+    """The opcode of the (checked) record at ``pos``."""
+    return buf[pos + PREFIX_SIZE]
+
+
+def decode_add(buf: Bytes, pos: int, stop: int) -> tuple[int, int, int, bytes]:
+    """``(item_id, add_time, expiry, data)`` of the (checked) ADD record at ``pos``."""
+    start = pos + PREFIX_SIZE
+    _, item_id, add_time, expiry = _ADD.unpack_from(buf, start)
+    return item_id, add_time, expiry, bytes(buf[start + ADD_FIELDS_SIZE : stop])
+
+
+_FIXED_LENGTHS: Final = {
+    OP_OPEN: _XID.size,
+    OP_CONFIRM: _XID.size,
+    OP_ABORT: _XID.size,
+    OP_REMOVE: 1,
+    OP_FLUSH: 1,
+    OP_SNAPSHOT: _SNAPSHOT.size,
+    OP_RESUME: _RESUME.size,
+}
 
 
 class BadRecord(Exception):
@@ -117,11 +171,8 @@ def check_record(buf: Bytes, pos: int) -> int:
     if op == OP_ADD:
         if length < ADD_FIELDS_SIZE:
             raise BadRecord(pos, "ADD record too short")
-    elif op in (OP_OPEN, OP_CONFIRM, OP_ABORT):
-        if length != _XID.size:
-            raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
-    elif op in (OP_REMOVE, OP_FLUSH):
-        if length != 1:
+    elif op in _FIXED_LENGTHS:
+        if length != _FIXED_LENGTHS[op]:
             raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
     else:
         raise BadRecord(pos, f"unknown opcode {op}")
@@ -139,6 +190,11 @@ def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
         sink.on_remove()
     elif op == OP_FLUSH:
         sink.on_flush()
+    elif op == OP_SNAPSHOT:
+        _, next_id, xid = _SNAPSHOT.unpack_from(buf, start)
+        sink.on_snapshot(next_id, xid)
+    elif op == OP_RESUME:
+        pass  # positions only: the journal's replay acts on it, not the sink
     else:
         xid = _XID.unpack_from(buf, start)[1]
         if op == OP_OPEN:
@@ -159,6 +215,10 @@ def describe_record(buf: Bytes, pos: int, stop: int) -> dict[str, object]:
         out["data"] = bytes(buf[start + ADD_FIELDS_SIZE : stop])
     elif op in (OP_OPEN, OP_CONFIRM, OP_ABORT):
         out["xid"] = _XID.unpack_from(buf, start)[1]
+    elif op == OP_SNAPSHOT:
+        _, out["next_id"], out["xid"] = _SNAPSHOT.unpack_from(buf, start)
+    elif op == OP_RESUME:
+        out["cursor"], out["taken"] = decode_resume(buf, pos)
     return out
 
 
