@@ -1,0 +1,389 @@
+"""The admin HTTP server (Kestrel's Ostrich port, 2223 by default), on the server's loop.
+
+aiohttp does the HTTP; this module only maps paths to the server's operations:
+
+=========================== ====== =====================================================
+path                        method answer
+=========================== ====== =====================================================
+``/ping``                   GET    ``{"response": "pong"}``
+``/stats.json`` (``/stats``) GET   Ostrich's shape: ``counters``, ``gauges``, ``labels``,
+                                   ``metrics``; ``?period=N`` gives the last N s window
+``/metrics``                GET    Prometheus text: ``tercel_<stat>``, ``queue`` label
+``/server_info``            GET    name, version, start time, uptime, status, ports
+``/status``                 GET    ``{"status": "UP"}``
+``/reload``                 POST   apply the config file; 400 with the reason if refused
+``/shutdown``               POST   stop the server after answering
+``/status/<s>``             POST   set the status; 400 for an unknown one
+=========================== ====== =====================================================
+
+A GET on a POST path is a 405 (aiohttp's router). Snapshots are taken on request; the
+``?period=N`` windows (Ostrich's latched collectors) snapshot every N seconds once asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import SummaryMetricFamily
+from prometheus_client.samples import Sample
+
+from tercel.errors import ConfigError
+from tercel.server.metrics import PERCENTILES, LogHistogram
+from tercel.server.stats import global_lines
+from tercel.server.status import parse_status
+
+if TYPE_CHECKING:
+    from asyncio import TimerHandle
+
+    from tercel.server.app import Server
+
+log = logging.getLogger(__name__)
+
+MAX_PERIOD_S = 3600
+"""Longest ``?period=`` window (Ostrich keeps one collector per period asked for)."""
+MAX_PERIODS = 8
+"""At most this many distinct windows are kept, so a client cannot make us keep thousands."""
+
+_GLOBAL_COUNTERS = (
+    "total_items",
+    "cmd_get",
+    "cmd_set",
+    "cmd_peek",
+    "get_hits",
+    "get_misses",
+    "bytes_read",
+    "bytes_written",
+    "total_connections",
+    "queue_creates",
+    "queue_deletes",
+    "queue_expires",
+    "journal_torn_tails",
+    "journal_write_errors",
+)
+_QUEUE_COUNTERS = (
+    "total_items",
+    "expired_items",
+    "discarded",
+    "transactions",
+    "canceled_transactions",
+    "total_flushes",
+    "journal_rewrites",
+    "journal_rotations",
+)
+_DOCS = {
+    "items": "Items waiting (open reads excluded).",
+    "bytes": "Payload bytes waiting.",
+    "total_items": "Items added.",
+    "set_latency_usec": "Time to handle a set, in microseconds.",
+    "get_hit_latency_usec": "Time to answer a get that found an item, in microseconds.",
+    "get_miss_latency_usec": "Time to answer a get that found none, in microseconds.",
+    "delivery_latency_msec": "Time from an item's add to its removal, in milliseconds.",
+}
+
+
+@dataclass
+class Snapshot:
+    """Every stat at one moment, in Ostrich's four groups."""
+
+    counters: dict[str, int] = field(default_factory=dict)
+    gauges: dict[str, int | float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, LogHistogram] = field(default_factory=dict)
+
+    def minus(self, earlier: Snapshot) -> Snapshot:
+        """Counters and distributions counted since ``earlier``; gauges and labels as now."""
+        counters = {k: v - earlier.counters.get(k, 0) for k, v in self.counters.items()}
+        metrics = {
+            k: h.minus(earlier.metrics[k]) if k in earlier.metrics else h
+            for k, h in self.metrics.items()
+        }
+        return Snapshot(counters, dict(self.gauges), dict(self.labels), metrics)
+
+    def to_json(self) -> dict[str, Any]:
+        """Ostrich's ``stats.json`` document."""
+        return {
+            "counters": dict(sorted(self.counters.items())),
+            "gauges": dict(sorted(self.gauges.items())),
+            "labels": dict(sorted(self.labels.items())),
+            "metrics": {k: h.summary() for k, h in sorted(self.metrics.items())},
+        }
+
+
+def take_snapshot(server: Server, copy: bool = False) -> Snapshot:
+    """Read every stat of ``server`` now; ``copy`` the histograms to keep the snapshot."""
+    snap = Snapshot()
+    glob = dict(global_lines(server))
+    snap.counters.update({k: int(str(glob[k])) for k in _GLOBAL_COUNTERS})
+    status = server.status.current
+    snap.gauges.update(
+        items=server.collection.total_length,
+        bytes=server.collection.total_bytes,
+        reserved_memory_ratio=float(str(glob["reserved_memory_ratio"])),
+        connections=len(server.connections),
+        uptime=int(str(glob["uptime"])),
+    )
+    snap.gauges["status/readable"] = int(status.readable)
+    snap.gauges["status/writeable"] = int(status.writable)
+    snap.labels.update(version=server.version, status=status.name)
+    now = server.clock.now_ms()
+    coll = server.collection
+    for q in coll:
+        p = f"q/{q.name}/"
+        snap.counters.update({p + k: getattr(q, k) for k in _QUEUE_COUNTERS})
+        cfg = q.config
+        gauges: dict[str, int | float] = {
+            "items": len(q),
+            "max_items": cfg.max_items,
+            "bytes": q.bytes,
+            "max_bytes": cfg.max_size,
+            "journal_size": q.log.size,
+            "mem_items": len(q),
+            "mem_bytes": q.bytes,
+            "age_msec": q.age(now),
+            "waiters": q.waiters,
+            "open_transactions": q.open_reads,
+            "create_time": q.create_time // 1000,
+        }
+        snap.gauges.update({p + k: v for k, v in gauges.items()})
+    for name, (items, nbytes) in coll.alias_puts.items():
+        snap.counters[f"q/{name}/put_items"] = items
+        snap.counters[f"q/{name}/put_bytes"] = nbytes
+    metrics = server.metrics
+    metrics.prune({q.name for q in coll} | set(coll.config.aliases))
+    for key, h in metrics.total.items():
+        snap.metrics[key] = h.copy() if copy else h
+    for name, lat in metrics.queues.items():
+        for key, h in lat.items():
+            snap.metrics[f"q/{name}/{key}"] = h.copy() if copy else h
+    return snap
+
+
+class PeriodCollector:
+    """Ostrich's latched collector: :meth:`latch` closes a window every ``period`` seconds;
+    :meth:`report` gives the last closed window, or what was counted since the collector
+    began while the first window is still open."""
+
+    def __init__(self, take: Callable[[], Snapshot]) -> None:
+        self._take = take
+        self._start = take()
+        self._last: Snapshot | None = None
+
+    def latch(self) -> None:
+        """Close the current window."""
+        now = self._take()
+        self._last = now.minus(self._start)
+        self._start = now
+
+    def report(self) -> Snapshot:
+        """The deltas of the last closed window (or of the open first one)."""
+        if self._last is not None:
+            return self._last
+        return self._take().minus(self._start)
+
+
+class _PrometheusCollector:
+    """Turns a snapshot into metric families: ``tercel_<stat>`` with a ``queue`` label on
+    per-queue stats. A stat kept both server-wide and per queue (items, bytes, total_items,
+    the latencies) is exported per queue only: the server total is their sum."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = take_snapshot(self.server)
+        per_queue: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+        for kind, values in (("counter", snap.counters), ("gauge", snap.gauges)):
+            for key, value in values.items():
+                if key.startswith("q/"):
+                    name, stat = key[2:].rsplit("/", 1)
+                    per_queue.setdefault((kind, stat), []).append((name, value))
+        for kind, values in (("counter", snap.counters), ("gauge", snap.gauges)):
+            for key, value in values.items():
+                if key.startswith("q/") or (kind, key) in per_queue:
+                    continue
+                yield _family(kind, _metric_name(key), key, value)
+        for (kind, stat), samples in per_queue.items():
+            fam = _family(kind, _metric_name(stat), stat, None)
+            for name, value in samples:
+                fam.add_metric([name], value)
+            yield fam
+        yield from self._summaries(snap)
+
+    def _summaries(self, snap: Snapshot) -> Iterator[Metric]:
+        families: dict[str, SummaryMetricFamily] = {}
+        for key, hist in snap.metrics.items():
+            if not key.startswith("q/"):
+                continue
+            name, stat = key[2:].rsplit("/", 1)
+            fam = families.get(stat)
+            if fam is None:
+                fam = families[stat] = SummaryMetricFamily(
+                    _metric_name(stat), _DOCS.get(stat, stat), labels=["queue"]
+                )
+            fam.add_metric([name], hist.count, hist.sum)
+            for _, p in PERCENTILES:
+                fam.samples.append(
+                    Sample(fam.name, {"queue": name, "quantile": str(p)}, hist.percentile(p))
+                )
+        yield from families.values()
+
+
+def _metric_name(stat: str) -> str:
+    return "tercel_" + stat.replace("/", "_")
+
+
+def _family(kind: str, name: str, stat: str, value: Any) -> CounterMetricFamily | GaugeMetricFamily:
+    doc = _DOCS.get(stat, f"Kestrel's {stat}.")
+    labels = None if value is not None else ["queue"]
+    if kind == "counter":
+        return CounterMetricFamily(name, doc, value=value, labels=labels)
+    return GaugeMetricFamily(name, doc, value=value, labels=labels)
+
+
+class AdminServer:
+    """The admin HTTP listener of one :class:`~tercel.server.app.Server`."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_PrometheusCollector(server))
+        self._periods: dict[int, tuple[PeriodCollector, TimerHandle]] = {}
+        app = web.Application()
+        app.add_routes(
+            [
+                web.get("/ping", self.ping),
+                web.get("/stats.json", self.stats),
+                web.get("/stats", self.stats),
+                web.get("/metrics", self.prometheus),
+                web.get("/server_info", self.server_info),
+                web.get("/server_info.json", self.server_info),
+                web.get("/status", self.get_status),
+                web.post("/reload", self.reload),
+                web.post("/shutdown", self.shutdown),
+                web.post("/status/{status}", self.set_status),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: any free port); the bound port."""
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, backlog=128)
+        await site.start()
+        bound: int = self._runner.addresses[0][1]
+        return bound
+
+    async def stop(self) -> None:
+        """Stop listening and close every admin connection."""
+        for _, timer in self._periods.values():
+            timer.cancel()
+        self._periods.clear()
+        await self._runner.cleanup()
+
+    # ---- GET ------------------------------------------------------------------------------
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return _json({"response": "pong"})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        raw = request.query.get("period")
+        if raw is None:
+            return _json(take_snapshot(self.server).to_json())
+        try:
+            period = int(raw)
+        except ValueError:
+            period = 0
+        if not 1 <= period <= MAX_PERIOD_S:
+            return _error(400, f"period must be 1-{MAX_PERIOD_S} seconds")
+        collector = self._collector(period)
+        if collector is None:
+            return _error(400, f"at most {MAX_PERIODS} different periods are kept")
+        return _json(collector.report().to_json())
+
+    def _collector(self, period: int) -> PeriodCollector | None:
+        got = self._periods.get(period)
+        if got is not None:
+            return got[0]
+        if len(self._periods) >= MAX_PERIODS:
+            return None
+        collector = PeriodCollector(lambda: take_snapshot(self.server, copy=True))
+        self._periods[period] = (collector, self._schedule(period, collector))
+        return collector
+
+    def _schedule(self, period: int, collector: PeriodCollector) -> TimerHandle:
+        def tick() -> None:
+            collector.latch()
+            self._periods[period] = (collector, self._schedule(period, collector))
+
+        return self.server.loop.call_later(period, tick)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(
+            body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        )
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        srv = self.server
+        started = srv.started_at
+        return _json(
+            {
+                "name": "tercel",
+                "version": srv.version,
+                "start_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started / 1000)),
+                "uptime": srv.clock.now_ms() - started,
+                "status": srv.status.current.name,
+                "ports": srv.ports,
+            }
+        )
+
+    async def get_status(self, request: web.Request) -> web.Response:
+        return _json({"status": self.server.status.current.name})
+
+    # ---- POST -----------------------------------------------------------------------------
+
+    async def reload(self, request: web.Request) -> web.Response:
+        try:
+            self.server.reload()
+        except ConfigError as exc:
+            log.error("reload refused, keeping the old config: %s", exc)
+            return _error(400, f"reload refused: {exc}")
+        return _json({"response": "ok"})
+
+    async def shutdown(self, request: web.Request) -> web.Response:
+        # Stop after this handler returns, so the answer is written before the listener
+        # closes (the runner's cleanup waits for handlers in flight).
+        self.server.loop.call_soon(self.server.request_stop)
+        return _json({"response": "ok"})
+
+    async def set_status(self, request: web.Request) -> web.Response:
+        try:
+            status = parse_status(request.match_info["status"])
+        except ValueError as exc:
+            return _error(400, str(exc))
+        try:
+            self.server.set_status(status)
+        except OSError as exc:
+            return _error(500, f"cannot write the status file: {exc.strerror or exc}")
+        return _json({"response": "ok", "status": status.name})
+
+
+def _json(doc: object, status: int = 200) -> web.Response:
+    return web.Response(
+        text=json.dumps(doc, separators=(",", ":")), status=status, content_type="application/json"
+    )
+
+
+def _error(status: int, reason: str) -> web.Response:
+    return _json({"error": reason}, status)
