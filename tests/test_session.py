@@ -247,3 +247,20 @@ def test_close_cancels_a_blocked_read(w: World) -> None:
     w.qc.add("a", b"1", None, T0)
     assert calls.got == []
     assert items(w.qc.get_or_create("a")) == [b"1"]
+
+
+def test_open_on_an_empty_queue_records_nothing(w: World) -> None:
+    assert w.s.fetch("a", "open", T0) is None
+    assert w.s.open_count("a") == 0
+    w.fill("a", b"1")
+    assert w.s.fetch("a", "get", T0) is not None  # no open read is held
+
+
+def test_cancel_after_a_new_wait_leaves_the_new_one(w: World) -> None:
+    first = w.s.wait("a", "get", Calls())
+    assert first is not None
+    first.cancel()
+    second = w.s.wait("a", "get", Calls())
+    first.cancel()  # a stale handle must not forget the session's current wait
+    assert w.s.pending is second
+    assert w.qc.get_or_create("a").waiters == 1

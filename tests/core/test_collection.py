@@ -362,3 +362,17 @@ def test_close_closes_every_log(world: World) -> None:
     queues: list[PersistentQueue] = [world.qc.get_or_create(n) for n in ("a", "b")]
     world.qc.close()
     assert all(q.closed for q in queues)
+
+
+def test_expire_to_queue_failure_is_logged_not_raised(
+    logs: Logs, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = make(logs, {"queues": {"a": {"expire_to_queue": "small"}, "small": {"max_item_size": 1}}})
+    w.add("a", b"too big", expiry=T0 + 1)
+    w.add("a", b"x", expiry=T0 + 1)
+    w.clock.advance(5)
+    with caplog.at_level("ERROR", logger="tercel.core.collection"):
+        assert w.qc.flush_expired("a") == 2
+    assert w.items("small") == [b"x"]
+    assert "could not move an expired item from a to small" in caplog.text
+    w.qc.close()
