@@ -136,6 +136,11 @@ class QueueConfig:
     max_expire_sweep: int = UNLIMITED
     fanout_only: bool = False
     max_queue_age: int | None = None
+    max_deliveries: int = 0
+    """Hand an item out (lease or open read) at most this often; 0: no limit."""
+    dead_letter_queue: str | None = None
+    """Where an item goes instead of a delivery beyond max_deliveries; None: it is dropped."""
+    max_open_leases: int = 10_000
 
     def describe(self) -> list[tuple[str, str]]:
         """``(key, value)`` pairs in declaration order, formatted the way the config file
@@ -171,6 +176,9 @@ _QUEUE_PARSERS: dict[str, Any] = {
     "max_expire_sweep": _parse_count,
     "fanout_only": _parse_bool,
     "max_queue_age": _optional_duration,
+    "max_deliveries": _parse_count,
+    "dead_letter_queue": _parse_queue_ref,
+    "max_open_leases": _parse_count,
 }
 
 

@@ -10,10 +10,18 @@ Every error tercel raises on purpose is one of these::
     │   ├── ItemTooLarge      the item exceeds the queue's max_item_size
     │   └── OpenReadError     Kestrel's open-read violations (answered with bare ``ERROR``)
     ├── UnavailableError      the server's status (or shutdown) forbids the operation
+    │   └── TooManyLeases     the queue's ``max_open_leases`` leases are all open
     ├── ConfigError           a configuration file or value is invalid
-    └── JournalError          something is wrong with a journal file (carries path and offset)
-        ├── JournalCorrupt    a bad record that is not a torn tail: start-up must stop
-        └── JournalWriteError the OS refused a journal write or fsync
+    ├── JournalError          something is wrong with a journal file (carries path and offset)
+    │   ├── JournalCorrupt    a bad record that is not a torn tail: start-up must stop
+    │   └── JournalWriteError the OS refused a journal write or fsync
+    └── ClientError           what the client library (:mod:`tercel.client`) reports
+        ├── TransportError    connecting, sending or receiving failed; the connection is dropped
+        │   └── ClientTimeout the server did not answer in time
+        ├── BadReply          a reply that does not parse; the connection is dropped
+        ├── ServerReplyError  the server answered ERROR, CLIENT_ERROR or SERVER_ERROR
+        ├── NotStored         the server refused an item (queue full, item too large)
+        └── NoServerAvailable every server of the list is set aside after failures
 
 Protocol handlers translate these into wire replies at one place; any other exception that
 reaches a connection is a bug: it is logged and the connection is closed.
@@ -75,6 +83,13 @@ class UnavailableError(TercelError):
         self.reason = reason
 
 
+class TooManyLeases(UnavailableError):
+    """The queue already has ``max_open_leases`` open leases (``SERVER_ERROR``)."""
+
+    def __init__(self) -> None:
+        super().__init__("too many open leases")
+
+
 class ConfigError(TercelError):
     """An invalid configuration file or value; the message names the key."""
 
@@ -94,3 +109,53 @@ class JournalCorrupt(JournalError):
 
 class JournalWriteError(JournalError):
     """The OS refused a write or fsync; the journal refuses further writes."""
+
+
+# ---- the client library ---------------------------------------------------------------------
+
+
+class ClientError(TercelError):
+    """Base class of the failures :mod:`tercel.client` reports; ``server`` is ``host:port``
+    (empty when no single server is to blame)."""
+
+    def __init__(self, message: str, server: str = "") -> None:
+        super().__init__(f"{server}: {message}" if server else message)
+        self.server = server
+
+
+class TransportError(ClientError):
+    """Connecting, sending or receiving failed (refused, reset, closed mid-reply). The
+    connection is dropped; the server is set aside for a while."""
+
+
+class ClientTimeout(TransportError):
+    """The server did not accept the connection or answer within the client's timeout."""
+
+
+class BadReply(ClientError):
+    """A reply that does not parse: client and server disagree about the protocol."""
+
+
+class ServerReplyError(ClientError):
+    """The server answered ``ERROR``, ``CLIENT_ERROR <reason>`` or ``SERVER_ERROR <reason>``.
+
+    ``kind`` is the first word, ``reason`` the rest (often empty for ``ERROR``).
+    """
+
+    def __init__(self, kind: str, reason: str, server: str = "") -> None:
+        super().__init__(f"{kind} {reason}".strip(), server)
+        self.kind = kind
+        self.reason = reason
+
+
+class NotStored(ClientError):
+    """The server answered ``NOT_STORED``: the queue is full or the item too large.
+    ``stored`` counts the items of a batch that were stored before (in order)."""
+
+    def __init__(self, message: str, server: str = "", stored: int = 0) -> None:
+        super().__init__(message, server)
+        self.stored = stored
+
+
+class NoServerAvailable(ClientError):
+    """Every server of the client's list failed recently and is set aside."""

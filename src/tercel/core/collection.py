@@ -67,6 +67,7 @@ class QueueCollection:
     def _create(self, name: str) -> PersistentQueue:
         cfg = self.config.queue_config(name)
         q = PersistentQueue(name, cfg, self._open_log(name, cfg), self.clock, self._expired)
+        q.on_dead_letter = self._dead_letter
         report = q.replay()
         self._queues[name] = q
         self.stats.queue_creates += 1
@@ -120,6 +121,17 @@ class QueueCollection:
                 self.add(target, item.data, None, self.clock.now_ms())
             except Exception:
                 log.exception("could not move an expired item from %s to %s", q.name, target)
+
+    def _dead_letter(self, q: PersistentQueue, item: QItem) -> None:
+        target = q.config.dead_letter_queue
+        if target is None or target == q.name:
+            log.warning("dropping an item of %s delivered %d times", q.name, item.deliveries)
+            return
+        try:
+            if not self.add(target, item.data, item.expiry or None, self.clock.now_ms()):
+                log.warning("dead-letter queue %s is full: an item of %s is lost", target, q.name)
+        except Exception:
+            log.exception("could not move an item from %s to dead-letter queue %s", q.name, target)
 
     def delete(self, name: str) -> bool:
         """Delete a queue and its journal; its fanout registration ends too."""

@@ -71,6 +71,8 @@ class PersistentQueue:
         self.log = log
         self.clock = clock
         self.on_expired = on_expired
+        self.on_dead_letter: Callable[[PersistentQueue, QItem], None] | None = None
+        """Called with an item handed out ``max_deliveries`` times, before it is removed."""
         self._items: deque[QItem] = deque()
         self._open: dict[int, QItem] = {}
         self._waiters: dict[Waiter, None] = {}
@@ -94,6 +96,7 @@ class PersistentQueue:
         self.transactions = 0
         self.canceled_transactions = 0
         self.total_flushes = 0
+        self.dead_lettered = 0
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -216,6 +219,11 @@ class PersistentQueue:
             now = self.clock.now_ms()
         if not self._head(now):
             return None
+        limit = self.config.max_deliveries
+        while limit and self._items[0].deliveries >= limit:
+            self._dead_letter(self._items[0])
+            if not self._head(now):
+                return None
         xid = self._new_xid()
         self.log.open_read(xid)
         item = self._items.popleft()
@@ -232,6 +240,14 @@ class PersistentQueue:
         if items and items[0].expiry and items[0].expiry < now:
             self._discard_expired(now, self.config.max_expire_sweep)
         return bool(items)
+
+    def _dead_letter(self, item: QItem) -> None:
+        # The copy is added to the dead-letter queue before the REMOVE is written here, so a
+        # crash in between duplicates the item rather than losing it.
+        if self.on_dead_letter is not None:
+            self.on_dead_letter(self, item)
+        self._pop_head()
+        self.dead_lettered += 1
 
     def _taken(self, item: QItem) -> None:
         self.mem_bytes -= len(item.data)

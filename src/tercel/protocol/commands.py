@@ -91,4 +91,76 @@ class Unknown:
     name: bytes
 
 
-Command = Get | Set | Delete | Flush | FlushAll | FlushExpired | Simple | DumpStats | Unknown
+# ---- extensions: leases (docs/protocol.md, "Leases and extensions") and Kestrel 2.x ----------
+
+
+@dataclass(slots=True)
+class Lease:
+    """``lease <queue> <max_items> <wait_ms> <lease_ms>``: take up to max_items into leases."""
+
+    queue: str
+    max_items: int
+    wait_ms: int
+    lease_ms: int
+    """0: the lease never expires (it ends by ack, release or a restart)."""
+
+
+@dataclass(slots=True)
+class Ack:
+    """``ack <queue> <lease_id>...``: confirm leased items for good."""
+
+    queue: str
+    ids: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Release:
+    """``release <queue> <lease_id>...``: return leased items to the head."""
+
+    queue: str
+    ids: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Renew:
+    """``renew <queue> <lease_ms> <lease_id>...``: push the leases' expiry to now + lease_ms."""
+
+    queue: str
+    lease_ms: int
+    ids: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Monitor:
+    """``monitor <queue> <seconds> [max_items]`` (Kestrel 2.x): stream open reads."""
+
+    queue: str
+    seconds: int
+    max_items: int | None = None
+
+
+@dataclass(slots=True)
+class Confirm:
+    """``confirm <queue> <count>`` (Kestrel 2.x): confirm the oldest ``count`` open reads."""
+
+    queue: str
+    count: int
+
+
+Command = (
+    Get
+    | Set
+    | Delete
+    | Flush
+    | FlushAll
+    | FlushExpired
+    | Simple
+    | DumpStats
+    | Unknown
+    | Lease
+    | Ack
+    | Release
+    | Renew
+    | Monitor
+    | Confirm
+)

@@ -10,23 +10,32 @@ Limits, with their precedents: a command line may be 8 KiB (memcached's own limi
 keys plus numbers; Kestrel had none, which let a client exhaust memory with one line); a
 payload may be 64 MiB (memcached's ``-I`` maximum is 1 GiB, its default 1 MiB; Kestrel
 buffered whatever the client declared). Larger declarations are refused before buffering.
+Only ``ack``, ``release`` and ``renew`` lines may be longer, up to 1 MiB: they carry lease ids,
+thousands per line (reference spark.md §2.6 asks for at least 64 KiB).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Final
 
 from tercel.errors import ProtocolError
 from tercel.names import valid_name_bytes
 from tercel.protocol.commands import (
+    Ack,
     Command,
+    Confirm,
     Delete,
     DumpStats,
     Flush,
     FlushAll,
     FlushExpired,
     Get,
+    Lease,
+    Monitor,
+    Release,
+    Renew,
     Set,
     Simple,
     Unknown,
@@ -34,6 +43,10 @@ from tercel.protocol.commands import (
 
 MAX_LINE: Final = 8 * 1024
 MAX_VALUE: Final = 64 * 1024 * 1024
+MAX_ID_LINE: Final = 1024 * 1024
+"""The line limit of ``ack``, ``release`` and ``renew``, whose lines list lease ids."""
+MAX_LEASE_ID: Final = 64
+_ID_COMMANDS = (b"ack ", b"release ", b"renew ")
 
 
 class NeedData(enum.Enum):
@@ -52,6 +65,7 @@ _SIMPLE = {
     b"stats": "stats",
     b"flush_all_expired": "flush_all_expired",
     b"quit": "quit",
+    b"features": "features",
 }
 _UNSUPPORTED_STORAGE = frozenset((b"add", b"replace", b"append", b"prepend", b"cas"))
 
@@ -128,10 +142,10 @@ class MemcacheServerCodec:
         buf = self._buf
         nl = buf.find(b"\n", self._pos)
         if nl < 0:
-            if len(buf) - self._pos > self._max_line:
+            if len(buf) - self._pos > self._max_line and not self._long_line_ok(len(buf)):
                 raise ProtocolError("line too long", close=True)
             return NEED_DATA
-        if nl - self._pos > self._max_line:
+        if nl - self._pos > self._max_line and not self._long_line_ok(nl):
             raise ProtocolError("line too long", close=True)
         line = bytes(buf[self._pos : nl])
         self._pos = nl + 1
@@ -139,6 +153,13 @@ class MemcacheServerCodec:
         if not tokens:
             return Unknown(b"")
         return self._dispatch(tokens)
+
+    def _long_line_ok(self, end: int) -> bool:
+        """True when the over-long line being read is an id-list command within 1 MiB."""
+        if end - self._pos > MAX_ID_LINE:
+            return False
+        head = bytes(self._buf[self._pos : self._pos + 8]).lower()
+        return head.startswith(_ID_COMMANDS)
 
     def _dispatch(self, tokens: list[bytes]) -> Command | NeedData:
         cmd = tokens[0]
@@ -170,6 +191,9 @@ class MemcacheServerCodec:
         simple = _SIMPLE.get(cmd)
         if simple is not None:
             return Simple(simple)
+        ext = _EXTENSIONS.get(cmd)
+        if ext is not None:
+            return ext(tokens)
         return Unknown(cmd)
 
     def _get(self, tokens: list[bytes], cas: bool) -> Get:
@@ -224,6 +248,74 @@ class MemcacheServerCodec:
         raise outcome
 
 
+# ---- extension commands (docs/protocol.md, "Leases and extensions") -------------------------
+
+
+def _count(token: bytes, what: str) -> int:
+    n = _int(token, what)
+    if n < 0:
+        raise ProtocolError(f"bad {what}")
+    return n
+
+
+def _args(tokens: list[bytes], n: int, usage: str) -> None:
+    if len(tokens) - 1 < n:
+        raise ProtocolError(f"usage: {usage}")
+
+
+def _ids(tokens: list[bytes]) -> tuple[str, ...]:
+    for t in tokens:
+        if len(t) > MAX_LEASE_ID:
+            raise ProtocolError("bad lease id")
+    return tuple(t.decode("latin-1") for t in tokens)
+
+
+def _lease(tokens: list[bytes]) -> Lease:
+    _args(tokens, 4, "lease <queue> <max_items> <wait_ms> <lease_ms>")
+    return Lease(
+        _queue(tokens[1]),
+        _count(tokens[2], "max_items"),
+        _count(tokens[3], "wait_ms"),
+        _count(tokens[4], "lease_ms"),
+    )
+
+
+def _ack(tokens: list[bytes]) -> Ack:
+    _args(tokens, 1, "ack <queue> <lease_id>...")
+    return Ack(_queue(tokens[1]), _ids(tokens[2:]))
+
+
+def _release(tokens: list[bytes]) -> Release:
+    _args(tokens, 1, "release <queue> <lease_id>...")
+    return Release(_queue(tokens[1]), _ids(tokens[2:]))
+
+
+def _renew(tokens: list[bytes]) -> Renew:
+    _args(tokens, 2, "renew <queue> <lease_ms> <lease_id>...")
+    return Renew(_queue(tokens[1]), _count(tokens[2], "lease_ms"), _ids(tokens[3:]))
+
+
+def _monitor(tokens: list[bytes]) -> Monitor:
+    _args(tokens, 2, "monitor <queue> <seconds> [max_items]")
+    limit = _count(tokens[3], "max_items") if len(tokens) > 3 else None
+    return Monitor(_queue(tokens[1]), _int(tokens[2], "seconds"), limit)
+
+
+def _confirm(tokens: list[bytes]) -> Confirm:
+    _args(tokens, 2, "confirm <queue> <count>")
+    return Confirm(_queue(tokens[1]), _count(tokens[2], "count"))
+
+
+_EXTENSIONS: dict[bytes, Callable[[list[bytes]], Command]] = {
+    b"lease": _lease,
+    b"ack": _ack,
+    b"release": _release,
+    b"renew": _renew,
+    b"monitor": _monitor,
+    b"confirm": _confirm,
+}
+
+
 # ---- replies ----------------------------------------------------------------------------
 
 STORED: Final = b"STORED\r\n"
@@ -260,6 +352,28 @@ def server_error(reason: str) -> bytes:
 def version(text: str) -> bytes:
     """``VERSION <text>``."""
     return b"VERSION %b\r\n" % text.encode("ascii")
+
+
+def leased(lease_id: str, item_id: int, deliveries: int, add_ms: int, expiry_ms: int) -> bytes:
+    """``LEASED <lease_id> <item_id> <deliveries> <add_ms> <expiry_ms> ``: the start of one
+    item of a lease batch; ``<bytes>\\r\\n<data>\\r\\n`` follow, and ``END`` ends the batch."""
+    return b"LEASED %b %d %d %d %d " % (
+        lease_id.encode("latin-1"),
+        item_id,
+        deliveries,
+        add_ms,
+        expiry_ms,
+    )
+
+
+def counted(word: bytes, n: int) -> bytes:
+    """``ACKED <n>``, ``RELEASED <n>``, ``RENEWED <n>``."""
+    return b"%b %d\r\n" % (word, n)
+
+
+def features(pairs: list[tuple[str, int]]) -> bytes:
+    """``FEATURE <name> <version>`` lines, then ``END``."""
+    return b"".join(b"FEATURE %b %d\r\n" % (n.encode("ascii"), v) for n, v in pairs) + END
 
 
 def number(n: int) -> bytes:

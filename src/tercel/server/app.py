@@ -25,6 +25,7 @@ from tercel.errors import ConfigError, UnavailableError
 from tercel.journal import FileJournal, NullJournal, list_queue_names
 from tercel.server import stats
 from tercel.server.commit import Committer
+from tercel.server.leases import LeaseService
 from tercel.server.memcache import MemcacheConnection
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class Server:
         self.loop = asyncio.get_running_loop()
         self.committer = Committer(self.loop, self._sync_policy)
         self.collection = QueueCollection(config, self._open_log, self.clock)
+        self.leases = LeaseService(self)
         self.connections: set[MemcacheConnection] = set()
         self.total_connections = 0
         self.bytes_read = 0
@@ -139,6 +141,7 @@ class Server:
             listener.close()
         for handle in self._timers:
             handle.cancel()
+        self.leases.close()
         for conn in list(self.connections):
             conn.session.close()
         self.committer.flush_now()

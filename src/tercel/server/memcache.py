@@ -36,6 +36,7 @@ from tercel.protocol.commands import (
     Simple,
     Unknown,
 )
+from tercel.server import leases as ext
 from tercel.session import PendingRead, Session
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ class MemcacheConnection(asyncio.Protocol):
         self.session = Session(server.collection, server.config.server.max_open_reads)
         self.transport: asyncio.Transport | None = None
         self.out: list[bytes] = []
-        self.blocked: tuple[Get, PendingRead, asyncio.TimerHandle] | None = None
+        # A blocked Get, or an extension command (server/leases.py) with its own waiter.
+        self.blocked: tuple[Any, PendingRead, asyncio.TimerHandle] | None = None
         self.closing = False
         self.sync_waits = 0
         self.last_active = 0.0
@@ -326,6 +328,7 @@ SIMPLE: dict[str, Callable[[MemcacheConnection], None]] = {
     "stats": _stats,
     "dump_config": _dump_config,
     "flush_all_expired": _flush_all_expired,
+    "features": ext.features,
 }
 
 HANDLERS: dict[type, Callable[[MemcacheConnection, Any], None]] = {
@@ -339,3 +342,4 @@ HANDLERS: dict[type, Callable[[MemcacheConnection, Any], None]] = {
     Simple: handle_simple,
     Unknown: handle_unknown,
 }
+HANDLERS.update(ext.HANDLERS)
