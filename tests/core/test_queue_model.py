@@ -7,6 +7,7 @@ step the queue must hold exactly what the model holds.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -237,9 +238,27 @@ class FileQueueMachine(QueueMachine):
     kind = "file"
 
 
+class PagingQueueMachine(FileQueueMachine):
+    """The same model with a tiny memory window and tiny journal limits, so read-behind,
+    rotation and compaction (snapshots, RESUME records) happen all the time, restarts
+    included. These limits never change what the queue holds, only where it keeps it."""
+
+    def _build(self) -> PersistentQueue:
+        cfg = dataclasses.replace(
+            self.model.cfg, max_memory_size=12, max_journal_size=64, max_journal_overflow=2
+        )
+        q = PersistentQueue("q", cfg, self._log(), self.clock, self._on_expired)
+        q.replay()
+        return q
+
+
 TestQueueOnMemoryJournal = QueueMachine.TestCase
 TestQueueOnMemoryJournal.settings = settings(
     max_examples=200, stateful_step_count=40, deadline=None
 )
 TestQueueOnFileJournal = FileQueueMachine.TestCase
 TestQueueOnFileJournal.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+TestQueuePagingOnFileJournal = PagingQueueMachine.TestCase
+TestQueuePagingOnFileJournal.settings = settings(
+    max_examples=150, stateful_step_count=50, deadline=None
+)

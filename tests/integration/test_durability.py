@@ -191,3 +191,27 @@ def test_periodic_sync_and_no_journal(data_dir: Path) -> None:
         conn = Raw(srv.connect())
         assert drain(conn, "q") == [b"kept"]
         assert drain(conn, "mem") == []
+
+
+def test_server_compacts_in_the_background_and_restarts_exactly(data_dir: Path) -> None:
+    config = '[queues]\nmax_memory_size = "4KB"\nmax_journal_size = "16KB"\n'
+    with ServerProcess(data_dir, config) as srv:
+        conn = Raw(srv.connect())
+        body = b"x" * 200
+        for i in range(40):
+            conn.call(
+                b"".join(set_cmd("q", b"%04d" % (i * 50 + k) + body) for k in range(50)),
+                b"STORED\r\n" * 50,
+            )
+        for i in range(1500):
+            conn.send(b"get q\r\n")
+            assert conn.read_line() == b"VALUE q 0 204\r\n"
+            assert conn.read_exact(204)[:4] == b"%04d" % i
+            conn.expect(b"\r\nEND\r\n")
+        on_disk = sum(p.stat().st_size for p in data_dir.iterdir() if p.name.startswith("q"))
+        assert on_disk < 2 * 500 * 237 + 4 * 16 * 1024  # live data, not the 2000-item history
+        srv.kill()
+        srv.start()
+        assert [x[:4] for x in drain(Raw(srv.connect()), "q")] == [
+            b"%04d" % i for i in range(1500, 2000)
+        ]

@@ -15,6 +15,8 @@ import os
 import signal
 import stat
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from tercel import __version__
 from tercel.clock import Clock, SystemClock
@@ -23,10 +25,14 @@ from tercel.core.collection import QueueCollection
 from tercel.core.log import QueueLog
 from tercel.errors import ConfigError, UnavailableError
 from tercel.journal import FileJournal, NullJournal, list_queue_names
+from tercel.journal.journal import run_inline
 from tercel.server import stats
+from tercel.server.admin import AdminServer
 from tercel.server.commit import Committer
 from tercel.server.leases import LeaseService
 from tercel.server.memcache import MemcacheConnection
+from tercel.server.metrics import Metrics
+from tercel.server.status import Status, StatusKeeper
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,8 @@ class Server:
         self.version = __version__
         self.loop = asyncio.get_running_loop()
         self.committer = Committer(self.loop, self._sync_policy)
+        # One thread: compactions run one at a time, never beside each other's disk writes.
+        self._compactor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tercel-compact")
         self.collection = QueueCollection(config, self._open_log, self.clock)
         self.leases = LeaseService(self)
         self.connections: set[MemcacheConnection] = set()
@@ -50,6 +58,9 @@ class Server:
         self.bytes_written = 0
         self.started_at = self.clock.now_ms()
         self.ports: dict[str, int] = {}
+        self.status = StatusKeeper(config.server.data_dir)
+        self.metrics = Metrics()
+        self.admin: AdminServer | None = None
         self.stopping = False
         self._stop = asyncio.Event()
         self._listeners: list[asyncio.Server] = []
@@ -65,7 +76,28 @@ class Server:
     def _open_log(self, name: str, cfg: QueueConfig) -> QueueLog:
         if not cfg.journal:
             return NullJournal()
-        return FileJournal(self.data_dir, name, on_dirty=self.committer.journal_dirty)
+        return FileJournal(
+            self.data_dir,
+            name,
+            on_dirty=self.committer.journal_dirty,
+            background=self._background,
+        )
+
+    def _background(
+        self, work: Callable[[], None], done: Callable[[BaseException | None], None]
+    ) -> None:
+        """Run journal work (snapshot writing) on a worker thread; ``done`` on the loop.
+
+        Before the loop runs (replay at start-up) the work is done inline.
+        """
+        if not self.loop.is_running():
+            run_inline(work, done)
+            return
+
+        def finished(fut: Future[None]) -> None:
+            self.loop.call_soon_threadsafe(done, fut.exception())
+
+        self._compactor.submit(work).add_done_callback(finished)
 
     def _sync_policy(self, journal: FileJournal) -> int | None:
         q = self.collection.queue(journal.name)
@@ -77,6 +109,8 @@ class Server:
         """Lock the data dir, replay every journal, then bind the listeners."""
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_data_dir()
+        if self.status.load() is not Status.UP:
+            log.warning("status is %s (from %s)", self.status.current.name, self.status.path)
         t0 = time.monotonic()
         names = list_queue_names(self.data_dir)
         if names:
@@ -102,6 +136,10 @@ class Server:
             sock = listener.sockets[0].getsockname()
             self.ports["memcache"] = sock[1]
             log.info("memcache listening on %s:%d", sock[0], sock[1])
+        if srv.admin_port is not None:
+            self.admin = AdminServer(self)
+            self.ports["admin"] = await self.admin.start(srv.host, srv.admin_port)
+            log.info("admin HTTP listening on %s:%d", srv.host, self.ports["admin"])
         self._schedule_sweeps()
 
     def _lock_data_dir(self) -> None:
@@ -142,6 +180,8 @@ class Server:
         for handle in self._timers:
             handle.cancel()
         self.leases.close()
+        if self.admin is not None:
+            await self.admin.stop()
         for conn in list(self.connections):
             conn.session.close()
         self.committer.flush_now()
@@ -150,6 +190,9 @@ class Server:
                 conn.transport.close()
         while self.committer.busy:
             await asyncio.sleep(0.001)
+        # Let a running compaction finish writing (off the loop), then switch over.
+        await self.loop.run_in_executor(None, self._compactor.shutdown)
+        await asyncio.sleep(0)
         self.collection.close()
         self.committer.close()
         for listener in self._listeners:
@@ -173,14 +216,21 @@ class Server:
         self.connections.discard(conn)
 
     def check_writable(self) -> None:
-        """Raise UnavailableError when writes are refused."""
+        """Raise UnavailableError when writes are refused (shutdown, READONLY, QUIESCENT)."""
         if self.stopping:
             raise UnavailableError("server is shutting down")
+        self.status.check_writable()
 
     def check_readable(self) -> None:
-        """Raise UnavailableError when reads are refused."""
+        """Raise UnavailableError when reads are refused (shutdown, QUIESCENT)."""
         if self.stopping:
             raise UnavailableError("server is shutting down")
+        self.status.check_readable()
+
+    def set_status(self, status: Status) -> None:
+        """Persist and apply a new status. Raises OSError (status unchanged) when the status
+        file cannot be written."""
+        self.status.set(status)
 
     # ---- background work ------------------------------------------------------------------
 
@@ -198,12 +248,8 @@ class Server:
         ]
         try:
             self.collection.flush_all_expired()
-            now = self.clock.now_ms()
-            for q in self.collection:
-                age = q.config.max_queue_age
-                if age and not len(q) and not q.open_reads and now > q.create_time + age:
-                    self.collection.delete(q.name)
-                    self.collection.stats.queue_expires += 1
+            for name in self.collection.delete_expired_queues():
+                log.info("deleted queue %s: empty and older than its max_queue_age", name)
         except Exception:
             log.exception("expiry sweep failed")
         if not self.stopping:
