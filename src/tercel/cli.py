@@ -33,6 +33,9 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--memcache-port", type=int, help="memcache port (default 22133; 0 = any free)"
     )
+    serve.add_argument(
+        "--admin-port", type=int, help="admin HTTP port (default 2223; 0 = any free)"
+    )
     serve.add_argument("--ports-file", help="write the bound ports here as JSON once listening")
     serve.add_argument(
         "--log-level",
@@ -40,6 +43,9 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="logging level",
     )
+    from tercel import journal_tool
+
+    journal_tool.add_parser(sub)
     return parser
 
 
@@ -54,6 +60,10 @@ def _config_from(args: argparse.Namespace) -> ServerConfig:
         if not 0 <= args.memcache_port <= 65535:
             raise ConfigError(f"--memcache-port: {args.memcache_port} is not a port number")
         overrides["memcache_port"] = args.memcache_port
+    if args.admin_port is not None:
+        if not 0 <= args.admin_port <= 65535:
+            raise ConfigError(f"--admin-port: {args.admin_port} is not a port number")
+        overrides["admin_port"] = args.admin_port
     return config.with_server(**overrides) if overrides else config
 
 
@@ -103,4 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "serve":
         return serve(args)
+    if args.command == "journal":
+        from tercel import journal_tool
+
+        return journal_tool.run(args)
     return 2  # pragma: no cover - argparse rejects unknown commands

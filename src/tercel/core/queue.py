@@ -398,7 +398,14 @@ class PersistentQueue:
         ):
             self._compact(None)
 
-    def _compact(self, cursor: Position | None) -> None:
+    def compact(self) -> bool:
+        """Compact the log now, whatever the rules say (offline tools); True if started."""
+        cursor = None
+        if self.disk_items:
+            cursor = self._reader.position if self._reader is not None else self._cursor
+        return self._compact(cursor)
+
+    def _compact(self, cursor: Position | None) -> bool:
         open_items = list(self._open.items())
         items = list(self._items)
         if self.log.compact(self._next_id, self._xid, open_items, items, cursor):
@@ -406,6 +413,8 @@ class PersistentQueue:
             # Do not compact again until the log has grown by another max_journal_size
             # (Kestrel issue #114: rewrite storms when many reads stay open).
             self._compact_floor = kept + self.config.max_journal_size
+            return True
+        return False
 
     # ---- blocked readers ------------------------------------------------------------------
 

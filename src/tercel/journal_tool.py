@@ -1,0 +1,187 @@
+"""``tercel journal dump|check|compact``: look at and repair journals offline.
+
+``dump`` prints every record (like Kestrel's qdump), ``check`` verifies every checksum and
+reports the first bad offset per file, ``compact`` replays a queue and rewrites its history
+into one snapshot. Each shows a progress bar on large journals and exits non-zero when a
+journal is corrupt. ``compact`` refuses to run while a server holds the data directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fcntl
+import os
+import sys
+from collections.abc import Iterator
+from typing import Never, TextIO
+
+from tqdm import tqdm
+
+from tercel.clock import SystemClock
+from tercel.config import ServerConfig, load_config
+from tercel.core.queue import PersistentQueue
+from tercel.errors import JournalCorrupt
+from tercel.journal import FileJournal, list_queue_names
+from tercel.journal import records as rec
+from tercel.journal.journal import journal_files
+from tercel.journal.reader import ChunkReader
+
+PROGRESS_OVER = 16 * 1024 * 1024
+"""Show a progress bar when the files to read add up to more than this."""
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``tercel journal ...`` on the main parser."""
+    journal = sub.add_parser("journal", help="inspect, check or compact journal files offline")
+    verbs = journal.add_subparsers(dest="verb", required=True)
+    dump = verbs.add_parser("dump", help="print every record")
+    dump.add_argument("dir")
+    dump.add_argument("queue", nargs="?")
+    dump.add_argument("--payload", action="store_true", help="print payloads as escaped text")
+    check = verbs.add_parser("check", help="verify every record; non-zero exit on corruption")
+    check.add_argument("dir")
+    compact = verbs.add_parser("compact", help="compact journals (server must be stopped)")
+    compact.add_argument("dir")
+    compact.add_argument("queue", nargs="?")
+    compact.add_argument("--config", help="the server's config (for per-queue settings)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the verb; the exit code."""
+    if not os.path.isdir(args.dir):
+        print(f"{args.dir}: not a directory", file=sys.stderr)
+        return 2
+    if args.verb == "dump":
+        return dump(args.dir, args.queue, args.payload, sys.stdout)
+    if args.verb == "check":
+        return check(args.dir, sys.stdout)
+    return compact(args.dir, args.queue, args.config, sys.stdout)
+
+
+def _queues(data_dir: str, queue: str | None) -> list[str]:
+    return [queue] if queue else list_queue_names(data_dir)
+
+
+def _bar(paths: list[str], desc: str) -> tqdm[Never]:
+    total = sum(os.path.getsize(p) for p in paths)
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        desc=desc,
+        disable=total < PROGRESS_OVER or not sys.stderr.isatty(),
+        file=sys.stderr,
+    )
+
+
+def _records(path: str, bar: tqdm[Never]) -> Iterator[dict[str, object]]:
+    """Every record of one file, described; raises BadRecord at the first bad one."""
+    with open(path, "rb") as fh:
+        head = fh.read(rec.HEADER_SIZE)
+    if head != rec.FILE_HEADER:
+        raise rec.BadRecord(0, "bad file header")
+    reader = ChunkReader(path, rec.HEADER_SIZE)
+    try:
+        last = reader.offset
+        while (span := reader.next()) is not None:
+            desc = rec.describe_record(reader.buffer, *span)
+            desc["offset"] = reader.file_offset(span[0])
+            bar.update(reader.offset - last)
+            last = reader.offset
+            yield desc
+    finally:
+        reader.close()
+
+
+def _ms(value: object) -> str:
+    if not isinstance(value, int) or value == 0:
+        return "-"
+    return datetime.datetime.fromtimestamp(value / 1000, datetime.UTC).isoformat(
+        timespec="milliseconds"
+    )
+
+
+def dump(data_dir: str, queue: str | None, payload: bool, out: TextIO) -> int:
+    """Print every record of the queues' journals."""
+    status = 0
+    for name in _queues(data_dir, queue):
+        paths = journal_files(data_dir, name)
+        with _bar(paths, name) as bar:
+            for path in paths:
+                out.write(f"# {path}\n")
+                try:
+                    for r in _records(path, bar):
+                        out.write(_format(r, payload) + "\n")
+                except rec.BadRecord as bad:
+                    out.write(f"!! bad record at offset {bad.offset}: {bad.reason}\n")
+                    status = 1
+    return status
+
+
+def _format(r: dict[str, object], payload: bool) -> str:
+    parts = [f"{r['offset']:>10}", f"{r['op']:<8}"]
+    if r["op"] == "ADD":
+        data = r["data"]
+        assert isinstance(data, bytes)
+        parts += [f"id={r['item_id']}", f"size={len(data)}", f"added={_ms(r['add_time'])}"]
+        parts.append(f"expiry={_ms(r['expiry'])}")
+        if payload:
+            parts.append(repr(data[:200]) + ("..." if len(data) > 200 else ""))
+    elif "xid" in r:
+        parts.append(f"xid={r['xid']}")
+    if r["op"] == "SNAPSHOT":
+        parts.append(f"next_id={r['next_id']}")
+    if r["op"] == "RESUME":
+        parts += [f"cursor={r['cursor']}", f"taken={r['taken']}"]
+    return " ".join(parts)
+
+
+def check(data_dir: str, out: TextIO) -> int:
+    """Verify every record of every journal; 1 when any file is damaged."""
+    status = 0
+    for name in _queues(data_dir, None):
+        paths = journal_files(data_dir, name)
+        with _bar(paths, name) as bar:
+            for path in paths:
+                count = 0
+                try:
+                    for _ in _records(path, bar):
+                        count += 1
+                except rec.BadRecord as bad:
+                    good = f"{count} good records before"
+                    out.write(f"{path}: BAD at offset {bad.offset}: {bad.reason} ({good})\n")
+                    status = 1
+                else:
+                    out.write(f"{path}: ok, {count} records\n")
+    return status
+
+
+def compact(data_dir: str, queue: str | None, config_path: str | None, out: TextIO) -> int:
+    """Replay each queue and rewrite its journal into one snapshot."""
+    config = load_config(config_path) if config_path else ServerConfig()
+    lock = os.open(os.path.join(data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock)
+        print(f"{data_dir} is in use by a running tercel; stop it first", file=sys.stderr)
+        return 2
+    try:
+        for name in _queues(data_dir, queue):
+            before = sum(os.path.getsize(p) for p in journal_files(data_dir, name))
+            q = PersistentQueue(
+                name, config.queue_config(name), FileJournal(data_dir, name), SystemClock()
+            )
+            try:
+                q.replay()
+            except JournalCorrupt as exc:
+                print(f"{name}: {exc}", file=sys.stderr)
+                return 1
+            q.compact()
+            q.close()
+            after = sum(os.path.getsize(p) for p in journal_files(data_dir, name))
+            out.write(f"{name}: {len(q)} items, {before} -> {after} bytes\n")
+    finally:
+        os.close(lock)
+    return 0
