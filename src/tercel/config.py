@@ -198,7 +198,8 @@ class ServerSettings:
 
     host: str = "127.0.0.1"
     memcache_port: int | None = 22133
-    admin_port: int | None = None
+    admin_port: int | None = 2223
+    """The admin HTTP server (Kestrel's Ostrich port); None disables it."""
     data_dir: str = "./tercel-data"
     max_open_reads: int = 100
     client_timeout: int | None = None

@@ -36,12 +36,16 @@ class ServerProcess:
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         log_level: str = "warning",
+        admin_port: int | None = 0,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.config_text = config
         self.extra_args = extra_args
         self.env = env
         self.log_level = log_level
+        self.admin_port = admin_port
+        """Passed as ``--admin-port`` (0: any free port, in ``ports["admin"]``); None: the
+        config file's setting or the default, 2223."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = ""
         self.ports: dict[str, int] = {}
@@ -56,6 +60,11 @@ class ServerProcess:
     def address(self) -> str:
         """``127.0.0.1:<memcache port>``."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        """``http://127.0.0.1:<admin port>`` (KeyError when the admin server is off)."""
+        return f"http://127.0.0.1:{self.ports['admin']}"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         """Start the server and wait until it listens. Raises ServerStartError."""
@@ -78,6 +87,7 @@ class ServerProcess:
             fifo,
             "--log-level",
             self.log_level,
+            *(() if self.admin_port is None else ("--admin-port", str(self.admin_port))),
             *self.extra_args,
         ]
         if self.config_text is not None:

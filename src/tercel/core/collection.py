@@ -20,7 +20,7 @@ from tercel.config import QueueConfig, ServerConfig
 from tercel.core.log import QueueLog
 from tercel.core.queue import PersistentQueue, QItem
 from tercel.core.stats import GlobalStats
-from tercel.errors import BadQueueName
+from tercel.errors import BadQueueName, ItemTooLarge
 from tercel.names import fanout_parent, valid_name
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ class QueueCollection:
         self.clock = clock
         self._queues: dict[str, PersistentQueue] = {}
         self._children: dict[str, dict[str, None]] = {}
+        self.alias_puts: dict[str, list[int]] = {}
+        """Alias name -> [items, bytes] written through it (Kestrel's put_items, put_bytes)."""
         self.stats = GlobalStats()
 
     # ---- lookup and creation --------------------------------------------------------------
@@ -98,21 +100,32 @@ class QueueCollection:
         """
         dests = self.config.aliases.get(name)
         if dests is not None:
+            puts = self.alias_puts.setdefault(name, [0, 0])
+            puts[0] += 1
+            puts[1] += len(data)
             ok = True
             for dest in dests:
-                ok = self.add(dest, data, expiry, now) and ok
+                ok = self._add_quietly(dest, data, expiry, now) and ok
             return ok
         q = self.get_or_create(name)
         children = self._children.get(name)
         if children:
-            for child in children:
-                self.add(child, data, expiry, now)
+            # A child that is full or has a smaller max_item_size just misses the item.
+            for child in list(children):
+                self._add_quietly(child, data, expiry, now)
         if q.config.fanout_only and "+" not in name:
             return True
         if q.add(data, expiry, now):
             self.stats.total_items += 1
             return True
         return False
+
+    def _add_quietly(self, name: str, data: bytes, expiry: int | None, now: int) -> bool:
+        """:meth:`add` for one destination of an alias or fanout: too large is False."""
+        try:
+            return self.add(name, data, expiry, now)
+        except ItemTooLarge:
+            return False
 
     def _expired(self, q: PersistentQueue, item: QItem) -> None:
         target = q.config.expire_to_queue
@@ -134,7 +147,10 @@ class QueueCollection:
             log.exception("could not move an item from %s to dead-letter queue %s", q.name, target)
 
     def delete(self, name: str) -> bool:
-        """Delete a queue and its journal; its fanout registration ends too."""
+        """Delete a queue and its journal; its fanout registration ends too. An alias (or
+        the queue an alias masks) is left alone, as in Kestrel."""
+        if self.is_alias(name):
+            return False
         q = self._queues.pop(name, None)
         if q is None:
             return False
@@ -146,9 +162,10 @@ class QueueCollection:
         return True
 
     def flush(self, name: str) -> None:
-        """Drop every item of ``name`` that is not open (no-op for a missing queue)."""
+        """Drop every item of ``name`` that is not open (no-op for a missing queue or an
+        alias)."""
         q = self._queues.get(name)
-        if q is not None:
+        if q is not None and not self.is_alias(name):
             q.flush()
 
     def flush_all(self) -> None:
@@ -165,6 +182,22 @@ class QueueCollection:
         """Expire what is due in every queue; the total count."""
         now = self.clock.now_ms()
         return sum(q.flush_expired(now) for q in self)
+
+    def delete_expired_queues(self, now: int | None = None) -> list[str]:
+        """Delete every queue with ``max_queue_age`` that is older than that and idle: no
+        items, no open reads and no blocked readers (Kestrel also deletes a queue holding
+        open reads, losing them; tercel waits until they end). Returns the names deleted.
+        """
+        if now is None:
+            now = self.clock.now_ms()
+        gone = []
+        for q in self:
+            age = q.config.max_queue_age
+            idle = not (len(q) or q.open_reads or q.waiters)
+            if age and now > q.create_time + age and idle and self.delete(q.name):
+                self.stats.queue_expires += 1
+                gone.append(q.name)
+        return gone
 
     # ---- configuration and shutdown -------------------------------------------------------
 

@@ -85,6 +85,13 @@ class DumpStats:
 
 
 @dataclass(slots=True)
+class Status:
+    """``status`` (answer the current status) or ``status <new>`` (set it; any case)."""
+
+    value: str | None = None
+
+
+@dataclass(slots=True)
 class Unknown:
     """A command the server does not know (answered with bare ``ERROR``)."""
 
@@ -156,6 +163,7 @@ Command = (
     | FlushExpired
     | Simple
     | DumpStats
+    | Status
     | Unknown
     | Lease
     | Ack

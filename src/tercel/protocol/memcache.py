@@ -38,6 +38,7 @@ from tercel.protocol.commands import (
     Renew,
     Set,
     Simple,
+    Status,
     Unknown,
 )
 
@@ -188,6 +189,8 @@ class MemcacheServerCodec:
             return FlushExpired(_queue(tokens[1]))
         if cmd == b"dump_stats":
             return DumpStats(tuple(_queue(t) for t in tokens[1:]))
+        if cmd == b"status":
+            return Status(tokens[1].decode("latin-1") if nargs >= 1 else None)
         simple = _SIMPLE.get(cmd)
         if simple is not None:
             return Simple(simple)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from tercel.core.queue import QItem
@@ -34,9 +35,11 @@ from tercel.protocol.commands import (
     Get,
     Set,
     Simple,
+    Status,
     Unknown,
 )
 from tercel.server import leases as ext
+from tercel.server.status import parse_status
 from tercel.session import PendingRead, Session
 
 if TYPE_CHECKING:
@@ -200,6 +203,11 @@ class MemcacheConnection(asyncio.Protocol):
             self.out.append(mc.END)
         else:
             self._value(cmd, item)
+            if not cmd.peek:
+                delivered = self.server.clock.now_ms() - item.add_time
+                metrics = self.server.metrics
+                metrics.total.delivery.add(delivered)
+                metrics.queue(cmd.queue).delivery.add(delivered)
         self.server.loop.call_soon(self._resume)
 
     def _resume(self) -> None:
@@ -230,25 +238,44 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
         if not cmd.open:
             conn.out.append(mc.END)
             return
-    conn.server.check_readable()
+    server = conn.server
+    server.check_readable()
+    t0 = perf_counter_ns()
     mode = "peek" if cmd.peek else "open" if cmd.open else "get"
-    got = session.fetch(cmd.queue, mode, conn.server.clock.now_ms())
+    now = server.clock.now_ms()
+    got = session.fetch(cmd.queue, mode, now)
     if got is not None:
         session.count_result(True)
-        conn._value(cmd, got[1])
+        item = got[1]
+        conn._value(cmd, item)
+        us = (perf_counter_ns() - t0) // 1000
+        metrics = server.metrics
+        lat = metrics.queue(cmd.queue)
+        metrics.total.get_hit.add(us)
+        lat.get_hit.add(us)
+        if not cmd.peek:
+            metrics.total.delivery.add(now - item.add_time)
+            lat.delivery.add(now - item.add_time)
     elif cmd.timeout is not None:
         conn._block(cmd, mode, cmd.timeout)
     else:
         session.count_result(False)
         conn.out.append(mc.END)
+        us = (perf_counter_ns() - t0) // 1000
+        server.metrics.total.get_miss.add(us)
+        server.metrics.queue(cmd.queue).get_miss.add(us)
 
 
 def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
     server = conn.server
     server.check_writable()
+    t0 = perf_counter_ns()
     server.collection.stats.cmd_set += 1
     now = server.clock.now_ms()
     stored = server.collection.add(cmd.queue, cmd.data, expiry_ms(cmd.exptime, now), now)
+    us = (perf_counter_ns() - t0) // 1000
+    server.metrics.total.set.add(us)
+    server.metrics.queue(cmd.queue).set.add(us)
     if not cmd.noreply:
         conn.out.append(mc.STORED if stored else mc.NOT_STORED)
 
@@ -275,11 +302,29 @@ def handle_flush_all(conn: MemcacheConnection, cmd: FlushAll) -> None:
 
 
 def handle_flush_expired(conn: MemcacheConnection, cmd: FlushExpired) -> None:
+    conn.server.check_writable()
     conn.out.append(mc.number(conn.server.collection.flush_expired(cmd.queue)))
 
 
 def handle_dump_stats(conn: MemcacheConnection, cmd: DumpStats) -> None:
     conn.out.append(mc.blocks(conn.server.dump_stats(cmd.queues)))
+
+
+def handle_status(conn: MemcacheConnection, cmd: Status) -> None:
+    """``status`` answers the current status; ``status <s>`` (any case) sets it: ``END``."""
+    server = conn.server
+    if cmd.value is None:
+        conn.out.append(server.status.current.name.encode() + b"\r\n")
+        return
+    try:
+        status = parse_status(cmd.value)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
+    try:
+        server.set_status(status)
+    except OSError as exc:
+        raise UnavailableError(f"cannot write the status file: {exc.strerror or exc}") from None
+    conn.out.append(mc.END)
 
 
 def handle_unknown(conn: MemcacheConnection, cmd: Unknown) -> None:
@@ -317,6 +362,7 @@ def _dump_config(conn: MemcacheConnection) -> None:
 
 
 def _flush_all_expired(conn: MemcacheConnection) -> None:
+    conn.server.check_writable()
     conn.out.append(mc.number(conn.server.collection.flush_all_expired()))
 
 
@@ -340,6 +386,7 @@ HANDLERS: dict[type, Callable[[MemcacheConnection, Any], None]] = {
     FlushExpired: handle_flush_expired,
     DumpStats: handle_dump_stats,
     Simple: handle_simple,
+    Status: handle_status,
     Unknown: handle_unknown,
 }
 HANDLERS.update(ext.HANDLERS)
