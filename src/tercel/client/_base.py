@@ -1,0 +1,377 @@
+"""What :class:`~tercel.client.Client` and :class:`~tercel.client.AsyncClient` share, without
+I/O: the server list and its health, the commands each method sends, and what each reply
+means.
+
+A method is an :class:`Op`: the commands to pipeline on one connection and a ``finish`` that
+turns their replies into the result (or raises). The two clients differ only in how they move
+the bytes. Cluster policy (Kestrel's clients did the same): every operation goes to a randomly
+chosen healthy server; a server whose connection fails is set aside for ``retry_after``
+seconds, doubling per consecutive failure up to ``max_retry_after``, then tried again; reads
+that may wait rotate across the servers in slices of ``rotate_interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from tercel.errors import BadReply, NoServerAvailable, NotStored, ServerReplyError
+from tercel.protocol.commands import (
+    Ack,
+    Command,
+    Delete,
+    Flush,
+    Get,
+    Lease,
+    Release,
+    Renew,
+    Set,
+    Simple,
+)
+from tercel.protocol.memcache_client import (
+    ErrorReply,
+    LeaseBatch,
+    Line,
+    Listing,
+    Reply,
+    Value,
+    get_key,
+)
+
+T = TypeVar("T")
+
+DEFAULT_PORT = 22133
+EXPIRY_RELATIVE_LIMIT = 1_000_000
+"""Kestrel reads a set's exptime below this as relative seconds, above as epoch seconds."""
+IDS_PER_LINE = 2000
+"""Lease ids per ack/release/renew line: ~40 KB, far below the server's 1 MiB line limit."""
+PUT_BATCH = 500
+"""Sets per pipelined write in put_many, so the replies never fill the socket buffers."""
+
+
+def parse_server(address: str) -> tuple[str, int]:
+    """``"host:port"`` (or ``"host"``, port 22133; ``"[::1]:22133"`` for IPv6) -> (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "]" in port:
+        return address.strip("[]"), DEFAULT_PORT
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        raise ValueError(f"bad server address {address!r} (expected host:port)") from None
+
+
+def ms(seconds: float) -> int:
+    """Seconds -> whole milliseconds, rounded up so a short wait never becomes no wait."""
+    return max(0, math.ceil(seconds * 1000))
+
+
+def exptime(expiry: float | None, now: float) -> int:
+    """A set's exptime for an expiry in seconds from now (None: never)."""
+    if expiry is None:
+        return 0
+    if expiry <= 0:
+        raise ValueError("expiry must be positive (or None for no expiry)")
+    if expiry < EXPIRY_RELATIVE_LIMIT:
+        return math.ceil(expiry)
+    return math.ceil(now + expiry)
+
+
+# ---- results --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Leased:
+    """An item held under a lease: ack, release or renew it through the client that leased it.
+
+    ``lease_expiry`` is the server's epoch time in seconds when the lease runs out (None:
+    never); ``add_time`` the epoch time the item was added; ``deliveries`` how often it has
+    been handed out, this time included.
+    """
+
+    queue: str
+    server: str
+    lease_id: str
+    id: int
+    deliveries: int
+    add_time: float
+    lease_expiry: float | None
+    data: bytes
+
+
+# ---- the server list ------------------------------------------------------------------------
+
+
+class ServerState:
+    """One server of the list and its health."""
+
+    __slots__ = ("address", "aside_until", "failures", "host", "port")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.host, self.port = parse_server(address)
+        self.failures = 0
+        self.aside_until = 0.0
+
+
+class Cluster:
+    """The servers, which are set aside, and random choice among the others."""
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        retry_after: float,
+        max_retry_after: float,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        names = [servers] if isinstance(servers, str) else list(servers)
+        if not names:
+            raise ValueError("no servers given")
+        self.servers = [ServerState(s) for s in names]
+        self.by_address = {s.address: s for s in self.servers}
+        self.retry_after = retry_after
+        self.max_retry_after = max_retry_after
+        self.rng = rng or random.Random()
+        self.clock = clock
+
+    def healthy(self) -> list[ServerState]:
+        """The servers not set aside, in random order. Raises NoServerAvailable if none."""
+        now = self.clock()
+        up = [s for s in self.servers if s.aside_until <= now]
+        if not up:
+            soonest = min(s.aside_until for s in self.servers) - now
+            raise NoServerAvailable(f"every server failed recently; next retry in {soonest:.1f}s")
+        self.rng.shuffle(up)
+        return up
+
+    def server(self, address: str) -> ServerState:
+        """The state of ``address`` (which must be in the list)."""
+        try:
+            return self.by_address[address]
+        except KeyError:
+            raise ValueError(f"{address} is not one of this client's servers") from None
+
+    def is_aside(self, server: ServerState) -> bool:
+        """True while ``server`` is set aside after a failure."""
+        return server.aside_until > self.clock()
+
+    def failed(self, server: ServerState) -> None:
+        """Set ``server`` aside: retry_after, doubled per consecutive failure, capped."""
+        server.failures += 1
+        delay = min(self.max_retry_after, self.retry_after * 2 ** (server.failures - 1))
+        server.aside_until = self.clock() + delay
+
+    def ok(self, server: ServerState) -> None:
+        """A request to ``server`` succeeded: forget its failures."""
+        server.failures = 0
+        server.aside_until = 0.0
+
+
+# ---- operations -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Op(Generic[T]):
+    """Commands to pipeline on one connection, and what their replies mean."""
+
+    commands: list[Command]
+    finish: Callable[[list[Reply], str], T]
+    wait: float = 0.0
+    """Seconds the server may legitimately hold the reply (a blocking read)."""
+
+
+def check(reply: Reply, server: str) -> Reply:
+    """``reply`` unless it is an error reply, which is raised as ServerReplyError."""
+    if isinstance(reply, ErrorReply):
+        raise ServerReplyError(reply.kind, reply.reason, server)
+    return reply
+
+
+def _line(reply: Reply, server: str) -> str:
+    reply = check(reply, server)
+    if not isinstance(reply, Line):
+        raise BadReply(f"expected a status line, got {reply!r}", server)
+    return reply.text
+
+
+def _expect(word: str) -> Callable[[list[Reply], str], None]:
+    def finish(replies: list[Reply], server: str) -> None:
+        for r in replies:
+            text = _line(r, server)
+            if text != word:
+                raise BadReply(f"expected {word}, got {text!r}", server)
+
+    return finish
+
+
+def _stored(replies: list[Reply], server: str) -> int:
+    texts = [_line(r, server) for r in replies]
+    stored = texts.count("STORED")
+    if stored != len(texts):
+        bad = next(t for t in texts if t != "STORED")
+        if bad != "NOT_STORED":
+            raise BadReply(f"unexpected reply to set: {bad!r}", server)
+        raise NotStored(
+            f"{len(texts) - stored} of {len(texts)} item(s) not stored (queue full or item "
+            "too large)",
+            server,
+            stored,
+        )
+    return stored
+
+
+def put_op(queue: str, items: Iterable[bytes], expiry: float | None) -> Op[int]:
+    """``set`` each item (pipelined); finish raises NotStored unless all were stored."""
+    exp = exptime(expiry, time.time())
+    return Op([Set(queue, 0, exp, bytes(data)) for data in items], _stored)
+
+
+def get_op(queue: str, wait: float, *, peek: bool = False) -> Op[bytes | None]:
+    """A plain get (or peek) waiting up to ``wait`` seconds for an item."""
+    key = get_key(queue, timeout_ms=ms(wait) or None, peek=peek)
+    return Op([Get(key, queue, ms(wait) or None, peek=peek)], _value_data, wait)
+
+
+def _value_data(replies: list[Reply], server: str) -> bytes | None:
+    reply = _value(replies[0], server)
+    return None if reply is None else reply.data
+
+
+def _value(reply: Reply, server: str) -> Value | None:
+    reply = check(reply, server)
+    if isinstance(reply, Value):
+        return reply
+    if isinstance(reply, Line) and reply.text == "END":
+        return None
+    raise BadReply(f"unexpected reply to get: {reply!r}", server)
+
+
+def open_op(queue: str, wait: float) -> Op[Value | None]:
+    """``gets queue[/t=ms]/open``: an open read whose reply carries the item id as cas."""
+    key = get_key(queue, timeout_ms=ms(wait) or None, open=True)
+    get = Get(key, queue, ms(wait) or None, open=True, cas=True)
+    return Op([get], lambda replies, server: _value(replies[0], server), wait)
+
+
+def close_op(queue: str, *, abort: bool) -> Op[None]:
+    """``get queue/close`` (confirm) or ``get queue/abort``: both answer END."""
+    key = get_key(queue, close=not abort, abort=abort)
+    return Op([Get(key, queue, close=not abort, abort=abort)], _expect("END"))
+
+
+def lease_op(queue: str, max_items: int, wait: float, lease_time: float | None) -> Op[list[Leased]]:
+    """``lease``: up to ``max_items``, waiting up to ``wait`` s while empty; lease_time None:
+    the lease never expires."""
+    if max_items < 0:
+        raise ValueError("max_items must not be negative")
+    lease_ms = 0 if lease_time is None else max(1, ms(lease_time))
+    cmd = Lease(queue, max_items, ms(wait), lease_ms)
+
+    def finish(replies: list[Reply], server: str) -> list[Leased]:
+        reply = check(replies[0], server)
+        if not isinstance(reply, LeaseBatch):
+            raise BadReply(f"unexpected reply to lease: {reply!r}", server)
+        return [
+            Leased(
+                queue,
+                server,
+                i.lease_id,
+                i.item_id,
+                i.deliveries,
+                i.add_ms / 1000,
+                i.expiry_ms / 1000 if i.expiry_ms else None,
+                i.data,
+            )
+            for i in reply.items
+        ]
+
+    return Op([cmd], finish, wait)
+
+
+def _counted(word: str) -> Callable[[list[Reply], str], int]:
+    def finish(replies: list[Reply], server: str) -> int:
+        n = 0
+        for r in replies:
+            text = _line(r, server)
+            head, _, count = text.partition(" ")
+            if head != word or not count.isdigit():
+                raise BadReply(f"expected {word} <n>, got {text!r}", server)
+            n += int(count)
+        return n
+
+    return finish
+
+
+def lease_end_op(verb: str, queue: str, ids: list[str], lease_time: float | None = None) -> Op[int]:
+    """``ack``, ``release`` or ``renew`` for ``ids`` (split into lines of IDS_PER_LINE)."""
+    chunks = [tuple(ids[i : i + IDS_PER_LINE]) for i in range(0, len(ids), IDS_PER_LINE)]
+    cmds: list[Command]
+    if verb == "ack":
+        cmds, word = [Ack(queue, c) for c in chunks], "ACKED"
+    elif verb == "release":
+        cmds, word = [Release(queue, c) for c in chunks], "RELEASED"
+    else:
+        lease_ms = 0 if lease_time is None else max(1, ms(lease_time))
+        cmds, word = [Renew(queue, lease_ms, c) for c in chunks], "RENEWED"
+    return Op(cmds, _counted(word))
+
+
+def group_leases(items: Iterable[Leased]) -> dict[tuple[str, str], list[str]]:
+    """Lease ids by (server, queue): each group goes to the server that leased it."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for item in items:
+        groups.setdefault((item.server, item.queue), []).append(item.lease_id)
+    return groups
+
+
+def delete_op(queue: str) -> Op[None]:
+    return Op([Delete(queue)], _expect("DELETED"))
+
+
+def flush_op(queue: str) -> Op[None]:
+    return Op([Flush(queue)], _expect("END"))
+
+
+def stats_op() -> Op[dict[str, str]]:
+    def finish(replies: list[Reply], server: str) -> dict[str, str]:
+        reply = check(replies[0], server)
+        if not isinstance(reply, Listing):
+            raise BadReply(f"unexpected reply to stats: {reply!r}", server)
+        return dict(reply.pairs)
+
+    return Op([Simple("stats")], finish)
+
+
+def version_op() -> Op[str]:
+    def finish(replies: list[Reply], server: str) -> str:
+        text = _line(replies[0], server)
+        if not text.startswith("VERSION "):
+            raise BadReply(f"unexpected reply to version: {text!r}", server)
+        return text[len("VERSION ") :]
+
+    return Op([Simple("version")], finish)
+
+
+def slices(total: float | None, interval: float, servers: int) -> Iterable[float]:
+    """How long each attempt of a rotating read may wait on one server.
+
+    ``total`` None: one pass over the servers without waiting. Otherwise slices of at most
+    ``interval`` (the whole wait when there is a single server) until ``total`` is used up;
+    the caller stops early when it gets an item. Uses the monotonic clock.
+    """
+    if total is None:
+        yield from [0.0] * servers
+        return
+    deadline = time.monotonic() + total
+    step = total if servers == 1 else interval
+    first = True
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 and not first:
+            return
+        first = False
+        yield max(0.0, min(step, left))

@@ -1,0 +1,304 @@
+"""The asyncio client: :class:`AsyncClient`, the same methods as :class:`~tercel.client.Client`
+as coroutines, over asyncio streams with one pool of connections per server.
+
+Use it from one event loop. Each call checks a connection out of its server's pool, so
+concurrent tasks never share one; the policy (random healthy server, set-aside with back-off,
+rotating blocking reads) is :mod:`tercel.client._base`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import TypeVar
+
+from tercel.client import _base as b
+from tercel.client._base import Leased, Op, ServerState
+from tercel.errors import ClientTimeout, NotStored, TransportError
+from tercel.protocol.commands import Command
+from tercel.protocol.memcache import NEED_DATA
+from tercel.protocol.memcache_client import MemcacheClientCodec, Reply
+
+T = TypeVar("T")
+
+
+class _Connection:
+    """One stream pair and its codec."""
+
+    __slots__ = ("codec", "reader", "server", "writer")
+
+    def __init__(
+        self, server: ServerState, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        self.codec = MemcacheClientCodec()
+
+    @classmethod
+    async def open(cls, server: ServerState, connect_timeout: float) -> _Connection:
+        try:
+            async with asyncio.timeout(connect_timeout):
+                reader, writer = await asyncio.open_connection(server.host, server.port)
+        except TimeoutError:
+            raise ClientTimeout("connect timed out", server.address) from None
+        except OSError as exc:
+            raise TransportError(f"cannot connect: {exc}", server.address) from None
+        return cls(server, reader, writer)
+
+    async def call(self, commands: Iterable[Command], timeout: float) -> list[Reply]:
+        codec = self.codec
+        replies: list[Reply] = []
+        try:
+            async with asyncio.timeout(timeout):
+                self.writer.write(b"".join(codec.send(c) for c in commands))
+                await self.writer.drain()
+                while codec.pending:
+                    reply = codec.next_reply()
+                    if reply is NEED_DATA:
+                        chunk = await self.reader.read(262144)
+                        if not chunk:
+                            raise TransportError(
+                                "connection closed by the server", self.server.address
+                            )
+                        codec.receive_data(chunk)
+                    else:
+                        replies.append(reply)
+        except TimeoutError:
+            raise ClientTimeout(f"no reply within {timeout:.1f}s", self.server.address) from None
+        except OSError as exc:
+            raise TransportError(str(exc), self.server.address) from None
+        return replies
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class AsyncReservation:
+    """An item read with ``/open`` (see :class:`tercel.client.sync.Reservation`); use
+    ``async with``: confirmed on a clean exit, aborted on an exception."""
+
+    def __init__(
+        self, client: AsyncClient, conn: _Connection, queue: str, data: bytes, item_id: int
+    ) -> None:
+        self._client = client
+        self._conn: _Connection | None = conn
+        self.queue = queue
+        self.data = data
+        self.id = item_id
+
+    async def _end(self, abort: bool) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            raise ValueError("this reservation was already confirmed or aborted")
+        await self._client._run_on(conn, b.close_op(self.queue, abort=abort))
+
+    async def confirm(self) -> None:
+        """Remove the item for good."""
+        await self._end(abort=False)
+
+    async def abort(self) -> None:
+        """Put the item back at the head of its queue."""
+        await self._end(abort=True)
+
+    async def __aenter__(self) -> AsyncReservation:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._conn is None:
+            return
+        if et is None:
+            await self.confirm()
+        else:
+            await self.abort()
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`tercel.client.Client` (same arguments, same methods)."""
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        *,
+        timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        retry_after: float = 1.0,
+        max_retry_after: float = 30.0,
+        rotate_interval: float = 0.5,
+        pool_size: int = 8,
+    ) -> None:
+        self.cluster = b.Cluster(servers, retry_after, max_retry_after)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.rotate_interval = rotate_interval
+        self.pool_size = pool_size
+        self._pools: dict[str, list[_Connection]] = {s.address: [] for s in self.cluster.servers}
+
+    # ---- connections ----------------------------------------------------------------------
+
+    async def _checkout(self, server: ServerState) -> _Connection:
+        pool = self._pools[server.address]
+        if pool:
+            return pool.pop()
+        try:
+            return await _Connection.open(server, self.connect_timeout)
+        except TransportError:
+            self.cluster.failed(server)
+            raise
+
+    def _checkin(self, conn: _Connection) -> None:
+        pool = self._pools[conn.server.address]
+        if len(pool) < self.pool_size:
+            pool.append(conn)
+        else:
+            conn.close()
+
+    async def _run_on(self, conn: _Connection, op: Op[T], keep: bool = False) -> T:
+        try:
+            replies = await conn.call(op.commands, self.timeout + op.wait)
+        except TransportError:
+            conn.close()
+            self.cluster.failed(conn.server)
+            raise
+        except BaseException:  # cancelled, or a reply that does not parse: state unknown
+            conn.close()
+            raise
+        self.cluster.ok(conn.server)
+        if not keep:
+            self._checkin(conn)
+        return op.finish(replies, conn.server.address)
+
+    async def _run(self, op: Op[T], server: ServerState) -> T:
+        return await self._run_on(await self._checkout(server), op)
+
+    async def _any(self, op: Op[T]) -> T:
+        error: TransportError | None = None
+        for server in self.cluster.healthy():
+            try:
+                return await self._run(op, server)
+            except TransportError as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+    async def _each(self, op: Op[T]) -> dict[str, T]:
+        return {s.address: await self._run(op, s) for s in self.cluster.servers}
+
+    async def _rotate(
+        self, attempt: Callable[[ServerState, float], Awaitable[T | None]], wait: float | None
+    ) -> T | None:
+        error: TransportError | None = None
+        cluster = self.cluster
+        servers = cluster.healthy()
+        for i, part in enumerate(b.slices(wait, self.rotate_interval, len(servers))):
+            server = servers[i % len(servers)]
+            if cluster.is_aside(server):
+                continue
+            try:
+                got = await attempt(server, part)
+            except TransportError as exc:
+                error = exc
+                if all(cluster.is_aside(s) for s in servers):
+                    raise
+                continue
+            if got is not None:
+                return got
+        if error is not None and wait is None:
+            raise error
+        return None
+
+    # ---- the API (documented on tercel.client.Client) -------------------------------------
+
+    async def put(self, queue: str, data: bytes, expiry: float | None = None) -> None:
+        await self._any(b.put_op(queue, [data], expiry))
+
+    async def put_many(
+        self, queue: str, items: Iterable[bytes], expiry: float | None = None
+    ) -> int:
+        items = list(items)
+        done = 0
+        for i in range(0, len(items), b.PUT_BATCH):
+            try:
+                done += await self._any(b.put_op(queue, items[i : i + b.PUT_BATCH], expiry))
+            except NotStored as exc:
+                exc.stored += done
+                raise
+        return done
+
+    async def get(self, queue: str, timeout: float | None = None) -> bytes | None:
+        return await self._rotate(lambda s, w: self._run(b.get_op(queue, w), s), timeout)
+
+    async def peek(self, queue: str) -> bytes | None:
+        return await self._rotate(lambda s, w: self._run(b.get_op(queue, w, peek=True), s), None)
+
+    async def reserve(self, queue: str, timeout: float | None = None) -> AsyncReservation | None:
+        return await self._rotate(lambda s, w: self._reserve_on(s, queue, w), timeout)
+
+    async def _reserve_on(
+        self, server: ServerState, queue: str, wait: float
+    ) -> AsyncReservation | None:
+        conn = await self._checkout(server)
+        value = await self._run_on(conn, b.open_op(queue, wait), keep=True)
+        if value is None:
+            self._checkin(conn)
+            return None
+        return AsyncReservation(self, conn, queue, value.data, value.cas or 0)
+
+    async def lease(
+        self, queue: str, max_items: int, wait: float | None = None, lease_time: float | None = 30.0
+    ) -> list[Leased]:
+        async def attempt(server: ServerState, part: float) -> list[Leased] | None:
+            got = await self._run(b.lease_op(queue, max_items, part, lease_time), server)
+            return got or None  # an empty batch counts as a miss, so the rotation goes on
+
+        return await self._rotate(attempt, wait) or []
+
+    async def _lease_end(self, verb: str, items: Iterable[Leased], lease_time: float | None) -> int:
+        n = 0
+        for (address, queue), ids in b.group_leases(items).items():
+            server = self.cluster.server(address)
+            n += await self._run(b.lease_end_op(verb, queue, ids, lease_time), server)
+        return n
+
+    async def ack(self, items: Iterable[Leased]) -> int:
+        return await self._lease_end("ack", items, None)
+
+    async def release(self, items: Iterable[Leased]) -> int:
+        return await self._lease_end("release", items, None)
+
+    async def renew(self, items: Iterable[Leased], lease_time: float | None) -> int:
+        return await self._lease_end("renew", items, lease_time)
+
+    async def delete(self, queue: str) -> None:
+        await self._each(b.delete_op(queue))
+
+    async def flush(self, queue: str) -> None:
+        await self._each(b.flush_op(queue))
+
+    async def stats(self) -> dict[str, dict[str, str]]:
+        return await self._each(b.stats_op())
+
+    async def version(self) -> dict[str, str]:
+        return await self._each(b.version_op())
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        pools = [c for pool in self._pools.values() for c in pool]
+        for pool in self._pools.values():
+            pool.clear()
+        for conn in pools:
+            conn.close()
+            with contextlib.suppress(OSError):
+                await conn.writer.wait_closed()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

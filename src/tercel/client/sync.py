@@ -1,0 +1,326 @@
+"""The blocking client: :class:`Client` over plain sockets, one pool of connections per server.
+
+Thread-safe: each call checks a connection out of its server's pool and puts it back when the
+reply is complete, so threads never share a connection. A connection that fails is closed, its
+server set aside (see :mod:`tercel.client._base`), and the operation retried on another server
+where that is safe.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import TypeVar
+
+from tercel.client import _base as b
+from tercel.client._base import Leased, Op, ServerState
+from tercel.errors import ClientTimeout, NotStored, TransportError
+from tercel.protocol.commands import Command
+from tercel.protocol.memcache import NEED_DATA
+from tercel.protocol.memcache_client import MemcacheClientCodec, Reply
+
+T = TypeVar("T")
+
+
+class _Connection:
+    """One socket and its codec."""
+
+    __slots__ = ("codec", "server", "sock")
+
+    def __init__(self, server: ServerState, connect_timeout: float) -> None:
+        self.server = server
+        try:
+            self.sock = socket.create_connection((server.host, server.port), connect_timeout)
+        except TimeoutError:
+            raise ClientTimeout("connect timed out", server.address) from None
+        except OSError as exc:
+            raise TransportError(f"cannot connect: {exc}", server.address) from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.codec = MemcacheClientCodec()
+
+    def call(self, commands: Iterable[Command], timeout: float) -> list[Reply]:
+        codec = self.codec
+        data = b"".join(codec.send(c) for c in commands)
+        replies: list[Reply] = []
+        try:
+            self.sock.settimeout(timeout)
+            self.sock.sendall(data)
+            while codec.pending:
+                reply = codec.next_reply()
+                if reply is NEED_DATA:
+                    chunk = self.sock.recv(262144)
+                    if not chunk:
+                        raise TransportError("connection closed by the server", self.server.address)
+                    codec.receive_data(chunk)
+                else:
+                    replies.append(reply)
+        except TimeoutError:
+            raise ClientTimeout(f"no reply within {timeout:.1f}s", self.server.address) from None
+        except OSError as exc:
+            raise TransportError(str(exc), self.server.address) from None
+        return replies
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Reservation:
+    """An item read with ``/open``: confirm it when done, abort to give it back.
+
+    As a context manager it confirms on a clean exit and aborts on an exception. It holds its
+    connection until then (open reads belong to a connection in Kestrel's protocol); if that
+    connection breaks, the server returns the item to the queue by itself.
+    """
+
+    def __init__(self, client: Client, conn: _Connection, queue: str, data: bytes, item_id: int):
+        self._client = client
+        self._conn: _Connection | None = conn
+        self.queue = queue
+        self.data = data
+        self.id = item_id
+
+    def _end(self, abort: bool) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            raise ValueError("this reservation was already confirmed or aborted")
+        self._client._run_on(conn, b.close_op(self.queue, abort=abort))
+
+    def confirm(self) -> None:
+        """Remove the item for good."""
+        self._end(abort=False)
+
+    def abort(self) -> None:
+        """Put the item back at the head of its queue."""
+        self._end(abort=True)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._conn is None:
+            return
+        if et is None:
+            self.confirm()
+        else:
+            self.abort()
+
+
+class Client:
+    """A blocking client for one tercel (or Kestrel) server or a list of them.
+
+    ``servers`` is ``"host:port"`` or a list of them. Times are seconds: ``timeout`` bounds each
+    reply (plus any wait asked for), ``connect_timeout`` each connect. See
+    :mod:`tercel.client._base` for the cluster policy.
+    """
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        *,
+        timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        retry_after: float = 1.0,
+        max_retry_after: float = 30.0,
+        rotate_interval: float = 0.5,
+        pool_size: int = 8,
+    ) -> None:
+        self.cluster = b.Cluster(servers, retry_after, max_retry_after)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.rotate_interval = rotate_interval
+        self.pool_size = pool_size
+        self._pools: dict[str, list[_Connection]] = {s.address: [] for s in self.cluster.servers}
+        self._lock = threading.Lock()
+
+    # ---- connections ----------------------------------------------------------------------
+
+    def _checkout(self, server: ServerState) -> _Connection:
+        with self._lock:
+            pool = self._pools[server.address]
+            if pool:
+                return pool.pop()
+        return _Connection(server, self.connect_timeout)
+
+    def _checkin(self, conn: _Connection) -> None:
+        with self._lock:
+            pool = self._pools[conn.server.address]
+            if len(pool) < self.pool_size:
+                pool.append(conn)
+                return
+        conn.close()
+
+    def _run_on(self, conn: _Connection, op: Op[T], keep: bool = False) -> T:
+        """Run ``op`` on a checked-out connection; check it back in unless ``keep``."""
+        try:
+            replies = conn.call(op.commands, self.timeout + op.wait)
+        except TransportError:
+            conn.close()
+            self.cluster.failed(conn.server)
+            raise
+        except BaseException:  # interrupted, or a reply that does not parse: state unknown
+            conn.close()
+            raise
+        self.cluster.ok(conn.server)
+        if not keep:
+            self._checkin(conn)
+        return op.finish(replies, conn.server.address)
+
+    def _run(self, op: Op[T], server: ServerState) -> T:
+        try:
+            conn = self._checkout(server)
+        except TransportError:
+            self.cluster.failed(server)
+            raise
+        return self._run_on(conn, op)
+
+    def _any(self, op: Op[T]) -> T:
+        """Run ``op`` on a random healthy server, trying the next one if a connection fails."""
+        error: TransportError | None = None
+        for server in self.cluster.healthy():
+            try:
+                return self._run(op, server)
+            except TransportError as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+    def _each(self, op: Op[T]) -> dict[str, T]:
+        return {s.address: self._run(op, s) for s in self.cluster.servers}
+
+    def _rotate(
+        self, attempt: Callable[[ServerState, float], T | None], wait: float | None
+    ) -> T | None:
+        """A read that may wait: rotate over the healthy servers, each attempt waiting one
+        slice, until a hit or the deadline. Raises the last TransportError when every server
+        failed, or when nothing was found and some server could not be asked."""
+        error: TransportError | None = None
+        cluster = self.cluster
+        servers = cluster.healthy()
+        for i, part in enumerate(b.slices(wait, self.rotate_interval, len(servers))):
+            server = servers[i % len(servers)]
+            if cluster.is_aside(server):  # failed during this call
+                continue
+            try:
+                got = attempt(server, part)
+            except TransportError as exc:
+                error = exc
+                if all(cluster.is_aside(s) for s in servers):
+                    raise
+                continue
+            if got is not None:
+                return got
+        if error is not None and wait is None:
+            raise error
+        return None
+
+    # ---- the API --------------------------------------------------------------------------
+
+    def put(self, queue: str, data: bytes, expiry: float | None = None) -> None:
+        """Add ``data`` to ``queue`` (expiry: seconds from now). Raises NotStored when refused."""
+        self._any(b.put_op(queue, [data], expiry))
+
+    def put_many(self, queue: str, items: Iterable[bytes], expiry: float | None = None) -> int:
+        """Add every item, pipelined on one server; the count. Raises NotStored if any was
+        refused (``stored`` counts the others)."""
+        items = list(items)
+        done = 0
+        for i in range(0, len(items), b.PUT_BATCH):
+            try:
+                done += self._any(b.put_op(queue, items[i : i + b.PUT_BATCH], expiry))
+            except NotStored as exc:
+                exc.stored += done
+                raise
+        return done
+
+    def get(self, queue: str, timeout: float | None = None) -> bytes | None:
+        """Take the head item for good; None when every server stayed empty for ``timeout``
+        seconds (None: do not wait)."""
+        return self._rotate(lambda s, w: self._run(b.get_op(queue, w), s), timeout)
+
+    def peek(self, queue: str) -> bytes | None:
+        """The head item without taking it (the first server that has one)."""
+        return self._rotate(lambda s, w: self._run(b.get_op(queue, w, peek=True), s), None)
+
+    def reserve(self, queue: str, timeout: float | None = None) -> Reservation | None:
+        """An open read: the item stays reserved until ``confirm()`` or ``abort()``."""
+
+        return self._rotate(lambda s, w: self._reserve_on(s, queue, w), timeout)
+
+    def _reserve_on(self, server: ServerState, queue: str, wait: float) -> Reservation | None:
+        try:
+            conn = self._checkout(server)
+        except TransportError:
+            self.cluster.failed(server)
+            raise
+        value = self._run_on(conn, b.open_op(queue, wait), keep=True)
+        if value is None:
+            self._checkin(conn)
+            return None
+        return Reservation(self, conn, queue, value.data, value.cas or 0)
+
+    def lease(
+        self, queue: str, max_items: int, wait: float | None = None, lease_time: float | None = 30.0
+    ) -> list[Leased]:
+        """Lease up to ``max_items``; waits up to ``wait`` s only while the queue is empty.
+        Each lease ends by :meth:`ack`, :meth:`release` or after ``lease_time`` s."""
+        op = b.lease_op  # an empty batch counts as a miss, so the rotation goes on
+        got = self._rotate(
+            lambda s, w: self._run(op(queue, max_items, w, lease_time), s) or None, wait
+        )
+        return got or []
+
+    def _lease_end(self, verb: str, items: Iterable[Leased], lease_time: float | None) -> int:
+        n = 0
+        for (address, queue), ids in b.group_leases(items).items():
+            server = self.cluster.server(address)
+            n += self._run(b.lease_end_op(verb, queue, ids, lease_time), server)
+        return n
+
+    def ack(self, items: Iterable[Leased]) -> int:
+        """Confirm leased items for good; how many were still leased (acks are idempotent)."""
+        return self._lease_end("ack", items, None)
+
+    def release(self, items: Iterable[Leased]) -> int:
+        """Give leased items back to the head of their queue; how many were still leased."""
+        return self._lease_end("release", items, None)
+
+    def renew(self, items: Iterable[Leased], lease_time: float | None) -> int:
+        """Extend leases to ``lease_time`` s from now; how many were still leased."""
+        return self._lease_end("renew", items, lease_time)
+
+    def delete(self, queue: str) -> None:
+        """Delete ``queue`` (and its journal) on every server."""
+        self._each(b.delete_op(queue))
+
+    def flush(self, queue: str) -> None:
+        """Drop every item of ``queue`` that is not reserved, on every server."""
+        self._each(b.flush_op(queue))
+
+    def stats(self) -> dict[str, dict[str, str]]:
+        """Each server's ``stats`` lines: {server: {name: value}}."""
+        return self._each(b.stats_op())
+
+    def version(self) -> dict[str, str]:
+        """Each server's version."""
+        return self._each(b.version_op())
+
+    def close(self) -> None:
+        """Close every pooled connection (reservations keep theirs until they end)."""
+        with self._lock:
+            pools = [c for pool in self._pools.values() for c in pool]
+            for pool in self._pools.values():
+                pool.clear()
+        for conn in pools:
+            conn.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,345 @@
+"""Kestrel's memcache protocol, client side: commands -> bytes, bytes -> replies.
+
+Contract of :class:`MemcacheClientCodec`: :meth:`~MemcacheClientCodec.send` turns a command of
+:mod:`tercel.protocol.commands` into the bytes to write and remembers which kind of reply it
+gets; feed what the server sends to :meth:`~MemcacheClientCodec.receive_data`, then call
+:meth:`~MemcacheClientCodec.next_reply` until it returns :data:`NEED_DATA`. Memcache replies
+carry no request ids, so they come back in request order and pipelining is several sends before
+reading. A reply that does not parse raises :class:`~tercel.errors.BadReply`: the stream is
+lost and the connection must be dropped. No I/O, no clock (the client owns both).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from tercel.errors import BadReply
+from tercel.protocol.commands import (
+    Ack,
+    Command,
+    Confirm,
+    Delete,
+    Flush,
+    FlushAll,
+    FlushExpired,
+    Get,
+    Lease,
+    Monitor,
+    Release,
+    Renew,
+    Set,
+    Simple,
+)
+from tercel.protocol.memcache import NEED_DATA, NeedData
+
+
+@dataclass(slots=True)
+class Value:
+    """``VALUE <key> <flags> <bytes> [<cas>]`` and its payload (a get hit)."""
+
+    key: bytes
+    data: bytes
+    cas: int | None = None
+
+
+@dataclass(slots=True)
+class Line:
+    """A one-line reply: ``STORED``, ``NOT_STORED``, ``DELETED``, ``END``, ``OK``,
+    ``VERSION x``, ``ACKED 3``, a bare count..., without its CRLF."""
+
+    text: str
+
+
+@dataclass(slots=True)
+class Listing:
+    """``STAT k v`` or ``FEATURE name version`` lines up to ``END``, as ``(k, v)`` pairs."""
+
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LeasedItem:
+    """One ``LEASED <lease_id> <item_id> <deliveries> <add_ms> <expiry_ms> <bytes>`` item."""
+
+    lease_id: str
+    item_id: int
+    deliveries: int
+    add_ms: int
+    expiry_ms: int
+    data: bytes
+
+
+@dataclass(slots=True)
+class LeaseBatch:
+    """The reply to ``lease``: its items (possibly none)."""
+
+    items: list[LeasedItem] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Values:
+    """The reply to ``monitor``: every streamed VALUE up to the final ``END``."""
+
+    values: list[Value] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ErrorReply:
+    """``ERROR``, ``CLIENT_ERROR <reason>`` or ``SERVER_ERROR <reason>``."""
+
+    kind: str
+    reason: str
+
+
+Reply = Value | Line | Listing | LeaseBatch | Values | ErrorReply
+
+_ERRORS: Final = (b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")
+_LISTINGS: Final = {"stats": b"STAT", "features": b"FEATURE"}
+_NO_REPLY: Final = frozenset(("quit", "shutdown"))
+
+
+def get_key(
+    queue: str,
+    *,
+    timeout_ms: int | None = None,
+    open: bool = False,
+    close: bool = False,
+    abort: bool = False,
+    peek: bool = False,
+) -> bytes:
+    """``queue[/t=ms][/close][/open][/abort][/peek]``: a Kestrel get key."""
+    key = queue
+    if timeout_ms is not None and timeout_ms > 0:
+        key += f"/t={timeout_ms}"
+    for flag, word in ((close, "close"), (open, "open"), (abort, "abort"), (peek, "peek")):
+        if flag:
+            key += "/" + word
+    return key.encode("ascii")
+
+
+def _error(line: bytes) -> ErrorReply | None:
+    kind, _, reason = line.partition(b" ")
+    if kind in _ERRORS:
+        return ErrorReply(kind.decode(), reason.decode("latin-1"))
+    return None
+
+
+def _ints(tokens: list[bytes], line: bytes) -> list[int]:
+    try:
+        return [int(t) for t in tokens]
+    except ValueError:
+        raise BadReply(f"bad reply line {line[:80]!r}") from None
+
+
+class MemcacheClientCodec:
+    """Builds requests and parses their replies (see the module docstring)."""
+
+    __slots__ = ("_buf", "_expect", "_partial", "_pos")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self._expect: deque[Callable[[], Reply | None]] = deque()
+        self._partial: list[object] = []
+
+    @property
+    def pending(self) -> int:
+        """Replies still expected."""
+        return len(self._expect)
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def send(self, cmd: Command) -> bytes:
+        """The bytes of ``cmd``; its reply is expected after those of earlier sends."""
+        data, reader = self._encode(cmd)
+        if reader is not None:
+            self._expect.append(reader)
+        return data
+
+    def _encode(self, cmd: Command) -> tuple[bytes, Callable[[], Reply | None] | None]:
+        line = self._line_reply
+        match cmd:
+            case Get():
+                return b"%b %b\r\n" % (b"gets" if cmd.cas else b"get", cmd.key), self._value
+            case Set():
+                head = b"set %b %d %d %d" % (
+                    cmd.queue.encode(),
+                    cmd.flags,
+                    cmd.exptime,
+                    len(cmd.data),
+                )
+                return head + b"\r\n" + cmd.data + b"\r\n", line
+            case Delete() | Flush():
+                verb = b"delete" if isinstance(cmd, Delete) else b"flush"
+                return b"%b %b\r\n" % (verb, cmd.queue.encode()), line
+            case FlushAll():
+                return b"flush_all\r\n", line
+            case FlushExpired():
+                return b"flush_expired %b\r\n" % cmd.queue.encode(), line
+            case Simple():
+                reader = self._listing if cmd.name in _LISTINGS else line
+                return cmd.name.encode() + b"\r\n", None if cmd.name in _NO_REPLY else reader
+            case Lease():
+                args = (cmd.queue.encode(), cmd.max_items, cmd.wait_ms, cmd.lease_ms)
+                return b"lease %b %d %d %d\r\n" % args, self._lease
+            case Ack() | Release():
+                verb = b"ack" if isinstance(cmd, Ack) else b"release"
+                return b" ".join((verb, cmd.queue.encode(), *_id_bytes(cmd.ids))) + b"\r\n", line
+            case Renew():
+                head = b"renew %b %d" % (cmd.queue.encode(), cmd.lease_ms)
+                return b" ".join((head, *_id_bytes(cmd.ids))) + b"\r\n", line
+            case Monitor():
+                tail = b"" if cmd.max_items is None else b" %d" % cmd.max_items
+                return b"monitor %b %d%b\r\n" % (
+                    cmd.queue.encode(),
+                    cmd.seconds,
+                    tail,
+                ), self._values
+            case Confirm():
+                return b"confirm %b %d\r\n" % (cmd.queue.encode(), cmd.count), line
+        raise ValueError(f"the client codec cannot send {type(cmd).__name__}")
+
+    # ---- replies --------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Append bytes read from the connection."""
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_reply(self) -> Reply | NeedData:
+        """The next complete reply, or NEED_DATA. Raises BadReply (see the module docstring)."""
+        if not self._expect:
+            if len(self._buf) > self._pos:
+                raise BadReply("the server sent bytes nobody asked for")
+            return NEED_DATA
+        reply = self._expect[0]()
+        if reply is None:
+            return NEED_DATA
+        self._expect.popleft()
+        self._partial = []
+        return reply
+
+    def _peek_line(self) -> tuple[bytes, int] | None:
+        end = self._buf.find(b"\r\n", self._pos)
+        if end < 0:
+            return None
+        return bytes(self._buf[self._pos : end]), end + 2
+
+    def _line_reply(self) -> Reply | None:
+        got = self._peek_line()
+        if got is None:
+            return None
+        line, self._pos = got
+        return _error(line) or Line(line.decode("latin-1"))
+
+    def _payload(self, start: int, size: int) -> tuple[bytes, int] | None:
+        """``size`` bytes and CRLF at ``start``; None until they are all here."""
+        end = start + size
+        if len(self._buf) < end + 2:
+            return None
+        if self._buf[end : end + 2] != b"\r\n":
+            raise BadReply("a payload not followed by CRLF")
+        return bytes(self._buf[start:end]), end + 2
+
+    def _one_value(self, line: bytes, after: int) -> tuple[Value, int] | None:
+        tokens = line.split()
+        if len(tokens) not in (4, 5):
+            raise BadReply(f"bad VALUE line {line[:80]!r}")
+        nums = _ints(tokens[2:], line)
+        got = self._payload(after, nums[1])
+        if got is None:
+            return None
+        return Value(tokens[1], got[0], nums[2] if len(nums) == 3 else None), got[1]
+
+    def _value(self) -> Reply | None:
+        got = self._peek_line()
+        if got is None:
+            return None
+        line, after = got
+        if not line.startswith(b"VALUE "):
+            self._pos = after
+            if line == b"END":
+                return Line("END")
+            err = _error(line)
+            if err is None:
+                raise BadReply(f"unexpected reply {line[:80]!r}")
+            return err
+        value = self._one_value(line, after)
+        if value is None:
+            return None
+        end = value[1]
+        if len(self._buf) < end + 5:
+            return None
+        if self._buf[end : end + 5] != b"END\r\n":
+            raise BadReply("a VALUE not followed by END")
+        self._pos = end + 5
+        return value[0]
+
+    def _listing(self) -> Reply | None:
+        while (got := self._peek_line()) is not None:
+            line, self._pos = got
+            if line == b"END":
+                return Listing([p for p in self._partial if isinstance(p, tuple)])
+            word, _, rest = line.partition(b" ")
+            if word not in (b"STAT", b"FEATURE"):
+                err = _error(line)
+                if err is not None and not self._partial:
+                    return err
+                raise BadReply(f"unexpected listing line {line[:80]!r}")
+            key, _, val = rest.partition(b" ")
+            self._partial.append((key.decode("latin-1"), val.decode("latin-1")))
+        return None
+
+    def _lease(self) -> Reply | None:
+        while (got := self._peek_line()) is not None:
+            line, after = got
+            if line == b"END":
+                self._pos = after
+                return LeaseBatch([p for p in self._partial if isinstance(p, LeasedItem)])
+            tokens = line.split()
+            if tokens[:1] != [b"LEASED"] or len(tokens) != 7:
+                err = _error(line)
+                if err is not None and not self._partial:
+                    self._pos = after
+                    return err
+                raise BadReply(f"unexpected lease line {line[:80]!r}")
+            nums = _ints(tokens[2:], line)
+            payload = self._payload(after, nums[4])
+            if payload is None:
+                return None
+            self._pos = payload[1]
+            lease_id = tokens[1].decode("latin-1")
+            item_id, deliveries, add_ms, expiry_ms = nums[:4]
+            self._partial.append(
+                LeasedItem(lease_id, item_id, deliveries, add_ms, expiry_ms, payload[0])
+            )
+        return None
+
+    def _values(self) -> Reply | None:
+        while (got := self._peek_line()) is not None:
+            line, after = got
+            if not line.startswith(b"VALUE "):
+                self._pos = after
+                if line == b"END":
+                    return Values([p for p in self._partial if isinstance(p, Value)])
+                err = _error(line)
+                if err is not None and not self._partial:
+                    return err
+                raise BadReply(f"unexpected monitor line {line[:80]!r}")
+            value = self._one_value(line, after)
+            if value is None or len(self._buf) < value[1] + 5:
+                return None
+            if self._buf[value[1] : value[1] + 5] != b"END\r\n":
+                raise BadReply("a VALUE not followed by END")
+            self._pos = value[1] + 5
+            self._partial.append(value[0])
+        return None
+
+
+def _id_bytes(ids: tuple[str, ...]) -> list[bytes]:
+    return [i.encode("latin-1") for i in ids]
