@@ -51,6 +51,31 @@ class ChunkReader:
             self._buf += data
         return True
 
+    def prepare(self) -> bool:
+        """Buffer at least one whole record at the read position if the file has one.
+
+        False at a clean end of file. After True, the bytes at the read position are a
+        whole record by their length field, or all the file has (then :meth:`next` raises).
+        Callers may then parse complete records straight from :attr:`buffer` (from
+        :attr:`pos`) and :meth:`advance` past them.
+        """
+        avail = len(self._buf) - self._pos
+        if avail < rec.PREFIX_SIZE and not self._fill(rec.PREFIX_SIZE):
+            return len(self._buf) > self._pos
+        length = int.from_bytes(self._buf[self._pos : self._pos + 4], "little")
+        if 0 < length <= rec.MAX_BODY and len(self._buf) - self._pos < rec.PREFIX_SIZE + length:
+            self._fill(rec.PREFIX_SIZE + length)
+        return True
+
+    @property
+    def pos(self) -> int:
+        """The read position inside :attr:`buffer`."""
+        return self._pos
+
+    def advance(self, pos: int) -> None:
+        """Move the read position to ``pos`` inside :attr:`buffer` (past parsed records)."""
+        self._pos = pos
+
     def next(self) -> tuple[int, int] | None:
         """``(start, stop)`` of the next record inside :attr:`buffer`, or None at a clean end.
 

@@ -49,6 +49,8 @@ _ADD = struct.Struct("<BQqq")  # op, item id, add time ms, expiry ms (0 = none)
 _XID = struct.Struct("<BI")  # op, xid
 _SNAPSHOT = struct.Struct("<BQI")  # op, next item id, last xid
 _RESUME = struct.Struct("<BQQQQ")  # op, cursor file seq, cursor offset, snapshot seq, offset
+PREFIX: Final = _PREFIX
+ADD_FIELDS: Final = _ADD
 PREFIX_SIZE: Final = _PREFIX.size
 ADD_FIELDS_SIZE: Final = _ADD.size
 MAX_BODY: Final = ADD_FIELDS_SIZE + MAX_PAYLOAD
@@ -126,7 +128,7 @@ def decode_add(buf: Bytes, pos: int, stop: int) -> tuple[int, int, int, bytes]:
     return item_id, add_time, expiry, bytes(buf[start + ADD_FIELDS_SIZE : stop])
 
 
-_FIXED_LENGTHS: Final = {
+FIXED_LENGTHS: Final = {
     OP_OPEN: _XID.size,
     OP_CONFIRM: _XID.size,
     OP_ABORT: _XID.size,
@@ -171,8 +173,8 @@ def check_record(buf: Bytes, pos: int) -> int:
     if op == OP_ADD:
         if length < ADD_FIELDS_SIZE:
             raise BadRecord(pos, "ADD record too short")
-    elif op in _FIXED_LENGTHS:
-        if length != _FIXED_LENGTHS[op]:
+    elif op in FIXED_LENGTHS:
+        if length != FIXED_LENGTHS[op]:
             raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
     else:
         raise BadRecord(pos, f"unknown opcode {op}")
