@@ -143,6 +143,10 @@ class ServerProcess:
         self.proc.send_signal(signal.SIGTERM)
         return self._wait(timeout)
 
+    def wait(self, timeout: float = 30.0) -> int:
+        """Wait for the server to exit by itself (``shutdown``); the exit code."""
+        return self._wait(timeout)
+
     def kill(self) -> None:
         """SIGKILL and wait (nothing is flushed, nothing cleaned up)."""
         if self.proc is not None and self.proc.poll() is None:

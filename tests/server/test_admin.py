@@ -1,0 +1,289 @@
+"""The admin HTTP server, through a real HTTP client (urllib) against a real server, plus the
+pure parts (histogram buckets, latched ``?period=`` windows) in-process."""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import Raw
+from tercel.server.admin import PeriodCollector, Snapshot
+from tercel.server.metrics import BUCKETS, LogHistogram, bucket_bounds, bucket_index
+from tercel.testing import ServerProcess
+
+
+def http(srv: ServerProcess, path: str, method: str = "GET") -> tuple[int, bytes, str]:
+    """``(status, body, content type)``; 4xx and 5xx are answers, not exceptions."""
+    req = urllib.request.Request(srv.admin_url + path, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read(), resp.headers["Content-Type"]
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, err.read(), err.headers["Content-Type"]
+
+
+def get_json(srv: ServerProcess, path: str, method: str = "GET") -> Any:
+    status, body, ctype = http(srv, path, method)
+    assert (status, ctype) == (200, "application/json; charset=utf-8"), body
+    return json.loads(body)
+
+
+def set_cmd(q: str, data: bytes) -> bytes:
+    return b"set %s 0 0 %d\r\n%s\r\n" % (q.encode(), len(data), data)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    config = '[server]\nexpiration_timer_frequency = 0\n[aliases]\nal = ["aa", "ab"]\n'
+    with ServerProcess(tmp_path_factory.mktemp("data"), config) as s:
+        yield s
+
+
+def test_ports_file_names_the_admin_port(srv: ServerProcess) -> None:
+    assert set(srv.ports) >= {"memcache", "admin"}
+    assert srv.ports["admin"] not in (0, 2223, srv.port)
+
+
+def test_ping(srv: ServerProcess) -> None:
+    assert http(srv, "/ping")[:2] == (200, b'{"response":"pong"}')
+
+
+def test_unknown_path_is_404(srv: ServerProcess) -> None:
+    assert http(srv, "/nope")[0] == 404
+
+
+@pytest.mark.parametrize("path", ["/reload", "/shutdown", "/status/up"])
+def test_mutating_endpoints_refuse_get(srv: ServerProcess, path: str) -> None:
+    assert http(srv, path)[0] == 405
+    assert get_json(srv, "/ping") == {"response": "pong"}  # still up
+
+
+def test_stats_json_has_ostrichs_shape(srv: ServerProcess, qname: str) -> None:
+    raw = Raw(srv.connect())
+    raw.call(set_cmd(qname, b"abc") + set_cmd(qname, b"de"), b"STORED\r\n" * 2)
+    raw.call(b"get %s\r\n" % qname.encode(), b"VALUE %s 0 3\r\nabc\r\nEND\r\n" % qname.encode())
+    raw.call(b"get %s_empty\r\n" % qname.encode(), b"END\r\n")
+    raw.call(set_cmd("al", b"xyz"), b"STORED\r\n")
+    doc = get_json(srv, "/stats.json")
+    assert set(doc) == {"counters", "gauges", "labels", "metrics"}
+    counters, gauges, metrics = doc["counters"], doc["gauges"], doc["metrics"]
+    p = f"q/{qname}/"
+    assert counters[p + "total_items"] == 2
+    assert counters["cmd_set"] >= 3 and counters["get_hits"] >= 1
+    assert (gauges[p + "items"], gauges[p + "bytes"], gauges[p + "open_transactions"]) == (1, 2, 0)
+    assert gauges[p + "max_items"] == 2**63 - 1
+    assert gauges["status/readable"] == gauges["status/writeable"] == 1
+    assert (counters["q/al/put_items"], counters["q/al/put_bytes"]) == (1, 3)
+    assert doc["labels"] == {"status": "UP", "version": doc["labels"]["version"]}
+    hist = metrics[p + "set_latency_usec"]
+    assert hist["count"] == 2
+    assert set(hist) == {
+        "count",
+        "sum",
+        "minimum",
+        "maximum",
+        "average",
+        "p25",
+        "p50",
+        "p75",
+        "p90",
+        "p95",
+        "p99",
+        "p999",
+        "p9999",
+    }
+    assert hist["minimum"] <= hist["p50"] <= hist["p99"] <= hist["maximum"]
+    assert metrics[p + "get_hit_latency_usec"]["count"] == 1
+    assert metrics[p + "delivery_latency_msec"]["count"] == 1
+    assert metrics[f"q/{qname}_empty/get_miss_latency_usec"]["count"] == 1
+    assert metrics["set_latency_usec"]["count"] >= 3
+    assert set(get_json(srv, "/stats")) == {"counters", "gauges", "labels", "metrics"}
+
+
+def test_deleted_queues_leave_stats(srv: ServerProcess, qname: str) -> None:
+    raw = Raw(srv.connect())
+    raw.call(set_cmd(qname, b"x"), b"STORED\r\n")
+    assert f"q/{qname}/set_latency_usec" in get_json(srv, "/stats.json")["metrics"]
+    raw.call(b"delete %s\r\n" % qname.encode(), b"DELETED\r\n")
+    doc = get_json(srv, "/stats.json")
+    assert not any(k.startswith(f"q/{qname}/") for part in doc.values() for k in part)
+
+
+def test_period_gives_deltas_since_the_window_began(srv: ServerProcess, qname: str) -> None:
+    raw = Raw(srv.connect())
+    before = get_json(srv, "/stats.json?period=600")["counters"]["cmd_set"]
+    raw.call(b"".join(set_cmd(qname, b"%d" % i) for i in range(3)), b"STORED\r\n" * 3)
+    doc = get_json(srv, "/stats.json?period=600")
+    assert doc["counters"]["cmd_set"] - before == 3
+    assert doc["metrics"][f"q/{qname}/set_latency_usec"]["count"] == 3
+    assert doc["gauges"][f"q/{qname}/items"] == 3  # gauges are values, not deltas
+    assert get_json(srv, "/stats.json")["counters"]["cmd_set"] > doc["counters"]["cmd_set"]
+    for bad in ("0", "-5", "x", "100000"):
+        status, body, _ = http(srv, f"/stats.json?period={bad}")
+        assert (status, json.loads(body)) == (400, {"error": "period must be 1-3600 seconds"})
+
+
+def test_prometheus_metrics_parse(srv: ServerProcess, qname: str) -> None:
+    raw = Raw(srv.connect())
+    raw.call(set_cmd(qname, b"hello"), b"STORED\r\n")
+    status, body, ctype = http(srv, "/metrics")
+    assert status == 200 and ctype.startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert all(name.startswith("tercel_") for name in families)
+    cmd_set = families["tercel_cmd_set"]
+    assert cmd_set.type == "counter" and cmd_set.samples[0].value >= 1
+    items = {s.labels["queue"]: s.value for s in families["tercel_items"].samples}
+    assert items[qname] == 1
+    assert families["tercel_items"].type == "gauge"
+    latency = families["tercel_set_latency_usec"]
+    assert latency.type == "summary"
+    mine = [s for s in latency.samples if s.labels.get("queue") == qname]
+    by_name = {(s.name, s.labels.get("quantile")): s.value for s in mine}
+    assert by_name[("tercel_set_latency_usec_count", None)] == 1
+    assert {q for (_, q) in by_name if q} == {
+        "0.25",
+        "0.5",
+        "0.75",
+        "0.9",
+        "0.95",
+        "0.99",
+        "0.999",
+        "0.9999",
+    }
+    assert families["tercel_status_writeable"].samples[0].value == 1
+    # One family per stat: no family appears twice.
+    names = [ln.split()[2] for ln in body.decode().splitlines() if ln.startswith("# TYPE")]
+    assert len(names) == len(set(names))
+
+
+def test_server_info(srv: ServerProcess) -> None:
+    info = get_json(srv, "/server_info")
+    assert info["name"] == "tercel" and info["status"] == "UP"
+    assert info["ports"] == srv.ports
+    assert info["uptime"] >= 0 and info["start_time"].endswith("Z")
+
+
+# ---- mutating endpoints (their own servers) ------------------------------------------------
+
+
+def test_status_endpoint(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data") as srv:
+        raw = Raw(srv.connect())
+        assert get_json(srv, "/status/ReadOnly", "POST") == {"response": "ok", "status": "READONLY"}
+        assert get_json(srv, "/status") == {"status": "READONLY"}
+        raw.call(b"status\r\n", b"READONLY\r\n")
+        raw.call(set_cmd("q", b"x"), b"SERVER_ERROR server is READONLY: writes are refused\r\n")
+        doc = get_json(srv, "/stats.json")
+        assert (doc["gauges"]["status/writeable"], doc["labels"]["status"]) == (0, "READONLY")
+        status, body, _ = http(srv, "/status/down", "POST")
+        assert (status, json.loads(body)) == (400, {"error": "status DOWN cannot be set"})
+        assert get_json(srv, "/status/up", "POST")["status"] == "UP"
+        raw.call(set_cmd("q", b"x"), b"STORED\r\n")
+        assert (srv.data_dir / ".status").read_text() == "Up\n"
+
+
+def test_reload_endpoint_good_and_bad(tmp_path: Path) -> None:
+    path = tmp_path / "tercel.toml"
+    path.write_text("[queues.q]\nmax_items = 1\n")
+    with ServerProcess(tmp_path / "data", extra_args=("--config", str(path))) as srv:
+        raw = Raw(srv.connect())
+        raw.call(set_cmd("q", b"1") + set_cmd("q", b"2"), b"STORED\r\nNOT_STORED\r\n")
+        path.write_text("[queues.q]\nmax_items = 2\n")
+        assert get_json(srv, "/reload", "POST") == {"response": "ok"}
+        raw.call(set_cmd("q", b"2"), b"STORED\r\n")
+        path.write_text("[queues.q]\nmax_items = 3\nbogus = 1\n")
+        status, body, _ = http(srv, "/reload", "POST")
+        assert status == 400
+        assert json.loads(body) == {"error": "reload refused: queues.q: unknown key 'bogus'"}
+        raw.call(set_cmd("q", b"3"), b"NOT_STORED\r\n")  # the old limit stays
+
+
+def test_shutdown_endpoint_answers_then_stops(tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path / "data").start()
+    try:
+        raw = Raw(srv.connect())
+        raw.call(set_cmd("q", b"kept"), b"STORED\r\n")
+        assert get_json(srv, "/shutdown", "POST") == {"response": "ok"}
+        assert srv.wait() == 0
+        srv.start()
+        raw = Raw(srv.connect())
+        raw.call(b"get q\r\n", b"VALUE q 0 4\r\nkept\r\nEND\r\n")
+    finally:
+        srv.kill()
+
+
+def test_admin_can_be_turned_off(tmp_path: Path) -> None:
+    config = "[server]\nadmin_port = false\n"
+    with ServerProcess(tmp_path / "data", config, admin_port=None) as srv:
+        assert "admin" not in srv.ports
+
+
+# ---- in-process: histograms and windows ----------------------------------------------------
+
+
+def test_buckets_cover_every_value_once_and_stay_narrow() -> None:
+    previous_high = -1
+    for idx in range(BUCKETS - 1):
+        low, high = bucket_bounds(idx)
+        assert low == previous_high + 1
+        assert bucket_index(low) == bucket_index(high) == idx
+        assert high - low + 1 <= max(1, low // 8)  # at most 12.5% wide
+        previous_high = high
+    assert bucket_index(-3) == 0
+    assert bucket_index(2**40) == BUCKETS - 1
+
+
+def test_percentiles_are_within_the_bucket_error() -> None:
+    rng = random.Random(4)
+    values = sorted(int(rng.lognormvariate(6, 1.5)) for _ in range(20_000))
+    h = LogHistogram()
+    for v in values:
+        h.add(v)
+    assert (h.count, h.sum) == (len(values), sum(values))
+    for p in (0.25, 0.5, 0.9, 0.99, 0.999):
+        exact = values[round(p * len(values)) - 1]
+        assert abs(h.percentile(p) - exact) <= max(1, exact * 0.07), p
+    assert LogHistogram().summary()["p99"] == 0
+
+
+def test_histogram_deltas() -> None:
+    h = LogHistogram()
+    h.add(5)
+    before = h.copy()
+    h.add(1000)
+    h.add(1000)
+    delta = h.minus(before)
+    assert (delta.count, delta.sum) == (2, 2000)
+    assert 990 <= delta.percentile(0.5) <= 1010
+
+
+def test_period_collector_latches_windows() -> None:
+    state = {"n": 0}
+
+    def take() -> Snapshot:
+        snap = Snapshot()
+        snap.counters["cmd_set"] = state["n"]
+        snap.gauges["items"] = state["n"] * 10
+        return snap
+
+    collector = PeriodCollector(take)
+    state["n"] = 3
+    assert collector.report().counters == {"cmd_set": 3}  # the first window, still open
+    collector.latch()  # window 1 closed: 3 sets
+    state["n"] = 10
+    assert collector.report().counters == {"cmd_set": 3}
+    assert collector.report().gauges == {"items": 30}
+    collector.latch()  # window 2 closed: 7 sets
+    assert (collector.report().counters, collector.report().gauges) == (
+        {"cmd_set": 7},
+        {"items": 100},
+    )
