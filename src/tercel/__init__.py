@@ -4,6 +4,8 @@ The public surface is small: the version, the exception tree and the configurati
 The server itself is started through the ``tercel`` command (see :mod:`tercel.cli`).
 """
 
+from typing import TYPE_CHECKING
+
 from tercel.errors import (
     ConfigError,
     JournalCorrupt,
@@ -15,11 +17,25 @@ from tercel.errors import (
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from tercel.embedded import PersistentQueue
+
+
+def __getattr__(name: str) -> object:
+    # Imported on first use: ``import tercel.client`` must not load the core and the journal.
+    if name == "PersistentQueue":
+        from tercel.embedded import PersistentQueue
+
+        return PersistentQueue
+    raise AttributeError(f"module 'tercel' has no attribute {name!r}")
+
+
 __all__ = [
     "ConfigError",
     "JournalCorrupt",
     "JournalError",
     "JournalWriteError",
+    "PersistentQueue",
     "ProtocolError",
     "TercelError",
     "__version__",

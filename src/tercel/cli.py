@@ -46,6 +46,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from tercel import journal_tool
 
     journal_tool.add_parser(sub)
+    from tercel import cli_client
+
+    cli_client.add_parsers(sub)
     return parser
 
 
@@ -113,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "serve":
         return serve(args)
+    if args.command in ("put", "get", "peek", "stats", "tail"):
+        from tercel import cli_client
+
+        return cli_client.run(args)
     if args.command == "journal":
         from tercel import journal_tool
 

@@ -24,6 +24,7 @@ from tercel.protocol.commands import (
     Ack,
     Command,
     Delete,
+    DumpStats,
     Flush,
     Get,
     Lease,
@@ -33,6 +34,7 @@ from tercel.protocol.commands import (
     Simple,
 )
 from tercel.protocol.memcache_client import (
+    Blocks,
     ErrorReply,
     LeaseBatch,
     Line,
@@ -344,6 +346,16 @@ def stats_op() -> Op[dict[str, str]]:
         return dict(reply.pairs)
 
     return Op([Simple("stats")], finish)
+
+
+def dump_stats_op() -> Op[dict[str, dict[str, str]]]:
+    def finish(replies: list[Reply], server: str) -> dict[str, dict[str, str]]:
+        reply = check(replies[0], server)
+        if not isinstance(reply, Blocks):
+            raise BadReply(f"unexpected reply to dump_stats: {reply!r}", server)
+        return reply.blocks
+
+    return Op([DumpStats(())], finish)
 
 
 def version_op() -> Op[str]:

@@ -282,6 +282,9 @@ class AsyncClient:
     async def stats(self) -> dict[str, dict[str, str]]:
         return await self._each(b.stats_op())
 
+    async def queue_stats(self) -> dict[str, dict[str, dict[str, str]]]:
+        return await self._each(b.dump_stats_op())
+
     async def version(self) -> dict[str, str]:
         return await self._each(b.version_op())
 

@@ -304,6 +304,10 @@ class Client:
         """Each server's ``stats`` lines: {server: {name: value}}."""
         return self._each(b.stats_op())
 
+    def queue_stats(self) -> dict[str, dict[str, dict[str, str]]]:
+        """Each server's per-queue stats (``dump_stats``): {server: {queue: {name: value}}}."""
+        return self._each(b.dump_stats_op())
+
     def version(self) -> dict[str, str]:
         """Each server's version."""
         return self._each(b.version_op())

@@ -22,6 +22,7 @@ from tercel.protocol.commands import (
     Command,
     Confirm,
     Delete,
+    DumpStats,
     Flush,
     FlushAll,
     FlushExpired,
@@ -61,6 +62,13 @@ class Listing:
 
 
 @dataclass(slots=True)
+class Blocks:
+    """The reply to ``dump_stats``: ``queue '<name>' {`` / ``  k=v`` ... / ``}`` per queue."""
+
+    blocks: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class LeasedItem:
     """One ``LEASED <lease_id> <item_id> <deliveries> <add_ms> <expiry_ms> <bytes>`` item."""
 
@@ -94,7 +102,7 @@ class ErrorReply:
     reason: str
 
 
-Reply = Value | Line | Listing | LeaseBatch | Values | ErrorReply
+Reply = Value | Line | Listing | Blocks | LeaseBatch | Values | ErrorReply
 
 _ERRORS: Final = (b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")
 _LISTINGS: Final = {"stats": b"STAT", "features": b"FEATURE"}
@@ -179,6 +187,10 @@ class MemcacheClientCodec:
                 return b"flush_all\r\n", line
             case FlushExpired():
                 return b"flush_expired %b\r\n" % cmd.queue.encode(), line
+            case DumpStats():
+                return b" ".join((b"dump_stats", *(q.encode() for q in cmd.queues))) + b"\r\n", (
+                    self._blocks
+                )
             case Simple():
                 reader = self._listing if cmd.name in _LISTINGS else line
                 return cmd.name.encode() + b"\r\n", None if cmd.name in _NO_REPLY else reader
@@ -293,6 +305,30 @@ class MemcacheClientCodec:
                 raise BadReply(f"unexpected listing line {line[:80]!r}")
             key, _, val = rest.partition(b" ")
             self._partial.append((key.decode("latin-1"), val.decode("latin-1")))
+        return None
+
+    def _blocks(self) -> Reply | None:
+        while (got := self._peek_line()) is not None:
+            line, self._pos = got
+            if line == b"END":
+                blocks: dict[str, dict[str, str]] = {}
+                for p in self._partial:
+                    if isinstance(p, tuple):
+                        blocks.setdefault(p[0], {}).update(p[1])
+                return Blocks(blocks)
+            text = line.decode("latin-1")
+            if text.startswith("queue '") and text.endswith("' {"):
+                self._partial.append((text[7:-3], {}))
+            elif text.startswith("  ") and "=" in text and self._partial:
+                key, _, val = text[2:].partition("=")
+                last = self._partial[-1]
+                assert isinstance(last, tuple)
+                last[1][key] = val
+            elif text != "}":
+                err = _error(line)
+                if err is not None and not self._partial:
+                    return err
+                raise BadReply(f"unexpected dump_stats line {line[:80]!r}")
         return None
 
     def _lease(self) -> Reply | None:

@@ -1,0 +1,195 @@
+"""tercel as a library: one durable queue in-process, without a server (Kestrel's "as a
+library" use).
+
+:class:`PersistentQueue` is the server's own core queue (:mod:`tercel.core.queue`) over the
+server's own journal (:class:`tercel.journal.FileJournal`), wired here because the core must
+not import the journal. The journal is in write-through mode: every change is handed to the OS
+before the call returns, so it survives a crash of the process (``kill -9``); with
+``sync_journal = 0`` in the config it is also fsynced, and survives a crash of the machine.
+
+Contract: one thread (or one event loop) uses a queue; :meth:`PersistentQueue.wait_remove` is
+the only coroutine. Two processes must not open the same queue: a lock file
+(``.<name>.lock`` in the folder) refuses the second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from tercel.clock import SystemClock
+from tercel.config import QueueConfig
+from tercel.core import queue as core
+from tercel.errors import ConfigError, TercelError
+from tercel.journal import FileJournal
+from tercel.names import valid_name
+
+
+@dataclass(slots=True)
+class Item:
+    """An item taken or peeked: its payload, its open-read ``xid`` (0 unless ``open=True``),
+    and its per-queue ``id``."""
+
+    data: bytes
+    xid: int
+    id: int
+
+
+class _FutureWaiter:
+    """A blocked :meth:`PersistentQueue.wait_remove`: always an open read, so that an item
+    delivered to a caller that gave up meanwhile can be put back."""
+
+    mode = "open"
+
+    def __init__(self, fut: asyncio.Future[tuple[int, core.QItem]]) -> None:
+        self.fut = fut
+
+    def deliver(self, xid: int, item: core.QItem) -> None:
+        self.fut.set_result((xid, item))
+
+
+class PersistentQueue:
+    """A durable FIFO queue in folder ``path`` (created if missing), named ``name``.
+
+    ``config`` is a :class:`tercel.config.QueueConfig` (default: the server's defaults).
+    Usable as a context manager (closed on exit).
+    """
+
+    def __init__(self, path: str | Path, name: str, config: QueueConfig | None = None) -> None:
+        if not valid_name(name):
+            raise ConfigError(f"bad queue name {name!r}")
+        self.path = str(path)
+        self.name = name
+        os.makedirs(self.path, exist_ok=True)
+        self._lock_fd = self._lock()
+        try:
+            self._journal = FileJournal(self.path, name)  # no on_dirty: write-through
+            self._queue = core.PersistentQueue(
+                name, config or QueueConfig(), self._journal, SystemClock()
+            )
+            self._queue.replay()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._sync = self._queue.config.sync_journal == 0
+        self._closed = False
+
+    def _lock(self) -> int:
+        fd = os.open(os.path.join(self.path, f".{self.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigError(f"queue {self.name} in {self.path} is open elsewhere") from None
+        return fd
+
+    def _durable(self) -> None:
+        if self._sync and self._journal.needs_sync:
+            self._journal.sync()
+
+    def _check(self) -> core.PersistentQueue:
+        if self._closed:
+            raise TercelError("the queue is closed")
+        return self._queue
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def open_reads(self) -> int:
+        """Items taken with ``open=True`` and not yet confirmed or aborted."""
+        return self._queue.open_reads
+
+    # ---- the API --------------------------------------------------------------------------
+
+    def add(self, data: bytes, expiry: float | None = None) -> bool:
+        """Append ``data`` (expiry: seconds from now); False when the queue is full.
+
+        Raises :class:`~tercel.errors.ItemTooLarge` or a journal error.
+        """
+        q = self._check()
+        now = q.clock.now_ms()
+        ok = q.add(bytes(data), None if expiry is None else now + int(expiry * 1000), now)
+        self._durable()
+        return ok
+
+    def remove(self, open: bool = False) -> Item | None:
+        """Take the head item (for good, or as an open read to confirm or abort); None when
+        the queue is empty."""
+        q = self._check()
+        if open:
+            got = q.remove_open()
+            item = None if got is None else Item(got[1].data, got[0], got[1].id)
+        else:
+            taken = q.remove()
+            item = None if taken is None else Item(taken.data, 0, taken.id)
+        self._durable()
+        return item
+
+    def peek(self) -> Item | None:
+        """The head item without taking it, or None."""
+        head = self._check().peek()
+        return None if head is None else Item(head.data, 0, head.id)
+
+    def confirm(self, xid: int) -> bool:
+        """Finish open read ``xid`` for good; False when it is not open."""
+        ok = self._check().confirm(xid)
+        self._durable()
+        return ok
+
+    def abort(self, xid: int) -> bool:
+        """Return open read ``xid``'s item to the head; False when it is not open."""
+        ok = self._check().abort(xid)
+        self._durable()
+        return ok
+
+    async def wait_remove(self, timeout: float | None, open: bool = False) -> Item | None:
+        """:meth:`remove`, waiting up to ``timeout`` seconds (None: forever) for an item added
+        by this process meanwhile."""
+        item = self.remove(open)
+        if item is not None or (timeout is not None and timeout <= 0):
+            return item
+        q = self._check()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[int, core.QItem]] = loop.create_future()
+        waiter = _FutureWaiter(fut)
+        q.wait(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                xid, got = await asyncio.shield(fut)
+        except BaseException as exc:  # timed out or cancelled
+            q.cancel_wait(waiter)
+            if fut.done():  # delivered just as the caller gave up: give it back
+                q.abort(fut.result()[0])
+                self._durable()
+            else:
+                fut.cancel()
+            if isinstance(exc, TimeoutError):
+                return None
+            raise
+        if not open:
+            q.confirm(xid)
+            self._durable()
+            return Item(got.data, 0, got.id)
+        self._durable()
+        return Item(got.data, xid, got.id)
+
+    def close(self) -> None:
+        """Close the journal and release the lock (open reads return at the next open)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.close()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> PersistentQueue:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
