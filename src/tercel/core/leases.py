@@ -131,13 +131,16 @@ class LeaseTable:
         return self._return(self._find(queue, ids))
 
     def _return(self, leases: list[Lease]) -> int:
-        # Newest first: each abort puts its item at the head, so the oldest ends up first and
-        # the items released together keep their original queue order.
+        # The items returned together keep their original queue order, and a blocked reader
+        # is served only once they are all back (it gets the oldest).
+        by_queue: dict[PersistentQueue, list[Lease]] = {}
+        for lease in sorted(leases, key=lambda lease: lease.seq):
+            by_queue.setdefault(lease.queue, []).append(lease)
         n = 0
-        for lease in sorted(leases, key=lambda lease: lease.seq, reverse=True):
-            if lease.queue.abort(lease.xid):
-                n += 1
-            self._drop(lease)
+        for queue, group in by_queue.items():
+            for lease in group:
+                self._drop(lease)
+            n += queue.abort_many([lease.xid for lease in group])
         return n
 
     def renew(

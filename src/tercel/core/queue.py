@@ -73,6 +73,8 @@ class PersistentQueue:
         self.on_expired = on_expired
         self.on_dead_letter: Callable[[PersistentQueue, QItem], None] | None = None
         """Called with an item handed out ``max_deliveries`` times, before it is removed."""
+        self.on_dead_letter: Callable[[PersistentQueue, QItem], None] | None = None
+        """Called with an item handed out ``max_deliveries`` times, before it is removed."""
         self._items: deque[QItem] = deque()
         self._open: dict[int, QItem] = {}
         self._waiters: dict[Waiter, None] = {}
@@ -96,6 +98,7 @@ class PersistentQueue:
         self.transactions = 0
         self.canceled_transactions = 0
         self.total_flushes = 0
+        self.dead_lettered = 0
         self.dead_lettered = 0
 
     # ---- state ----------------------------------------------------------------------------
@@ -249,6 +252,14 @@ class PersistentQueue:
         self._pop_head()
         self.dead_lettered += 1
 
+    def _dead_letter(self, item: QItem) -> None:
+        # The copy is added to the dead-letter queue before the REMOVE is written here, so a
+        # crash in between duplicates the item rather than losing it.
+        if self.on_dead_letter is not None:
+            self.on_dead_letter(self, item)
+        self._pop_head()
+        self.dead_lettered += 1
+
     def _taken(self, item: QItem) -> None:
         self.mem_bytes -= len(item.data)
         item.deliveries += 1
@@ -283,6 +294,18 @@ class PersistentQueue:
         if self._waiters:
             self._serve_waiters(self.clock.now_ms())
         return True
+
+    def abort_many(self, xids: list[int]) -> int:
+        """Return several open reads to the head so that they keep the order of ``xids``
+        (oldest first), and only then serve blocked readers; how many were open."""
+        waiters, self._waiters = self._waiters, {}
+        try:
+            n = sum(self.abort(xid) for xid in reversed(xids))
+        finally:
+            self._waiters = waiters
+        if n and waiters:
+            self._serve_waiters(self.clock.now_ms())
+        return n
 
     def flush(self) -> None:
         """Drop every item that is not open."""
