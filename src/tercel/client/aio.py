@@ -185,13 +185,23 @@ class AsyncClient:
         assert error is not None
         raise error
 
-    async def _each(self, op: Op[T]) -> dict[str, T]:
-        return {s.address: await self._run(op, s) for s in self.cluster.servers}
+    async def _each(self, op: Op[T], partial: bool = False) -> dict[str, T]:
+        out: dict[str, T] = {}
+        error: TransportError | None = None
+        for server in self.cluster.servers:
+            if self.cluster.is_aside(server):
+                continue
+            try:
+                out[server.address] = await self._run(op, server)
+            except TransportError as exc:
+                error = exc
+        if error is not None and (not partial or not out):
+            raise error
+        return out
 
     async def _rotate(
         self, attempt: Callable[[ServerState, float], Awaitable[T | None]], wait: float | None
     ) -> T | None:
-        error: TransportError | None = None
         cluster = self.cluster
         servers = cluster.healthy()
         for i, part in enumerate(b.slices(wait, self.rotate_interval, len(servers))):
@@ -200,15 +210,12 @@ class AsyncClient:
                 continue
             try:
                 got = await attempt(server, part)
-            except TransportError as exc:
-                error = exc
+            except TransportError:
                 if all(cluster.is_aside(s) for s in servers):
                     raise
                 continue
             if got is not None:
                 return got
-        if error is not None and wait is None:
-            raise error
         return None
 
     # ---- the API (documented on tercel.client.Client) -------------------------------------
@@ -280,13 +287,13 @@ class AsyncClient:
         await self._each(b.flush_op(queue))
 
     async def stats(self) -> dict[str, dict[str, str]]:
-        return await self._each(b.stats_op())
+        return await self._each(b.stats_op(), partial=True)
 
     async def queue_stats(self) -> dict[str, dict[str, dict[str, str]]]:
-        return await self._each(b.dump_stats_op())
+        return await self._each(b.dump_stats_op(), partial=True)
 
     async def version(self) -> dict[str, str]:
-        return await self._each(b.version_op())
+        return await self._each(b.version_op(), partial=True)
 
     async def close(self) -> None:
         """Close every pooled connection."""

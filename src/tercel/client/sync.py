@@ -188,16 +188,28 @@ class Client:
         assert error is not None
         raise error
 
-    def _each(self, op: Op[T]) -> dict[str, T]:
-        return {s.address: self._run(op, s) for s in self.cluster.servers}
+    def _each(self, op: Op[T], partial: bool = False) -> dict[str, T]:
+        """Run ``op`` on every server not set aside. A server that fails is skipped when
+        ``partial`` (its entry is missing), else its error is raised once all were tried."""
+        out: dict[str, T] = {}
+        error: TransportError | None = None
+        for server in self.cluster.servers:
+            if self.cluster.is_aside(server):
+                continue
+            try:
+                out[server.address] = self._run(op, server)
+            except TransportError as exc:
+                error = exc
+        if error is not None and (not partial or not out):
+            raise error
+        return out
 
     def _rotate(
         self, attempt: Callable[[ServerState, float], T | None], wait: float | None
     ) -> T | None:
         """A read that may wait: rotate over the healthy servers, each attempt waiting one
-        slice, until a hit or the deadline. Raises the last TransportError when every server
-        failed, or when nothing was found and some server could not be asked."""
-        error: TransportError | None = None
+        slice, until a hit or the deadline. Servers that fail are set aside and skipped; the
+        last TransportError is raised only when every server failed."""
         cluster = self.cluster
         servers = cluster.healthy()
         for i, part in enumerate(b.slices(wait, self.rotate_interval, len(servers))):
@@ -206,15 +218,12 @@ class Client:
                 continue
             try:
                 got = attempt(server, part)
-            except TransportError as exc:
-                error = exc
+            except TransportError:
                 if all(cluster.is_aside(s) for s in servers):
                     raise
                 continue
             if got is not None:
                 return got
-        if error is not None and wait is None:
-            raise error
         return None
 
     # ---- the API --------------------------------------------------------------------------
@@ -301,16 +310,16 @@ class Client:
         self._each(b.flush_op(queue))
 
     def stats(self) -> dict[str, dict[str, str]]:
-        """Each server's ``stats`` lines: {server: {name: value}}."""
-        return self._each(b.stats_op())
+        """Each reachable server's ``stats`` lines: {server: {name: value}}."""
+        return self._each(b.stats_op(), partial=True)
 
     def queue_stats(self) -> dict[str, dict[str, dict[str, str]]]:
         """Each server's per-queue stats (``dump_stats``): {server: {queue: {name: value}}}."""
-        return self._each(b.dump_stats_op())
+        return self._each(b.dump_stats_op(), partial=True)
 
     def version(self) -> dict[str, str]:
-        """Each server's version."""
-        return self._each(b.version_op())
+        """Each reachable server's version."""
+        return self._each(b.version_op(), partial=True)
 
     def close(self) -> None:
         """Close every pooled connection (reservations keep theirs until they end)."""
