@@ -203,3 +203,16 @@ def test_crash_at_every_failpoint_keeps_exactly_the_acknowledged_state(
     # The operation in flight at the crash may or may not have been journaled.
     assert got in (want, want[1:]), (point, len(got), len(want))
     q.close()
+
+
+def test_disk_use_returns_near_zero_after_a_big_backlog_drains(tmp_path: Path) -> None:
+    q = build(tmp_path, max_memory_size=2000, max_journal_size=5000)
+    for i in range(3000):
+        q.add(payload(i))
+    assert disk_use(tmp_path) > 390_000
+    assert drain(q) == [payload(i) for i in range(3000)]
+    assert disk_use(tmp_path) < 2 * 5000
+    q.close()
+    q = build(tmp_path, max_memory_size=2000, max_journal_size=5000)
+    assert len(q) == 0
+    q.close()

@@ -40,6 +40,10 @@ class ItemReader(Protocol):
         """``(item_id, add_time, expiry, data)`` of the next item, or None."""
         ...
 
+    def next_adds(self, budget: int) -> list[tuple[int, int, int, bytes]]:
+        """The next items until their payloads reach ``budget`` bytes (at least one if any)."""
+        ...
+
     def close(self) -> None: ...
 
 

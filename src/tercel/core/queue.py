@@ -73,8 +73,6 @@ class PersistentQueue:
         self.on_expired = on_expired
         self.on_dead_letter: Callable[[PersistentQueue, QItem], None] | None = None
         """Called with an item handed out ``max_deliveries`` times, before it is removed."""
-        self.on_dead_letter: Callable[[PersistentQueue, QItem], None] | None = None
-        """Called with an item handed out ``max_deliveries`` times, before it is removed."""
         self._items: deque[QItem] = deque()
         self._open: dict[int, QItem] = {}
         self._waiters: dict[Waiter, None] = {}
@@ -98,7 +96,6 @@ class PersistentQueue:
         self.transactions = 0
         self.canceled_transactions = 0
         self.total_flushes = 0
-        self.dead_lettered = 0
         self.dead_lettered = 0
 
     # ---- state ----------------------------------------------------------------------------
@@ -252,19 +249,11 @@ class PersistentQueue:
         self._pop_head()
         self.dead_lettered += 1
 
-    def _dead_letter(self, item: QItem) -> None:
-        # The copy is added to the dead-letter queue before the REMOVE is written here, so a
-        # crash in between duplicates the item rather than losing it.
-        if self.on_dead_letter is not None:
-            self.on_dead_letter(self, item)
-        self._pop_head()
-        self.dead_lettered += 1
-
     def _taken(self, item: QItem) -> None:
         self.mem_bytes -= len(item.data)
         item.deliveries += 1
         self._last_removed_add_time = item.add_time
-        if self.disk_items:
+        if self.disk_items and self._low():
             self._refill()
         self.maintain_log()
 
@@ -338,7 +327,7 @@ class PersistentQueue:
         self.log.remove()
         item = self._items.popleft()
         self.mem_bytes -= len(item.data)
-        if self.disk_items:
+        if self.disk_items and self._low():
             self._refill()
         return item
 
@@ -360,19 +349,26 @@ class PersistentQueue:
             if self._reader is None:
                 assert self._cursor is not None
                 self._reader = self.log.reader(self._cursor)
-            got = self._reader.next_add()
-            if got is None:
+            batch = self._reader.next_adds(limit - self.mem_bytes)
+            if not batch:
                 raise JournalError(
                     f"queue {self.name}: {self.disk_items} items missing from the log", "", 0
                 )
-            item = QItem(*got)
-            items.append(item)
-            size = len(item.data)
+            size = 0
+            for got in batch:
+                items.append(QItem(*got))
+                size += len(got[3])
             self.mem_bytes += size
-            self.disk_items -= 1
+            self.disk_items -= len(batch)
             self.disk_bytes -= size
         if not self.disk_items:
             self._drop_disk_items()
+
+    def _low(self) -> bool:
+        """True when memory has room for a worthwhile refill: an eighth of the window (so
+        reads from the log come in batches, not one item per removal), or nothing at all."""
+        limit = self.config.max_memory_size
+        return not self._items or self.mem_bytes <= limit - (limit >> 3)
 
     def _drop_disk_items(self) -> None:
         self.disk_items = self.disk_bytes = 0
@@ -431,13 +427,15 @@ class PersistentQueue:
     def _compact(self, cursor: Position | None) -> bool:
         open_items = list(self._open.items())
         items = list(self._items)
-        if self.log.compact(self._next_id, self._xid, open_items, items, cursor):
-            kept = self.mem_bytes + sum(len(i.data) for _, i in open_items)
+        if not self.log.compact(self._next_id, self._xid, open_items, items, cursor):
+            return False
+        if cursor is None:
             # Do not compact again until the log has grown by another max_journal_size
-            # (Kestrel issue #114: rewrite storms when many reads stay open).
+            # beyond what this one kept (Kestrel issue #114: rewrite storms when many reads
+            # stay open). Read-behind compactions keep only the window, which drains: no floor.
+            kept = self.mem_bytes + sum(len(i.data) for _, i in open_items)
             self._compact_floor = kept + self.config.max_journal_size
-            return True
-        return False
+        return True
 
     # ---- blocked readers ------------------------------------------------------------------
 

@@ -186,6 +186,7 @@ class FileJournal:
         self._written = 0  # bytes of the current file handed to the OS
         self._older: dict[int, int] = {}  # seq -> size of each older file
         self._older_total = 0
+        self._size_before_cache: tuple[tuple[int, int, int], int] = ((0, 0, 0), 0)
         self._failed: JournalWriteError | None = None
         self.syncing = False
         """True while a worker thread runs :meth:`sync`; close and rotation wait for it."""
@@ -217,7 +218,11 @@ class FileJournal:
 
     def size_before(self, seq: int) -> int:
         """Bytes of the older files whose sequence number is below ``seq``."""
-        return sum(size for s, size in self._older.items() if s < seq)
+        key = (seq, len(self._older), self._older_total)
+        if self._size_before_cache[0] != key:
+            total = sum(size for s, size in self._older.items() if s < seq)
+            self._size_before_cache = (key, total)
+        return self._size_before_cache[1]
 
     # ---- replay ---------------------------------------------------------------------------
 
@@ -710,6 +715,57 @@ class AddReader:
                 return rec.decode_add(buf, start, stop)
             if op == rec.OP_RESUME:
                 self._move(rec.decode_resume(buf, start)[0])
+
+    def next_adds(self, budget: int) -> list[tuple[int, int, int, bytes]]:
+        """The next items (as :meth:`next_add` gives them) until their payloads add up to
+        ``budget`` bytes, at least one if there is any; an empty list when there is none.
+
+        Complete, ordinary records already buffered are parsed in one tight loop (the
+        read-behind hot path); anything unusual goes through :meth:`next_add`.
+        """
+        out: list[tuple[int, int, int, bytes]] = []
+        got = 0
+        prefix = rec.PREFIX.unpack_from
+        add_fields = rec.ADD_FIELDS.unpack_from
+        fixed = rec.FIXED_LENGTHS
+        while got < budget or not out:
+            reader = self._reader
+            if reader.prepare():
+                buf = reader.buffer
+                pos = reader.pos
+                end = len(buf)
+                with memoryview(buf) as view:
+                    while pos + rec.PREFIX_SIZE <= end and (got < budget or not out):
+                        length, crc = prefix(buf, pos)
+                        stop = pos + rec.PREFIX_SIZE + length
+                        if length == 0 or stop > end:
+                            break
+                        body = pos + rec.PREFIX_SIZE
+                        op = buf[body]
+                        if op == rec.OP_ADD and length >= rec.ADD_FIELDS_SIZE:
+                            with view[body:stop] as chunk:
+                                if crc32(chunk) != crc:
+                                    break
+                                _, item_id, add_time, expiry = add_fields(buf, body)
+                                data = bytes(chunk[rec.ADD_FIELDS_SIZE :])
+                            out.append((item_id, add_time, expiry, data))
+                            got += len(data)
+                        elif fixed.get(op) == length and op != rec.OP_RESUME:
+                            with view[body:stop] as chunk:
+                                if crc32(chunk) != crc:
+                                    break
+                        else:
+                            break
+                        pos = stop
+                reader.advance(pos)
+                if out and got >= budget:
+                    break
+            item = self.next_add()
+            if item is None:
+                break
+            out.append(item)
+            got += len(item[3])
+        return out
 
     def close(self) -> None:
         self._reader.close()

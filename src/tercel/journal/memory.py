@@ -111,6 +111,17 @@ class MemoryAddReader:
                 return rec.decode_add(data, start, self._pos)
         return None
 
+    def next_adds(self, budget: int) -> list[tuple[int, int, int, bytes]]:
+        out: list[tuple[int, int, int, bytes]] = []
+        got = 0
+        while got < budget or not out:
+            item = self.next_add()
+            if item is None:
+                break
+            out.append(item)
+            got += len(item[3])
+        return out
+
     def close(self) -> None:
         """Nothing to release."""
 
