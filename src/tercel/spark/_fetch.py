@@ -1,0 +1,242 @@
+"""Fetching on the driver: lease items from every server, stage them, and only then ack.
+
+One round asks each available server for a lease batch, appends everything that came back as
+one record batch to the open staging segment, fsyncs it, and acks the leases, server by
+server. So the server holds an item leased only for the milliseconds between the lease and
+the fsync, and an item is never confirmed before Spark could replay it.
+
+Crash windows (docs/spark.md has the full matrix):
+
+- before the fsync: nothing of the round is staged; the leases expire after ``leaseMs`` and
+  the items are handed out again (no loss, no duplicate);
+- after the fsync, before the ack: the round is in the ``.tmp`` segment; recovery re-acks its
+  lease ids. Items whose lease ran out first (or whose server restarted) come back with
+  ``deliveries > 1``; their ``(server, queue, item_id)`` is remembered as *suspect* and such
+  an item is acked and dropped instead of staged twice.
+
+Runs only in Spark's long-lived driver-side Python process for the query (the stream reader's
+``latestOffset``); never pickled (the reader drops it in ``__getstate__``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from tercel.client import Client, Leased
+from tercel.errors import ClientError
+from tercel.spark._options import SourceOptions
+from tercel.spark._staging import STAGE_SCHEMA, SegmentWriter, StagingLog
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str, int]
+"""(server, queue, item_id): an item's identity (ids are per queue and survive restarts)."""
+
+
+class AllServersDown(RuntimeError):
+    """Every server has been unreachable for longer than ``maxUnavailableMs``."""
+
+
+def _micros(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1_000_000)
+
+
+def to_batch(items: list[Leased], fetched_at: float) -> pa.RecordBatch:
+    """Leased items as one staged round (STAGE_SCHEMA)."""
+    fetched = round(fetched_at * 1_000_000)
+    cols = [
+        pa.array([i.data for i in items], pa.binary()),
+        pa.array([i.queue for i in items], pa.string()),
+        pa.array([i.server for i in items], pa.string()),
+        pa.array([i.id for i in items], pa.int64()),
+        pa.array([i.deliveries for i in items], pa.int32()),
+        pa.array([_micros(i.add_time) for i in items], STAGE_SCHEMA.field("enqueued_at").type),
+        pa.array([fetched] * len(items), STAGE_SCHEMA.field("fetched_at").type),
+        # The lease reply carries the lease's deadline, not the item's expiry: unknown here.
+        pa.nulls(len(items), STAGE_SCHEMA.field("expiry").type),
+        pa.array([i.lease_id for i in items], pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(cols, schema=STAGE_SCHEMA)
+
+
+class Fetcher:
+    """Leases from the servers into the staging log (driver only; see the module docstring)."""
+
+    def __init__(
+        self,
+        opts: SourceOptions,
+        staging: StagingLog,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.opts = opts
+        self.staging = staging
+        self.clock = clock
+        self.clients = {
+            s: Client(
+                s,
+                timeout=opts.socket_timeout_ms / 1000,
+                connect_timeout=opts.connect_timeout_ms / 1000,
+                retry_after=opts.server_retry_ms / 1000,
+                max_retry_after=max(opts.server_retry_ms / 1000, 10.0),
+                pool_size=2,
+            )
+            for s in opts.servers
+        }
+        self.suspects: set[Key] = set()
+        self.dropped = 0
+        """Redelivered items dropped because they were already staged."""
+        self._down_since: float | None = None
+        self._paused = False
+
+    # ---- recovery ---------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Finish the ``.tmp`` segments of a crashed run and re-ack their leases; the number of
+        rows recovered. Call once per process before the first fetch."""
+        batches = self.staging.recover()
+        for batch in batches:
+            cols = batch.to_pydict()
+            groups: dict[tuple[str, str], list[Leased]] = {}
+            for server, queue, item_id, lease_id in zip(
+                cols["server"], cols["queue"], cols["item_id"], cols["lease_id"], strict=True
+            ):
+                self.suspects.add((server, queue, item_id))
+                fake = Leased(queue, server, lease_id, item_id, 0, 0.0, None, b"")
+                groups.setdefault((server, queue), []).append(fake)
+            for (server, _), items in groups.items():
+                if server in self.clients:
+                    self._ack(server, items)
+                else:
+                    log.warning("tercel source: %s is no longer listed; not re-acked", server)
+        return sum(b.num_rows for b in batches)
+
+    # ---- fetching ---------------------------------------------------------------------
+
+    def fetch(
+        self, pos: int, want: int, wait_first: bool, stop_at: int | None = None
+    ) -> tuple[int, bool]:
+        """Lease up to ``want`` items (a little more when several servers answer), stage them
+        in a new segment starting at ``pos``, ack them; (the new staged end, whether a round
+        found every server drained).
+
+        Stops when ``want`` is reached, a round finds every server drained, ``stop_at`` items
+        were staged, or ``maxFetchDurationMs`` has passed. Only the first round may wait
+        (``fetchWaitMs``), and only if ``wait_first``. Raises AllServersDown when no server has
+        answered for ``maxUnavailableMs``.
+        """
+        opts = self.opts
+        deadline = self.clock() + opts.max_fetch_ms / 1000
+        writer = SegmentWriter(self.staging.root, pos)
+        got = 0
+        first = True
+        drained = False
+        limit = want if stop_at is None else min(want, stop_at)
+        try:
+            while got < limit:
+                wait = opts.fetch_wait_ms / 1000 if (first and wait_first) else None
+                first = False
+                ask = min(opts.lease_batch, limit - got)
+                leased, full = self._round(ask, wait)
+                kept = self._drop_redelivered(leased)
+                if kept:
+                    writer.append(to_batch(kept, time.time()))
+                    self._maybe_pause()
+                for server in {i.server for i in leased}:
+                    self._ack(server, [i for i in leased if i.server == server])
+                got += len(kept)
+                if not full:
+                    drained = True
+                    break
+                if self.clock() >= deadline:
+                    break
+        finally:
+            writer.finish()
+        return pos + got, drained
+
+    def _round(self, ask: int, wait: float | None) -> tuple[list[Leased], bool]:
+        """One lease per available server; (items, whether any server filled its batch)."""
+        leased: list[Leased] = []
+        full = False
+        answered = 0
+        for address, client in self.clients.items():
+            try:
+                items = client.lease(self.opts.queue, ask, wait, self.opts.lease_ms / 1000)
+            except ClientError as exc:
+                log.warning("tercel source: %s skipped this round: %s", address, exc)
+                continue
+            answered += 1
+            leased += items
+            full = full or len(items) >= ask
+        self._health(answered)
+        return leased, full
+
+    def _health(self, answered: int) -> None:
+        if answered:
+            self._down_since = None
+            return
+        now = self.clock()
+        if self._down_since is None:
+            self._down_since = now
+        elif (now - self._down_since) * 1000 > self.opts.max_unavailable_ms:
+            raise AllServersDown(
+                f"no tercel server of {', '.join(self.opts.servers)} answered for "
+                f"{now - self._down_since:.1f}s (maxUnavailableMs={self.opts.max_unavailable_ms})"
+            )
+
+    def _drop_redelivered(self, leased: list[Leased]) -> list[Leased]:
+        if not self.suspects:
+            return leased
+        kept = []
+        for item in leased:
+            key = (item.server, item.queue, item.id)
+            if item.deliveries > 1 and key in self.suspects:
+                self.suspects.discard(key)
+                self.dropped += 1
+                continue
+            kept.append(item)
+        return kept
+
+    def _ack(self, server: str, items: list[Leased]) -> None:
+        """Ack staged items; if the server cannot be reached they may come back later, so
+        they become suspects (dropped when redelivered)."""
+        try:
+            self.clients[server].ack(items)
+        except ClientError as exc:
+            log.warning(
+                "tercel source: ack of %d item(s) on %s failed: %s", len(items), server, exc
+            )
+            self.suspects.update((i.server, i.queue, i.id) for i in items)
+
+    def _maybe_pause(self) -> None:
+        marker = self.opts.test_pause_after_stage
+        if marker is None or self._paused:
+            return
+        self._paused = True
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        while True:  # the crash test kills this process here, between fsync and ack
+            time.sleep(1)
+
+    # ---- queue depth ------------------------------------------------------------------
+
+    def queue_depth(self) -> int:
+        """Items waiting in the queue over every reachable server (``dump_stats``)."""
+        total = 0
+        for address, client in self.clients.items():
+            try:
+                stats = client.queue_stats()
+            except ClientError as exc:
+                log.warning("tercel source: no stats from %s: %s", address, exc)
+                continue
+            for per_queue in stats.values():
+                total += int(per_queue.get(self.opts.queue, {}).get("items", "0"))
+        return total
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()

@@ -1,0 +1,273 @@
+"""The staging log: where the source keeps every item it took from a server, durably, before
+it acks it. Spark offsets are positions in this log, so any batch can be replayed.
+
+Layout under ``stagingLocation`` (one directory per query; it belongs to one checkpoint):
+
+- ``seg-<start>.arrows.tmp``: the open segment, an Arrow IPC *stream* appended one fetch round
+  (one record batch) at a time, fsynced after each round. After a crash it is readable up to
+  its last complete batch.
+- ``seg-<start>-<end>.arrows``: a finished segment holding positions ``[start, end)``. A
+  segment is finished by close, fsync, rename and fsync of the directory.
+
+Positions count items ever staged by this query; segments are contiguous from the oldest
+kept one. The driver writes (:class:`SegmentWriter`, :meth:`StagingLog.recover`,
+:meth:`StagingLog.gc`) and plans (:meth:`StagingLog.slices`); executors only read
+(:func:`read_slice`). This module imports pyarrow, never pyspark.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+STAGE_SCHEMA = pa.schema(
+    [
+        ("value", pa.binary()),
+        ("queue", pa.string()),
+        ("server", pa.string()),
+        ("item_id", pa.int64()),
+        ("deliveries", pa.int32()),
+        ("enqueued_at", TS),
+        ("fetched_at", TS),
+        ("expiry", TS),
+        ("lease_id", pa.string()),
+    ]
+)
+"""What a staged round holds: the output columns but ``seq``, plus the lease id (re-acked
+after a crash)."""
+
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("value", pa.binary()),
+        ("queue", pa.string()),
+        ("server", pa.string()),
+        ("seq", pa.int64()),
+        ("item_id", pa.int64()),
+        ("deliveries", pa.int32()),
+        ("enqueued_at", TS),
+        ("fetched_at", TS),
+        ("expiry", TS),
+    ]
+)
+"""What :func:`read_slice` yields; must equal the Arrow mapping of the source's Spark schema
+(pyspark >= 4.2 rejects any difference, e.g. ``large_binary``)."""
+
+_FINAL = re.compile(r"^seg-(\d{20})-(\d{20})\.arrows$")
+_TMP = re.compile(r"^seg-(\d{20})\.arrows\.tmp$")
+
+
+class DataLoss(RuntimeError):
+    """Staged positions Spark asked for are gone (the staging directory lost files)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    start: int
+    end: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Positions ``[lo, hi)`` of the segment file ``path`` that starts at ``start``."""
+
+    path: str
+    start: int
+    lo: int
+    hi: int
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_complete_batches(path: str) -> list[pa.RecordBatch]:
+    """Every complete record batch of an IPC stream file; a torn tail is ignored."""
+    batches: list[pa.RecordBatch] = []
+    try:
+        with pa.OSFile(path, "rb") as f:
+            reader = pa.ipc.open_stream(f)
+            while True:
+                try:
+                    batches.append(reader.read_next_batch())
+                except StopIteration:
+                    break
+    except (pa.ArrowInvalid, OSError, EOFError):
+        pass  # torn schema message or torn last batch: keep what was complete
+    return batches
+
+
+class SegmentWriter:
+    """The open segment of one fetch (driver only): append rounds, then :meth:`finish`."""
+
+    def __init__(self, root: str, start: int) -> None:
+        self.root = root
+        self.start = start
+        self.end = start
+        self.path = os.path.join(root, f"seg-{start:020d}.arrows.tmp")
+        self._file: Any = None
+        self._writer: Any = None
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        """Write one round and make it durable (flush + fsync) before returning."""
+        if batch.num_rows == 0:
+            return
+        if self._file is None:
+            self._file = open(self.path, "wb")  # noqa: SIM115 (closed in finish)
+            _fsync_dir(self.root)  # the name must survive a crash too
+            self._writer = pa.ipc.new_stream(self._file, STAGE_SCHEMA)
+        self._writer.write_batch(batch)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.end += batch.num_rows
+
+    def finish(self) -> Segment | None:
+        """Close, fsync and rename to ``seg-<start>-<end>.arrows``; None if nothing was staged."""
+        if self._file is None:
+            return None
+        self._writer.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = self._writer = None
+        final = os.path.join(self.root, f"seg-{self.start:020d}-{self.end:020d}.arrows")
+        os.rename(self.path, final)
+        _fsync_dir(self.root)
+        return Segment(self.start, self.end, final)
+
+
+class StagingLog:
+    """The segments under one ``stagingLocation`` (see the module docstring)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+
+    def ensure(self) -> None:
+        os.makedirs(self.root, exist_ok=True)
+
+    def segments(self) -> list[Segment]:
+        """Finished segments, by start position."""
+        if not os.path.isdir(self.root):
+            return []
+        found = []
+        for name in os.listdir(self.root):
+            m = _FINAL.match(name)
+            if m:
+                found.append(Segment(int(m[1]), int(m[2]), os.path.join(self.root, name)))
+        return sorted(found, key=lambda s: s.start)
+
+    def lowest_start(self) -> int:
+        """Where a fresh query starts: the oldest staged position (leftovers of an abandoned
+        run are read, not lost), else 0. Pure: Spark calls it twice."""
+        starts = [s.start for s in self.segments()]
+        if os.path.isdir(self.root):
+            starts += [int(m[1]) for n in os.listdir(self.root) if (m := _TMP.match(n))]
+        return min(starts, default=0)
+
+    def recover(self) -> list[pa.RecordBatch]:
+        """Finish every ``.tmp`` a crash left behind (its complete rounds become a segment,
+        the torn tail is dropped) and return the recovered rounds, whose leases may still be
+        open on the servers: the caller re-acks them."""
+        recovered: list[pa.RecordBatch] = []
+        if not os.path.isdir(self.root):
+            return recovered
+        for name in sorted(os.listdir(self.root)):
+            m = _TMP.match(name)
+            if not m:
+                continue
+            path = os.path.join(self.root, name)
+            batches = read_complete_batches(path)
+            os.unlink(path)  # rewritten whole below, without the torn tail
+            writer = SegmentWriter(self.root, int(m[1]))
+            for batch in batches:
+                writer.append(batch)
+            writer.finish()
+            _fsync_dir(self.root)
+            recovered += batches
+        return recovered
+
+    def end_from(self, start: int) -> int:
+        """The end of the contiguous staged run that covers ``start`` (``start`` if none)."""
+        end = start
+        for seg in self.segments():
+            if seg.start <= end < seg.end:
+                end = seg.end
+        return end
+
+    def gc(self, upto: int) -> int:
+        """Delete segments wholly before ``upto`` (Spark committed them); how many."""
+        n = 0
+        for seg in self.segments():
+            if seg.end <= upto:
+                os.unlink(seg.path)
+                n += 1
+        return n
+
+    def slices(self, start: int, end: int, rows: int, fail_on_loss: bool) -> list[list[Piece]]:
+        """Positions ``[start, end)`` cut into slices of at most ``rows`` rows, each a list of
+        pieces of segment files. A gap raises :class:`DataLoss` unless ``fail_on_loss`` is
+        false (then the gap is skipped)."""
+        out: list[list[Piece]] = []
+        current: list[Piece] = []
+        filled = 0
+        pos = start
+        for seg in self.segments():
+            if seg.end <= pos or seg.start >= end:
+                continue
+            if seg.start > pos:
+                if fail_on_loss:
+                    raise DataLoss(
+                        f"staged positions {pos}..{seg.start} are missing from {self.root}"
+                    )
+                pos = seg.start
+            while pos < min(seg.end, end):
+                take = min(rows - filled, min(seg.end, end) - pos)
+                current.append(Piece(seg.path, seg.start, pos, pos + take))
+                pos += take
+                filled += take
+                if filled == rows:
+                    out.append(current)
+                    current, filled = [], 0
+        if pos < end and fail_on_loss:
+            raise DataLoss(f"staged positions {pos}..{end} are missing from {self.root}")
+        if current:
+            out.append(current)
+        return out
+
+
+def read_slice(pieces: list[Piece], fail_on_loss: bool = True) -> Iterator[pa.RecordBatch]:
+    """The staged rows of ``pieces`` with their ``seq`` column, in OUTPUT_SCHEMA (executors)."""
+    for piece in pieces:
+        if not os.path.exists(piece.path):
+            if fail_on_loss:
+                raise DataLoss(f"staged segment {piece.path} is gone")
+            continue
+        pos = piece.start
+        for batch in read_complete_batches(piece.path):
+            b_lo, b_hi = pos, pos + batch.num_rows
+            pos = b_hi
+            lo, hi = max(b_lo, piece.lo), min(b_hi, piece.hi)
+            if lo >= hi:
+                if b_lo >= piece.hi:
+                    break
+                continue
+            part = batch.slice(lo - b_lo, hi - lo)
+            yield to_output(part, lo)
+
+
+def to_output(batch: pa.RecordBatch, first_seq: int) -> pa.RecordBatch:
+    """A staged batch whose first row is at ``first_seq``, as OUTPUT_SCHEMA."""
+    n = batch.num_rows
+    seq = pa.array(range(first_seq, first_seq + n), type=pa.int64())
+    cols = [batch.column(name) if name != "seq" else seq for name in OUTPUT_SCHEMA.names]
+    return pa.RecordBatch.from_arrays(cols, schema=OUTPUT_SCHEMA)

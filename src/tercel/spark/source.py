@@ -1,0 +1,211 @@
+"""The ``tercel`` format: a streaming source (``readStream``) and a sink (``write`` and
+``writeStream``, in :mod:`tercel.spark.sink`).
+
+Where each piece runs (pyspark >= 4.2's Python Data Source API):
+
+- :class:`TercelDataSource` and its ``schema``/``streamReader``/``writer`` run in driver-side
+  Python workers; the reader and writer objects they return are pickled to executors.
+- :class:`TercelStreamReader`'s ``initialOffset``, ``latestOffset``, ``partitions``,
+  ``commit`` and ``prepareForTriggerAvailableNow`` run in one long-lived driver-side Python
+  process per query run: it leases from the servers, stages and acks (:mod:`._fetch`).
+- ``read`` runs on executors, on a pickled copy without any connection: it only reads the
+  staging log slice named by its partition (:mod:`._staging`).
+
+Delivery (docs/spark.md): effectively-once into a replayable sink; Spark offsets
+``{"seq": n}`` are positions in the staging log, and ``commit`` only deletes staged segments.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from tercel.spark._fetch import Fetcher
+from tercel.spark._options import SinkOptions, SourceOptions
+from tercel.spark._staging import Piece, StagingLog, read_slice
+
+log = logging.getLogger(__name__)
+
+SOURCE_SCHEMA = (
+    "value binary, queue string, server string, seq bigint, item_id bigint, deliveries int, "
+    "enqueued_at timestamp, fetched_at timestamp, expiry timestamp"
+)
+"""The source's columns (fixed): Kafka-style ``value``; ``queue`` and ``server`` the item came
+from; ``seq`` its staging-log position (unique and increasing per query, like Kafka's
+``offset``); ``item_id`` the server's per-queue id, stable across redeliveries and restarts;
+``deliveries`` how often the server handed it out (> 1: redelivered); ``enqueued_at`` the
+server's add time; ``fetched_at`` when the driver leased it; ``expiry`` always null (the lease
+reply carries the lease deadline, not the item's expiry)."""
+
+SOURCE_STRUCT = StructType(
+    [
+        StructField("value", BinaryType()),
+        StructField("queue", StringType()),
+        StructField("server", StringType()),
+        StructField("seq", LongType()),
+        StructField("item_id", LongType()),
+        StructField("deliveries", IntegerType()),
+        StructField("enqueued_at", TimestampType()),
+        StructField("fetched_at", TimestampType()),
+        StructField("expiry", TimestampType()),
+    ]
+)
+"""SOURCE_SCHEMA as a StructType (``StructType.fromDDL`` needs a JVM, which the Python
+worker that plans the source does not have)."""
+
+
+class StagedSlice(InputPartition):
+    """One task's share of a micro-batch: pieces of staged segment files (picklable)."""
+
+    def __init__(self, pieces: list[Piece]) -> None:
+        super().__init__([(p.path, p.lo, p.hi) for p in pieces])
+        self.pieces = pieces
+
+
+class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """The streaming source (see the module docstring for where each method runs)."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.staging = StagingLog(opts.staging)
+        self._fetcher: Fetcher | None = None
+        self._budget: int | None = None
+        """Trigger.AvailableNow: items still to fetch (the queue depth when it started)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": self.opts, "staging": self.staging, "_fetcher": None, "_budget": None}
+
+    def _driver(self) -> Fetcher:
+        """The fetcher, created on first use in this process (recovering a crashed run)."""
+        if self._fetcher is None:
+            self.staging.ensure()
+            fetcher = Fetcher(self.opts, self.staging)
+            recovered = fetcher.recover()
+            if recovered:
+                log.warning("tercel source: recovered %d staged item(s) of a crash", recovered)
+            self._fetcher = fetcher
+        return self._fetcher
+
+    def initialOffset(self) -> dict[str, int]:
+        """Where a new query starts: the oldest staged position (so leftovers of an abandoned
+        run are not lost), else 0. Pure, because Spark calls it twice."""
+        return {"seq": self.staging.lowest_start()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.opts.max_items_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: fetch at most what the queue holds now, then stop."""
+        self._budget = self._driver().queue_depth()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        """Plan the next batch: reuse what is staged beyond ``start``, lease and stage more
+        up to the limit. ``start`` is durably committed by Spark, so older segments go."""
+        first = int(start["seq"])
+        fetcher = self._driver()
+        self.staging.gc(first)
+        if isinstance(limit, ReadMaxRows):
+            want = limit.max_rows
+        elif isinstance(limit, ReadAllAvailable):
+            want = self.opts.max_items_per_fetch
+        else:
+            want = self.opts.max_items_per_trigger
+        end = self.staging.end_from(first)
+        missing = want - (end - first)
+        if missing > 0 and self._budget != 0:
+            new_end, drained = fetcher.fetch(end, missing, end == first, self._budget)
+            if self._budget is not None:
+                self._budget = 0 if drained else max(0, self._budget - (new_end - end))
+            end = new_end
+        return {"seq": first + min(end - first, want)}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        """Slices of the staged range of at most ``itemsPerPartition`` rows."""
+        self._driver()
+        slices = self.staging.slices(
+            int(start["seq"]),
+            int(end["seq"]),
+            self.opts.items_per_partition,
+            self.opts.fail_on_data_loss,
+        )
+        return [StagedSlice(pieces) for pieces in slices]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Executors: the staged rows of one slice as Arrow record batches."""
+        assert isinstance(partition, StagedSlice)
+        yield from read_slice(partition.pieces, self.opts.fail_on_data_loss)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Spark has committed everything before ``end``: delete those segments. Never acks
+        (acks happen right after staging; Spark does not commit the last batch of a run)."""
+        self.staging.gc(int(end["seq"]))
+
+    def stop(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
+
+
+class TercelDataSource(DataSource):  # type: ignore[misc]
+    """``format("tercel")``: stream items out of tercel queues, or write DataFrames into them.
+
+    Source options: ``servers`` (``h1:p,h2:p``), ``queue`` and ``stagingLocation`` are
+    required; docs/spark.md lists the others. Sink options: ``servers``, ``queue``.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "tercel"
+
+    def schema(self) -> StructType:
+        return SOURCE_STRUCT
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        raise ValueError(
+            "tercel: a batch read would consume the queue and Spark may re-run tasks; use "
+            "spark.readStream.format('tercel')...writeStream.trigger(availableNow=True) with a "
+            "checkpoint to drain a queue into a table"
+        )
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if [(f.name, f.dataType) for f in schema.fields] != [
+            (f.name, f.dataType) for f in SOURCE_STRUCT.fields
+        ]:
+            raise ValueError(f"tercel source: the schema is fixed ({SOURCE_SCHEMA})")
+        return TercelStreamReader(SourceOptions.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from tercel.spark.sink import TercelWriter
+
+        return TercelWriter(SinkOptions.parse(self.options), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from tercel.spark.sink import TercelStreamWriter
+
+        return TercelStreamWriter(SinkOptions.parse(self.options), schema, overwrite)
