@@ -4,12 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test check unit bench clean
+.PHONY: serve test check unit bench clean example
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,spark]'
+	command -v java >/dev/null || { apt-get update && apt-get install -y openjdk-17-jre-headless; }
 	touch $(STAMP)
 
 serve: $(STAMP)
@@ -28,6 +29,9 @@ test: check unit
 
 bench: $(STAMP)
 	bash bench/run
+
+example: $(STAMP)
+	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/python examples/pipeline.py
 
 clean:
 	rm -rf $(VENV) tercel-data .pytest_cache .mypy_cache .ruff_cache

@@ -142,12 +142,13 @@ def _append(
     cols["size"].append(info["size"])
     add_time = info.get("add_time")
     expiry = info.get("expiry")
-    cols["add_time"].append(None if add_time is None else int(str(add_time)) * 1000)
-    cols["expiry"].append(int(str(expiry)) * 1000 if expiry else None)
+    # Journal times are epoch ms; the Arrow column is microseconds. Expiry 0 means never.
+    cols["add_time"].append(add_time * 1000 if isinstance(add_time, int) else None)
+    cols["expiry"].append(expiry * 1000 if isinstance(expiry, int) and expiry else None)
     cols["payload"].append(info.get("data") if payload else None)
 
 
-class JournalReader(DataSourceReader):  # type: ignore[misc]
+class JournalReader(DataSourceReader):
     """Plans one partition per file (driver); reads one file per task (executors)."""
 
     def __init__(self, opts: JournalOptions) -> None:
@@ -161,7 +162,7 @@ class JournalReader(DataSourceReader):  # type: ignore[misc]
         yield from read_records(partition, self.opts)
 
 
-class TercelJournalDataSource(DataSource):  # type: ignore[misc]
+class TercelJournalDataSource(DataSource):
     """``format("tercel-journal")``: journal records as rows (see the module docstring)."""
 
     @classmethod

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class WriteCounts(WriterCommitMessage):  # type: ignore[misc]
+class WriteCounts(WriterCommitMessage):
     """What one task wrote: items per queue, bytes, and rows dropped as already expired."""
 
     items: dict[str, int] = field(default_factory=dict)
@@ -152,7 +152,7 @@ def _total(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:
     return sum(sum(m.items.values()) for m in done), len(messages) - len(done)
 
 
-class TercelWriter(DataSourceArrowWriter):  # type: ignore[misc]
+class TercelWriter(DataSourceArrowWriter):
     """``df.write.format("tercel")`` (at-least-once; see the module docstring)."""
 
     def __init__(self, opts: SinkOptions, schema: StructType, overwrite: bool) -> None:
@@ -176,7 +176,7 @@ class TercelWriter(DataSourceArrowWriter):  # type: ignore[misc]
         )
 
 
-class TercelStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+class TercelStreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("tercel")`` (at-least-once: a re-run batch enqueues again)."""
 
     def __init__(self, opts: SinkOptions, schema: StructType, overwrite: bool) -> None:

@@ -88,7 +88,7 @@ class StagedSlice(InputPartition):
         self.pieces = pieces
 
 
-class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The streaming source (see the module docstring for where each method runs)."""
 
     def __init__(self, opts: SourceOptions) -> None:
@@ -172,7 +172,7 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             self._fetcher = None
 
 
-class TercelDataSource(DataSource):  # type: ignore[misc]
+class TercelDataSource(DataSource):
     """``format("tercel")``: stream items out of tercel queues, or write DataFrames into them.
 
     Source options: ``servers`` (``h1:p,h2:p``), ``queue`` and ``stagingLocation`` are
