@@ -167,5 +167,4 @@ class Session:
             self.pending.cancel()
         entries, self._open = self._open, {}
         for queue, xids in entries.values():
-            for xid in reversed(xids):
-                queue.abort(xid)
+            queue.abort_many(list(xids))

@@ -70,6 +70,9 @@ def queue_lines(server: Server, q: PersistentQueue) -> list[tuple[str, object]]:
         ("journal_rewrites", q.journal_rewrites),
         ("journal_rotations", q.journal_rotations),
     ]
+    # tercel's own, after Kestrel's: leases open now, items moved to the dead-letter queue.
+    lines.append(("open_leases", server.leases.table.open_count(q)))
+    lines.append(("dead_lettered", q.dead_lettered))
     children = server.collection.children(q.name)
     if children:
         lines.append(("children", ",".join(children)))
