@@ -216,3 +216,23 @@ def test_disk_use_returns_near_zero_after_a_big_backlog_drains(tmp_path: Path) -
     q = build(tmp_path, max_memory_size=2000, max_journal_size=5000)
     assert len(q) == 0
     q.close()
+
+
+def test_delivery_counts_survive_compaction_and_restart(tmp_path: Path) -> None:
+    q = build(tmp_path, max_journal_size=2000)
+    q.add(b"bounced")
+    q.add(b"held")
+    for _ in range(3):  # handed out three times, returned each time
+        xid, _ = q.remove_open()  # type: ignore[misc]
+        q.abort(xid)
+    q.remove_open()  # "bounced" is open now (4th delivery)
+    xid, _ = q.remove_open()  # type: ignore[misc]
+    q.abort(xid)  # "held" was delivered once
+    assert q.compact()
+    q.close()
+    q = build(tmp_path, max_journal_size=2000)
+    first = q.remove()
+    second = q.remove()
+    assert (first.data, first.deliveries) == (b"bounced", 5)  # type: ignore[union-attr]
+    assert (second.data, second.deliveries) == (b"held", 2)  # type: ignore[union-attr]
+    q.close()

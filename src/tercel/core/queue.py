@@ -556,6 +556,11 @@ class _Replayer:
         q.mem_bytes = 0
         q._drop_disk_items()
 
+    def on_delivered(self, count: int) -> None:
+        q = self.q
+        if q._items and not q.disk_items:  # the item just added (in memory)
+            q._items[-1].deliveries = count
+
     def on_snapshot(self, next_id: int, xid: int) -> None:
         q = self.q
         q._items.clear()

@@ -69,6 +69,7 @@ class ItemLike(Protocol):
     add_time: int
     expiry: int
     data: bytes
+    deliveries: int
 
 
 Background = Callable[[Callable[[], None], Callable[[BaseException | None], None]], None]
@@ -650,9 +651,13 @@ def _write_snapshot(
         rec.encode_snapshot(buf, next_id, xid)
         for open_xid, item in open_items:
             rec.encode_add(buf, item.id, item.add_time, item.expiry, item.data)
+            if item.deliveries > 1:  # the OPEN adds the last one
+                rec.encode_xid(buf, rec.OP_DELIVERED, item.deliveries - 1)
             rec.encode_xid(buf, rec.OP_OPEN, open_xid)
         for item in items:
             rec.encode_add(buf, item.id, item.add_time, item.expiry, item.data)
+            if item.deliveries:
+                rec.encode_xid(buf, rec.OP_DELIVERED, item.deliveries)
             if len(buf) >= 1 << 20:
                 _write_all(fd, buf)
                 buf.clear()

@@ -30,6 +30,7 @@ OP_ABORT: Final = 5
 OP_FLUSH: Final = 6
 OP_SNAPSHOT: Final = 7
 OP_RESUME: Final = 8
+OP_DELIVERED: Final = 9
 OP_NAMES: Final = {
     OP_ADD: "ADD",
     OP_REMOVE: "REMOVE",
@@ -39,6 +40,7 @@ OP_NAMES: Final = {
     OP_FLUSH: "FLUSH",
     OP_SNAPSHOT: "SNAPSHOT",
     OP_RESUME: "RESUME",
+    OP_DELIVERED: "DELIVERED",
 }
 
 MAX_PAYLOAD: Final = 64 * 1024 * 1024
@@ -66,6 +68,7 @@ class RecordSink(Protocol):
     def on_abort(self, xid: int) -> None: ...
     def on_flush(self) -> None: ...
     def on_snapshot(self, next_id: int, xid: int) -> None: ...
+    def on_delivered(self, count: int) -> None: ...
 
 
 Position = tuple[int, int]
@@ -136,6 +139,7 @@ FIXED_LENGTHS: Final = {
     OP_FLUSH: 1,
     OP_SNAPSHOT: _SNAPSHOT.size,
     OP_RESUME: _RESUME.size,
+    OP_DELIVERED: _XID.size,
 }
 
 
@@ -197,6 +201,8 @@ def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
         sink.on_snapshot(next_id, xid)
     elif op == OP_RESUME:
         pass  # positions only: the journal's replay acts on it, not the sink
+    elif op == OP_DELIVERED:
+        sink.on_delivered(_XID.unpack_from(buf, start)[1])
     else:
         xid = _XID.unpack_from(buf, start)[1]
         if op == OP_OPEN:
@@ -221,6 +227,8 @@ def describe_record(buf: Bytes, pos: int, stop: int) -> dict[str, object]:
         _, out["next_id"], out["xid"] = _SNAPSHOT.unpack_from(buf, start)
     elif op == OP_RESUME:
         out["cursor"], out["taken"] = decode_resume(buf, pos)
+    elif op == OP_DELIVERED:
+        out["count"] = _XID.unpack_from(buf, start)[1]
     return out
 
 
