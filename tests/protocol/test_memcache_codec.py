@@ -300,7 +300,7 @@ CLOSE_ERRORS = [
     (b"add q 0 0\r\n", "bad command line format"),
     (b"set q 0 0 x\r\n", "bad data chunk size"),
     (b"set q 0 0 1.0\r\n", "bad data chunk size"),
-    (b"set q 0 0 -1\r\n", "object too large for cache"),
+    (b"set q 0 0 -1\r\n", "bad data chunk size"),
     (b"set q 0 0 %d\r\n" % (mc.MAX_VALUE + 1), "object too large for cache"),
     (b"cas q 0 0 %d 1\r\n" % (mc.MAX_VALUE + 1), "object too large for cache"),
     (b"set q 0 0 3\r\nabcde\r\n", "bad data chunk"),
@@ -529,3 +529,11 @@ def test_junk_only_raises_protocol_error(data: bytes, sizes: list[int]) -> None:
         if not drain(codec, out):  # drain bounds its iterations and lets only ProtocolError out
             break
     assert len(out) <= len(data) + 1
+
+
+@pytest.mark.parametrize("token", [b"+5", b"1_0", b"0x1", b"--1", b"5a"])
+def test_numbers_are_plain_decimal(token: bytes) -> None:
+    """Only ASCII digits (with a leading minus where negatives mean something) are numbers."""
+    assert parse_error(b"get q/t=" + token + b"\r\n").reason == "bad timeout"
+    err = parse_error(b"set q 0 0 " + token + b"\r\n")
+    assert (err.reason, err.close) == ("bad data chunk size", True)

@@ -222,7 +222,7 @@ def test_fatal_errors_close(server: ServerProcess) -> None:
     for request, reply in [
         (b"set q 0 0 3\r\nabcdef\r\n", b"CLIENT_ERROR bad data chunk\r\n"),
         (b"set q 0 0 99999999999\r\n", b"CLIENT_ERROR object too large for cache\r\n"),
-        (b"set q 0 0 -1\r\n", b"CLIENT_ERROR object too large for cache\r\n"),
+        (b"set q 0 0 -1\r\n", b"CLIENT_ERROR bad data chunk size\r\n"),
         (b"set q 0 0\r\n", b"CLIENT_ERROR bad command line format\r\n"),
         (b"x" * 9000, b"CLIENT_ERROR line too long\r\n"),
     ]:

@@ -78,10 +78,12 @@ def _queue(token: bytes) -> str:
 
 
 def _int(token: bytes, what: str) -> int:
-    try:
-        return int(token)
-    except ValueError:
-        raise ProtocolError(f"bad {what}") from None
+    """A decimal integer with an optional leading minus: ``int()`` alone would also take
+    ``+5``, ``1_000`` and surrounding whitespace, which memcached does not."""
+    digits = token[1:] if token[:1] == b"-" else token
+    if not digits.isdigit():
+        raise ProtocolError(f"bad {what}")
+    return int(token)
 
 
 def parse_get_key(key: bytes, cas: bool = False) -> Get:
@@ -208,11 +210,10 @@ class MemcacheServerCodec:
     def _storage(self, tokens: list[bytes]) -> Command | NeedData:
         if len(tokens) < 5:
             raise ProtocolError("bad command line format", close=True)
-        try:
-            size = int(tokens[4])
-        except ValueError:
-            raise ProtocolError("bad data chunk size", close=True) from None
-        if size < 0 or size > self._max_value:
+        if not tokens[4].isdigit():
+            raise ProtocolError("bad data chunk size", close=True)
+        size = int(tokens[4])
+        if size > self._max_value:
             raise ProtocolError("object too large for cache", close=True)
         outcome: Set | ProtocolError | None
         if tokens[0] != b"set":
