@@ -37,3 +37,15 @@ def peak_rss_kb(pid: int) -> int:
 def rss_kb(pid: int) -> int:
     """VmRSS: the current resident set size of ``pid``, in KiB."""
     return _status_kb(pid, b"VmRSS:")
+
+
+def system_busy_seconds() -> float:
+    """CPU seconds all CPUs together have spent not idle since boot (from /proc/stat).
+
+    The difference over a window, minus the server's and the load generator's own CPU time, is
+    the CPU that other processes took: a noise indicator for that window.
+    """
+    with open("/proc/stat", "rb") as f:
+        fields = f.readline().split()[1:]
+    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK

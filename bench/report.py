@@ -97,7 +97,7 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
         "| server | class | first dequeue after restart | listening after | fill | on disk "
         "| peak RSS after replay | errors | tercel / peer (time) |"
         if replay
-        else "| server | class | ops/s | p50 | p99 | server CPU µs/op | peak RSS | errors "
+        else "| server | class | ops/s | p50 | p99 | server CPU µs/op | peak RSS | errors | noise "
         f"| tercel / peer ({ratio_label}) | tercel / peer (CPU/op) |"
     )
     lines = [f"### {key}", ""]
@@ -142,9 +142,13 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
         p99 = _median([r["p99_us"] for r in ok])
         cpu = _median([c for c in (cpu_us_per_op(r) for r in ok) if c is not None])
         cpu_s = f"{cpu:.1f}" if cpu is not None else "-"
+        noise = _median(
+            [r["other_cpu_s"] / r["elapsed_s"] for r in ok if r.get("other_cpu_s") is not None]
+        )
+        noise_s = f"{noise:.0%}" if noise is not None else "-"
         lines.append(
             f"| {name} | {cls} | {_fmt_rate(rate)} | {_fmt_us(p50)} | {_fmt_us(p99)} | {cpu_s} "
-            f"| {rss_s} | {errs} | {'; '.join(ratios_ops) or '-'} "
+            f"| {rss_s} | {errs} | {noise_s} | {'; '.join(ratios_ops) or '-'} "
             f"| {'; '.join(ratios_cpu) or '-'} |"
         )
     return [*lines, ""]

@@ -31,7 +31,7 @@ HOOK_SCENARIOS: dict[str, str] = {
     "readbehind": "a 2 GB read-behind drain needs tercel's read-behind (max_memory_size) first",
 }
 ALL_SCENARIOS = LOAD_SCENARIOS + SPECIAL_SCENARIOS + tuple(HOOK_SCENARIOS)
-DEFAULT_SCENARIOS = LOAD_SCENARIOS + SPECIAL_SCENARIOS
+DEFAULT_SCENARIOS = ALL_SCENARIOS
 
 BLOCKING_SERVERS = ("tercel-50ms", "redis-everysec", "beanstalkd")
 RELIABLE_SERVERS = ("tercel-50ms", "beanstalkd")

@@ -205,9 +205,7 @@ class MemcacheConnection(asyncio.Protocol):
             self._value(cmd, item)
             if not cmd.peek:
                 delivered = self.server.clock.now_ms() - item.add_time
-                metrics = self.server.metrics
-                metrics.total.delivery.add(delivered)
-                metrics.queue(cmd.queue).delivery.add(delivered)
+                self.server.metrics.queue(cmd.queue).delivery.add(delivered)
         self.server.loop.call_soon(self._resume)
 
     def _resume(self) -> None:
@@ -248,22 +246,16 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
         session.count_result(True)
         item = got[1]
         conn._value(cmd, item)
-        us = (perf_counter_ns() - t0) // 1000
-        metrics = server.metrics
-        lat = metrics.queue(cmd.queue)
-        metrics.total.get_hit.add(us)
-        lat.get_hit.add(us)
+        lat = server.metrics.queue(cmd.queue)
+        lat.get_hit.add((perf_counter_ns() - t0) // 1000)
         if not cmd.peek:
-            metrics.total.delivery.add(now - item.add_time)
             lat.delivery.add(now - item.add_time)
     elif cmd.timeout is not None:
         conn._block(cmd, mode, cmd.timeout)
     else:
         session.count_result(False)
         conn.out.append(mc.END)
-        us = (perf_counter_ns() - t0) // 1000
-        server.metrics.total.get_miss.add(us)
-        server.metrics.queue(cmd.queue).get_miss.add(us)
+        server.metrics.queue(cmd.queue).get_miss.add((perf_counter_ns() - t0) // 1000)
 
 
 def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
@@ -273,9 +265,7 @@ def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
     server.collection.stats.cmd_set += 1
     now = server.clock.now_ms()
     stored = server.collection.add(cmd.queue, cmd.data, expiry_ms(cmd.exptime, now), now)
-    us = (perf_counter_ns() - t0) // 1000
-    server.metrics.total.set.add(us)
-    server.metrics.queue(cmd.queue).set.add(us)
+    server.metrics.queue(cmd.queue).set.add((perf_counter_ns() - t0) // 1000)
     if not cmd.noreply:
         conn.out.append(mc.STORED if stored else mc.NOT_STORED)
 
