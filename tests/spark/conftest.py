@@ -1,0 +1,72 @@
+"""Spark test fixtures: one local[2] SparkSession for the whole run, real tercel servers.
+
+``make test`` installs pyspark and a Java runtime, so a missing one is a failure here, not a
+skip. Spark's JVM and its Python workers inherit this process's environment: the workers must
+run this interpreter (it has tercel and pyarrow), and Spark must bind to loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+try:
+    import pyarrow  # noqa: F401
+    import pyspark  # noqa: F401
+except ImportError as exc:  # make test installs tercel[spark]: this is a broken install
+    raise ImportError(f"the Spark tests need tercel[spark] (pip install -e '.[spark]'): {exc}")
+
+SPARK_TIMEOUT = 600
+"""Per-test timeout for tests that start a streaming query (the first also starts the JVM)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "spark: needs a SparkSession (pyspark + Java)")
+
+
+def spark_conf() -> dict[str, str]:
+    """The session settings every Spark test and the crash-test driver use."""
+    return {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.speculation": "false",
+        "spark.sql.streaming.stopTimeout": "30s",
+        "spark.driver.memory": "1g",
+    }
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The one local[2] SparkSession, with ``tercel`` and ``tercel-journal`` registered."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.fail("the Spark tests need Java (make installs openjdk-17-jre-headless)")
+    from pyspark.sql import SparkSession
+
+    from tercel.spark import register
+
+    builder = SparkSession.builder.master("local[2]").appName("tercel-tests")
+    for key, value in spark_conf().items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """A scratch directory for staging, checkpoints and sinks."""
+    return tmp_path

@@ -1,0 +1,54 @@
+"""A Spark driver for the kill -9 test: streams a queue into Parquet with the hidden option
+``testPauseAfterStage``, so its source stops between the fsync of the first staged round and
+the ack, writes the marker file, and waits there to be killed.
+
+Usage: python crash_driver.py '<json: servers, queue, stage, checkpoint, out, marker>'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+os.environ["PYSPARK_PYTHON"] = sys.executable
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+from tercel.spark import register  # noqa: E402
+
+
+def main() -> None:
+    args = json.loads(sys.argv[1])
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    df = (
+        spark.readStream.format("tercel")
+        .option("servers", args["servers"])
+        .option("queue", args["queue"])
+        .option("stagingLocation", args["stage"])
+        .option("leaseMs", "2000")
+        .option("leaseBatch", "100")
+        .option("testPauseAfterStage", args["marker"])
+        .load()
+    )
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", args["out"])
+        .option("checkpointLocation", args["checkpoint"])
+        .start()
+    )
+    query.awaitTermination(600)
+
+
+if __name__ == "__main__":
+    main()
