@@ -24,10 +24,9 @@ try:
     import pyarrow  # noqa: F401
     import pyspark  # noqa: F401
 except ImportError as exc:  # make test installs tercel[spark]: this is a broken install
-    raise ImportError(f"the Spark tests need tercel[spark] (pip install -e '.[spark]'): {exc}")
-
-SPARK_TIMEOUT = 600
-"""Per-test timeout for tests that start a streaming query (the first also starts the JVM)."""
+    raise ImportError(
+        f"the Spark tests need tercel[spark] (pip install -e '.[spark]'): {exc}"
+    ) from exc
 
 
 def pytest_configure(config: pytest.Config) -> None:

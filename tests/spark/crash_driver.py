@@ -14,9 +14,9 @@ import sys
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
-from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import SparkSession
 
-from tercel.spark import register  # noqa: E402
+from tercel.spark import register
 
 
 def main() -> None:
