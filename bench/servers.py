@@ -74,19 +74,52 @@ PEER_TARGETS: dict[str, tuple[str, ...]] = {
 durability class, plus memcached as the protocol-speed ceiling for the Kestrel-like mode."""
 
 
+_snapshot: Path | None = None
+
+
+def snapshot_tercel(dest: Path) -> Path | None:
+    """Copies ``src/tercel`` to ``dest`` and makes every later tercel start import that copy.
+
+    The tree may be edited while a long run goes on: a snapshot keeps every round on the same
+    code and immune to half-saved files. Returns the directory put on PYTHONPATH, or None when
+    there is nothing to snapshot (TERCEL_CMD set, or no source).
+    """
+    global _snapshot
+    src = REPO / "src" / "tercel"
+    if os.environ.get("TERCEL_CMD") or not (src / "cli.py").exists():
+        return None
+    root = dest / "tercel-src"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(src, root / "tercel", ignore=shutil.ignore_patterns("__pycache__"))
+    _snapshot = root
+    return root
+
+
 def tercel_command() -> list[str] | None:
     """The command that runs tercel, or None when the server is not installed yet.
 
-    ``TERCEL_CMD`` (shell words) overrides; otherwise ``.venv/bin/tercel`` when
+    ``TERCEL_CMD`` (shell words) overrides; after :func:`snapshot_tercel` it is the venv's
+    python running ``-m tercel`` from the snapshot; otherwise ``.venv/bin/tercel`` when
     ``src/tercel/cli.py`` exists.
     """
     env = os.environ.get("TERCEL_CMD")
     if env:
         return shlex.split(env)
     exe = REPO / ".venv" / "bin" / "tercel"
-    if exe.exists() and (REPO / "src" / "tercel" / "cli.py").exists():
-        return [str(exe)]
-    return None
+    if not exe.exists() or not (REPO / "src" / "tercel" / "cli.py").exists():
+        return None
+    if _snapshot is not None:
+        return [str(REPO / ".venv" / "bin" / "python"), "-m", "tercel"]
+    return [str(exe)]
+
+
+def _env() -> dict[str, str] | None:
+    """The server's environment: PYTHONPATH points at the tercel snapshot when there is one."""
+    if _snapshot is None:
+        return None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(_snapshot) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
 
 
 def available(d: ServerDef) -> str | None:
@@ -268,7 +301,12 @@ def start(
     log = cell / "server.log"
     with open(log, "ab") as logf:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=cell
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            cwd=cell,
+            env=_env() if d.kind == "tercel" else None,
         )
     r = Running(d, proc, port, data, cell, log)
     deadline = time.monotonic() + timeout
@@ -302,7 +340,12 @@ def versions() -> dict[str, str]:
     if cmd:
         try:
             p = subprocess.run(
-                [*cmd, "--version"], capture_output=True, text=True, timeout=10, check=False
+                [*cmd, "--version"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+                env=_env(),
             )
             out["tercel"] = (
                 (p.stdout or p.stderr).strip().splitlines()[0] if p.returncode == 0 else ""

@@ -93,6 +93,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--docs", type=Path, default=BENCH.parent / "docs" / "benchmarks.md")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
     ap.add_argument(
+        "--no-snapshot",
+        action="store_true",
+        help="run the live src/tercel instead of a copy taken at start",
+    )
+    ap.add_argument(
         "--allow-missing",
         action="store_true",
         help="skip servers that are not installed instead of failing",
@@ -323,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     for n, why in missing.items():
         print(f"warning: {n} unavailable: {why}", file=sys.stderr)
     runner = Runner(a)
+    if not a.no_snapshot and servers.snapshot_tercel(runner.workdir):
+        print("tercel: running a snapshot of src/tercel taken now", file=sys.stderr)
     if runner.client_cpu is not None:
         os.sched_setaffinity(0, {runner.client_cpu})
     today = dt.date.today().isoformat()
