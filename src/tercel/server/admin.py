@@ -162,7 +162,8 @@ def take_snapshot(server: Server, copy: bool = False) -> Snapshot:
         snap.metrics[key] = h.copy() if copy else h
     for name, lat in metrics.queues.items():
         for key, h in lat.items():
-            snap.metrics[f"q/{name}/{key}"] = h.copy() if copy else h
+            if h.sum or any(h.counts):  # a queue's empty distributions are left out
+                snap.metrics[f"q/{name}/{key}"] = h.copy() if copy else h
     return snap
 
 
