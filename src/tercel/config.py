@@ -205,6 +205,8 @@ class ServerSettings:
     client_timeout: int | None = None
     """Idle connections are closed after this many ms; None: never."""
     expiration_timer_frequency: int = 1000
+    latency_sample_every: int = 16
+    """Time one command in this many for the latency distributions (1: every command)."""
     max_connections: int | None = None
 
 
@@ -237,6 +239,7 @@ _SERVER_PARSERS: dict[str, Any] = {
     "max_open_reads": _parse_positive,
     "client_timeout": _optional_duration,
     "expiration_timer_frequency": parse_duration,
+    "latency_sample_every": _parse_positive,
     "max_connections": lambda v, k: _parse_count(v, k) or None,
 }
 

@@ -123,15 +123,18 @@ class Session:
             stats.cmd_peek += 1
         else:
             stats.cmd_get += 1
-            entry = self._entry(name)
+            entry = self._entry(name) if name in self._open else None
             if entry is not None:
                 if mode == "get":
                     raise OpenReadError("a plain get while an open read is held on this queue")
                 if len(entry[1]) >= self.max_open_reads:
                     raise OpenReadError("too many open reads")
-        if self.collection.is_alias(name):
+        collection = self.collection
+        if name in collection.config.aliases:
             return None
-        queue = self.collection.get_or_create(name)
+        queue = collection.queue(name)
+        if queue is None:
+            queue = collection.get_or_create(name)
         if mode == "get":
             item = queue.remove(now)
             got = None if item is None else (0, item)

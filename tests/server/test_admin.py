@@ -43,7 +43,10 @@ def set_cmd(q: str, data: bytes) -> bytes:
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    config = '[server]\nexpiration_timer_frequency = 0\n[aliases]\nal = ["aa", "ab"]\n'
+    config = (
+        "[server]\nexpiration_timer_frequency = 0\nlatency_sample_every = 1\n"
+        '[aliases]\nal = ["aa", "ab"]\n'
+    )
     with ServerProcess(tmp_path_factory.mktemp("data"), config) as s:
         yield s
 

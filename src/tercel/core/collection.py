@@ -107,7 +107,9 @@ class QueueCollection:
             for dest in dests:
                 ok = self._add_quietly(dest, data, expiry, now) and ok
             return ok
-        q = self.get_or_create(name)
+        q = self._queues.get(name)
+        if q is None:
+            q = self.get_or_create(name)
         children = self._children.get(name)
         if children:
             # A child that is full or has a smaller max_item_size just misses the item.

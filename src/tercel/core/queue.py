@@ -173,7 +173,10 @@ class PersistentQueue:
         items = self._items
         if items and items[0].expiry and items[0].expiry < now:
             self._discard_expired(now, cfg.max_expire_sweep)
-        if len(self) >= cfg.max_items or self.bytes >= cfg.max_size:
+        if (
+            len(items) + self.disk_items >= cfg.max_items
+            or self.mem_bytes + self.disk_bytes >= cfg.max_size
+        ):
             if not cfg.discard_old_when_full:
                 return False
             while len(self) and (len(self) >= cfg.max_items or self.bytes >= cfg.max_size):

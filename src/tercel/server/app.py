@@ -62,6 +62,11 @@ class Server:
         self.metrics = Metrics()
         self.admin: AdminServer | None = None
         self.stopping = False
+        self.writable = True
+        """False when writes are refused (shutdown, READONLY, QUIESCENT)."""
+        self.readable = True
+        """False when reads are refused (shutdown, QUIESCENT)."""
+        self._ticks = 1
         self._stop = asyncio.Event()
         self._listeners: list[asyncio.Server] = []
         self._timers: list[asyncio.TimerHandle] = []
@@ -109,7 +114,9 @@ class Server:
         """Lock the data dir, replay every journal, then bind the listeners."""
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_data_dir()
-        if self.status.load() is not Status.UP:
+        self.status.load()
+        self._status_changed()
+        if self.status.current is not Status.UP:
             log.warning("status is %s (from %s)", self.status.current.name, self.status.path)
         t0 = time.monotonic()
         names = list_queue_names(self.data_dir)
@@ -175,6 +182,7 @@ class Server:
     async def stop(self) -> None:
         """Stop accepting, end every session (open reads go back), write, fsync, close."""
         self.stopping = True
+        self._status_changed()
         for listener in self._listeners:
             listener.close()
         for handle in self._timers:
@@ -215,6 +223,23 @@ class Server:
     def connection_closed(self, conn: MemcacheConnection) -> None:
         self.connections.discard(conn)
 
+    def sample(self) -> bool:
+        """True for the one command in ``latency_sample_every`` whose latency is recorded.
+
+        Two clock reads and a histogram update cost about 0.5 us, a twentieth of a whole
+        command here; a 1-in-16 sample keeps the percentiles and drops that cost to noise.
+        """
+        self._ticks -= 1
+        if self._ticks:
+            return False
+        self._ticks = self.config.server.latency_sample_every
+        return True
+
+    def _status_changed(self) -> None:
+        # Handlers test these two flags on every command instead of asking the status.
+        self.writable = not self.stopping and self.status.current.writable
+        self.readable = not self.stopping and self.status.current.readable
+
     def check_writable(self) -> None:
         """Raise UnavailableError when writes are refused (shutdown, READONLY, QUIESCENT)."""
         if self.stopping:
@@ -231,6 +256,7 @@ class Server:
         """Persist and apply a new status. Raises OSError (status unchanged) when the status
         file cannot be written."""
         self.status.set(status)
+        self._status_changed()
 
     # ---- background work ------------------------------------------------------------------
 

@@ -203,9 +203,10 @@ class MemcacheConnection(asyncio.Protocol):
             self.out.append(mc.END)
         else:
             self._value(cmd, item)
-            if not cmd.peek:
-                delivered = self.server.clock.now_ms() - item.add_time
-                self.server.metrics.queue(cmd.queue).delivery.add(delivered)
+            server = self.server
+            if not cmd.peek and server.sample():
+                delivered = server.clock.now_ms() - item.add_time
+                server.metrics.queue(cmd.queue).delivery.add(delivered)
         self.server.loop.call_soon(self._resume)
 
     def _resume(self) -> None:
@@ -237,35 +238,45 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
             conn.out.append(mc.END)
             return
     server = conn.server
-    server.check_readable()
-    t0 = perf_counter_ns()
+    if not server.readable:
+        server.check_readable()
     mode = "peek" if cmd.peek else "open" if cmd.open else "get"
+    sampled = server.sample()
+    t0 = perf_counter_ns() if sampled else 0
     now = server.clock.now_ms()
     got = session.fetch(cmd.queue, mode, now)
     if got is not None:
-        session.count_result(True)
+        server.collection.stats.get_hits += 1
         item = got[1]
         conn._value(cmd, item)
-        lat = server.metrics.queue(cmd.queue)
-        lat.get_hit.add((perf_counter_ns() - t0) // 1000)
-        if not cmd.peek:
-            lat.delivery.add(now - item.add_time)
+        if sampled:
+            lat = server.metrics.queue(cmd.queue)
+            lat.get_hit.add((perf_counter_ns() - t0) // 1000)
+            if not cmd.peek:
+                lat.delivery.add(now - item.add_time)
     elif cmd.timeout is not None:
         conn._block(cmd, mode, cmd.timeout)
     else:
-        session.count_result(False)
+        server.collection.stats.get_misses += 1
         conn.out.append(mc.END)
-        server.metrics.queue(cmd.queue).get_miss.add((perf_counter_ns() - t0) // 1000)
+        if sampled:
+            server.metrics.queue(cmd.queue).get_miss.add((perf_counter_ns() - t0) // 1000)
 
 
 def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
     server = conn.server
-    server.check_writable()
-    t0 = perf_counter_ns()
-    server.collection.stats.cmd_set += 1
+    if not server.writable:
+        server.check_writable()
+    coll = server.collection
+    coll.stats.cmd_set += 1
     now = server.clock.now_ms()
-    stored = server.collection.add(cmd.queue, cmd.data, expiry_ms(cmd.exptime, now), now)
-    server.metrics.queue(cmd.queue).set.add((perf_counter_ns() - t0) // 1000)
+    expiry = expiry_ms(cmd.exptime, now) if cmd.exptime else None
+    if not server.sample():
+        stored = coll.add(cmd.queue, cmd.data, expiry, now)
+    else:
+        t0 = perf_counter_ns()
+        stored = coll.add(cmd.queue, cmd.data, expiry, now)
+        server.metrics.queue(cmd.queue).set.add((perf_counter_ns() - t0) // 1000)
     if not cmd.noreply:
         conn.out.append(mc.STORED if stored else mc.NOT_STORED)
 
