@@ -269,3 +269,12 @@ def test_load_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "missing.toml")
     assert "missing.toml" in str(info.value)
+
+
+def test_expire_to_queue_cycles_are_refused() -> None:
+    doc = {"queues": {"a": {"expire_to_queue": "b"}, "b": {"expire_to_queue": "a"}}}
+    with pytest.raises(ConfigError, match="expire_to_queue: cycle"):
+        parse_config(doc)
+    # A chain that ends, and a queue expiring to itself (ignored at run time), are fine.
+    parse_config({"queues": {"a": {"expire_to_queue": "b"}, "b": {"expire_to_queue": "c"}}})
+    parse_config({"queues": {"a": {"expire_to_queue": "a"}}})

@@ -324,7 +324,23 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> ServerCo
             raise ConfigError(f"aliases.{name}: expected a list of queue names")
         aliases[name] = tuple(dests)
     _check_aliases(aliases)
-    return ServerConfig(ServerSettings(**server_kw), defaults, overrides, aliases, source)
+    config = ServerConfig(ServerSettings(**server_kw), defaults, overrides, aliases, source)
+    _check_expiry_chains(config)
+    return config
+
+
+def _check_expiry_chains(config: ServerConfig) -> None:
+    """Refuse ``expire_to_queue`` chains that come back to where they started (a -> b -> a):
+    expiring one item would feed the sweep of the queue that is expiring it."""
+    named = set(config.overrides)
+    for start in named:
+        seen = [start]
+        target = config.queue_config(start).expire_to_queue
+        while target is not None and target != seen[-1]:
+            if target in seen:
+                raise ConfigError(f"expire_to_queue: cycle {' -> '.join([*seen, target])}")
+            seen.append(target)
+            target = config.queue_config(target).expire_to_queue
 
 
 def load_config(path: str | Path) -> ServerConfig:
