@@ -196,3 +196,22 @@ def test_reload_swaps_aliases_and_settings_together() -> None:
     assert qc.add("al", b"2", None, T0)
     assert not qc.add("al", b"3", None, T0)
     assert (items(qc, "a"), items(qc, "b")) == ([b"1"], [b"2"])
+
+
+def test_reload_with_a_smaller_max_age_expires_items_already_queued() -> None:
+    from tercel.clock import ManualClock
+    from tercel.config import ServerConfig, parse_config
+    from tercel.core.collection import QueueCollection
+    from tercel.journal import MemoryJournal
+
+    clock = ManualClock()
+    coll = QueueCollection(ServerConfig(), lambda name, cfg: MemoryJournal(), clock)
+    now = clock.now_ms()
+    coll.add("q", b"old", None, now)
+    clock.advance(5_000)
+    coll.add("q", b"new", None, clock.now_ms())
+    coll.reload(parse_config({"queues": {"max_age": "3s"}}))
+    q = coll.get_or_create("q")
+    item = q.remove()
+    assert item is not None and item.data == b"new"  # "old" was 5 s old: expired
+    assert q.expired_items == 1

@@ -207,7 +207,7 @@ class QueueCollection:
         """Apply a new configuration's queue settings and aliases to every live queue."""
         self.config = config
         for q in self:
-            q.config = config.queue_config(q.name)
+            q.reconfigure(config.queue_config(q.name))
 
     def close(self) -> None:
         """Close every queue's log (after which nothing may be written)."""

@@ -139,6 +139,20 @@ class PersistentQueue:
             return 0
         return max(0, now - self._last_removed_add_time)
 
+    def reconfigure(self, config: QueueConfig) -> None:
+        """Take new settings (``reload``). A ``max_age`` caps the expiry of items already
+        queued too, measured from their add time, as Kestrel re-applies it: items in memory
+        now, items on disk as they are read back."""
+        self.config = config
+        if config.max_age is not None:
+            for item in self._items:
+                self._cap(item)
+
+    def _cap(self, item: QItem) -> None:
+        cap = item.add_time + self.config.max_age  # type: ignore[operator]
+        if not item.expiry or item.expiry > cap:
+            item.expiry = cap
+
     # ---- replay ---------------------------------------------------------------------------
 
     def replay(self) -> object:
@@ -359,7 +373,10 @@ class PersistentQueue:
                 )
             size = 0
             for got in batch:
-                items.append(QItem(*got))
+                item = QItem(*got)
+                if self.config.max_age is not None:
+                    self._cap(item)
+                items.append(item)
                 size += len(got[3])
             self.mem_bytes += size
             self.disk_items -= len(batch)
@@ -514,7 +531,10 @@ class _Replayer:
             q.disk_items += 1
             q.disk_bytes += len(data)
         else:
-            q._items.append(QItem(item_id, add_time, expiry, data))
+            item = QItem(item_id, add_time, expiry, data)
+            if q.config.max_age is not None:
+                q._cap(item)
+            q._items.append(item)
             q.mem_bytes += len(data)
         q.total_items += 1
         if item_id >= q._next_id:
