@@ -17,8 +17,8 @@ serve: $(STAMP)
 	$(BIN)/tercel serve --data-dir ./tercel-data
 
 check: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

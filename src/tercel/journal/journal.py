@@ -30,7 +30,6 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
-from zlib import crc32
 
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal import records as rec
@@ -344,47 +343,27 @@ class FileJournal:
         return reader.offset
 
     def _replay_fast(self, seq: int, reader: ChunkReader, sink: rec.RecordSink) -> int:
-        """Apply the complete, valid, ordinary records buffered at the read position.
-
-        The hot loop of start-up: no per-record method calls but the sink's. Stops (leaving
-        the record for the careful path) at anything unusual: an incomplete or bad record,
-        a RESUME. Returns how many records it applied.
-        """
+        """Apply the complete, valid, ordinary records buffered at the read position (the
+        start-up hot loop, :func:`records.scan`); how many it applied."""
         buf = reader.buffer
-        pos = reader.pos
-        end = len(buf)
         base = reader.file_offset(0)
-        prefix = rec.PREFIX.unpack_from
-        add_fields = rec.ADD_FIELDS.unpack_from
-        fixed = rec.FIXED_LENGTHS
         on_add = sink.on_add
         n = 0
-        with memoryview(buf) as view:
-            while pos + rec.PREFIX_SIZE <= end:
-                length, crc = prefix(buf, pos)
-                stop = pos + rec.PREFIX_SIZE + length
-                if length == 0 or stop > end:
-                    break
-                body = pos + rec.PREFIX_SIZE
-                op = buf[body]
-                if op == rec.OP_ADD and length >= rec.ADD_FIELDS_SIZE:
-                    with view[body:stop] as chunk:
-                        if crc32(chunk) != crc:
-                            break
-                        _, item_id, add_time, expiry = add_fields(buf, body)
-                        self.replay_position = (seq, base + pos)
-                        on_add(item_id, add_time, expiry, bytes(chunk[rec.ADD_FIELDS_SIZE :]))
-                elif fixed.get(op) == length and op != rec.OP_RESUME:
-                    with view[body:stop] as chunk:
-                        if crc32(chunk) != crc:
-                            break
-                    self.replay_position = (seq, base + pos)
-                    rec.apply_record(buf, pos, stop, sink)
-                else:
-                    break
-                pos = stop
-                n += 1
-        reader.advance(pos)
+
+        def add(pos: int, item_id: int, add_time: int, expiry: int, data: bytes) -> bool:
+            nonlocal n
+            self.replay_position = (seq, base + pos)
+            on_add(item_id, add_time, expiry, data)
+            n += 1
+            return True
+
+        def other(pos: int, stop: int) -> None:
+            nonlocal n
+            self.replay_position = (seq, base + pos)
+            rec.apply_record(buf, pos, stop, sink)
+            n += 1
+
+        reader.advance(rec.scan(buf, reader.pos, add, other))
         return n
 
     @staticmethod
@@ -730,39 +709,17 @@ class AddReader:
         """
         out: list[tuple[int, int, int, bytes]] = []
         got = 0
-        prefix = rec.PREFIX.unpack_from
-        add_fields = rec.ADD_FIELDS.unpack_from
-        fixed = rec.FIXED_LENGTHS
+
+        def add(pos: int, item_id: int, add_time: int, expiry: int, data: bytes) -> bool:
+            nonlocal got
+            out.append((item_id, add_time, expiry, data))
+            got += len(data)
+            return got < budget
+
         while got < budget or not out:
             reader = self._reader
             if reader.prepare():
-                buf = reader.buffer
-                pos = reader.pos
-                end = len(buf)
-                with memoryview(buf) as view:
-                    while pos + rec.PREFIX_SIZE <= end and (got < budget or not out):
-                        length, crc = prefix(buf, pos)
-                        stop = pos + rec.PREFIX_SIZE + length
-                        if length == 0 or stop > end:
-                            break
-                        body = pos + rec.PREFIX_SIZE
-                        op = buf[body]
-                        if op == rec.OP_ADD and length >= rec.ADD_FIELDS_SIZE:
-                            with view[body:stop] as chunk:
-                                if crc32(chunk) != crc:
-                                    break
-                                _, item_id, add_time, expiry = add_fields(buf, body)
-                                data = bytes(chunk[rec.ADD_FIELDS_SIZE :])
-                            out.append((item_id, add_time, expiry, data))
-                            got += len(data)
-                        elif fixed.get(op) == length and op != rec.OP_RESUME:
-                            with view[body:stop] as chunk:
-                                if crc32(chunk) != crc:
-                                    break
-                        else:
-                            break
-                        pos = stop
-                reader.advance(pos)
+                reader.advance(rec.scan(reader.buffer, reader.pos, add))
                 if out and got >= budget:
                     break
             item = self.next_add()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final, Protocol
 from zlib import crc32
 
@@ -211,6 +211,54 @@ def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
             sink.on_confirm(xid)
         else:
             sink.on_abort(xid)
+
+
+def scan(
+    buf: bytes | bytearray,
+    pos: int,
+    on_add: Callable[[int, int, int, int, bytes], bool],
+    on_other: Callable[[int, int], None] | None = None,
+) -> int:
+    """Walk the complete, valid, ordinary records of ``buf`` from ``pos``, in one tight loop.
+
+    ``on_add(offset, item_id, add_time, expiry, data)`` is called for each ADD and returns
+    False to stop after it; ``on_other(offset, stop)`` for each other fixed-size record
+    (skipped when None). The walk stops, leaving the record for a careful reader, at anything
+    unusual: an incomplete or bad record, or a RESUME. Returns the offset where it stopped.
+    This is the hot loop of replay and of read-behind.
+    """
+    end = len(buf)
+    prefix = _PREFIX.unpack_from
+    add_fields = _ADD.unpack_from
+    fixed = FIXED_LENGTHS
+    with memoryview(buf) as view:
+        while pos + PREFIX_SIZE <= end:
+            length, crc = prefix(buf, pos)
+            stop = pos + PREFIX_SIZE + length
+            if length == 0 or stop > end:
+                break
+            body = pos + PREFIX_SIZE
+            op = buf[body]
+            if op == OP_ADD and length >= ADD_FIELDS_SIZE:
+                with view[body:stop] as chunk:
+                    if crc32(chunk) != crc:
+                        break
+                    _, item_id, add_time, expiry = add_fields(buf, body)
+                    data = bytes(chunk[ADD_FIELDS_SIZE:])
+                more = on_add(pos, item_id, add_time, expiry, data)
+                pos = stop
+                if not more:
+                    break
+                continue
+            if fixed.get(op) != length or op == OP_RESUME:
+                break
+            with view[body:stop] as chunk:
+                if crc32(chunk) != crc:
+                    break
+            if on_other is not None:
+                on_other(pos, stop)
+            pos = stop
+    return pos
 
 
 def describe_record(buf: Bytes, pos: int, stop: int) -> dict[str, object]:
