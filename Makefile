@@ -2,18 +2,25 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+BASE := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
 .PHONY: serve test check unit bench clean example
 
-$(STAMP): pyproject.toml
+# The server alone: what `make serve` needs.
+$(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $(BASE)
+
+# Everything the suite needs: test tools, pyspark + pyarrow, and a Java runtime for Spark.
+$(STAMP): $(BASE)
 	$(BIN)/pip install -q -e '.[test,spark]'
 	command -v java >/dev/null || { apt-get update && apt-get install -y openjdk-17-jre-headless; }
 	touch $(STAMP)
 
-serve: $(STAMP)
+serve: $(BASE)
 	$(BIN)/tercel serve --data-dir ./tercel-data
 
 check: $(STAMP)
