@@ -14,18 +14,15 @@ import fcntl
 import os
 import sys
 from collections.abc import Iterator
-from typing import Never, TextIO
+from typing import TYPE_CHECKING, Never, TextIO
 
-from tqdm import tqdm
-
-from tercel.clock import SystemClock
-from tercel.config import ServerConfig, load_config
-from tercel.core.queue import PersistentQueue
-from tercel.errors import JournalCorrupt
-from tercel.journal import FileJournal, list_queue_names
+from tercel.journal import list_queue_names
 from tercel.journal import records as rec
 from tercel.journal.journal import journal_files
 from tercel.journal.reader import ChunkReader
+
+if TYPE_CHECKING:  # the rest is imported when used: `tercel serve` starts without it
+    from tqdm import tqdm
 
 PROGRESS_OVER = 16 * 1024 * 1024
 """Show a progress bar when the files to read add up to more than this."""
@@ -64,6 +61,8 @@ def _queues(data_dir: str, queue: str | None) -> list[str]:
 
 
 def _bar(paths: list[str], desc: str) -> tqdm[Never]:
+    from tqdm import tqdm
+
     total = sum(os.path.getsize(p) for p in paths)
     return tqdm(
         total=total,
@@ -159,6 +158,12 @@ def check(data_dir: str, out: TextIO) -> int:
 
 def compact(data_dir: str, queue: str | None, config_path: str | None, out: TextIO) -> int:
     """Replay each queue and rewrite its journal into one snapshot."""
+    from tercel.clock import SystemClock
+    from tercel.config import ServerConfig, load_config
+    from tercel.core.queue import PersistentQueue
+    from tercel.errors import JournalCorrupt
+    from tercel.journal import FileJournal
+
     config = load_config(config_path) if config_path else ServerConfig()
     lock = os.open(os.path.join(data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import importlib
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import stat
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from tercel import __version__
 from tercel.clock import Clock, SystemClock
@@ -27,16 +29,19 @@ from tercel.errors import ConfigError, UnavailableError
 from tercel.journal import FileJournal, NullJournal, list_queue_names
 from tercel.journal.journal import run_inline
 from tercel.server import stats
-from tercel.server.admin import AdminServer
 from tercel.server.commit import Committer
 from tercel.server.leases import LeaseService
 from tercel.server.memcache import MemcacheConnection
 from tercel.server.metrics import Metrics
 from tercel.server.status import Status, StatusKeeper
 
+if TYPE_CHECKING:
+    from tercel.server.admin import AdminServer
+
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
+ADMIN = "tercel.server.admin"
 
 
 class Server:
@@ -144,7 +149,10 @@ class Server:
             self.ports["memcache"] = sock[1]
             log.info("memcache listening on %s:%d", sock[0], sock[1])
         if srv.admin_port is not None:
-            self.admin = AdminServer(self)
+            # aiohttp and prometheus-client take longer to import than everything else
+            # together: import them on a thread, so the loop serves memcache meanwhile.
+            admin = await self.loop.run_in_executor(None, importlib.import_module, ADMIN)
+            self.admin = admin.AdminServer(self)
             self.ports["admin"] = await self.admin.start(srv.host, srv.admin_port)
             log.info("admin HTTP listening on %s:%d", srv.host, self.ports["admin"])
         self._schedule_sweeps()
