@@ -25,7 +25,7 @@ from servers import PEER_TARGETS, SERVERS
 def _fmt_rate(x: float) -> str:
     if x >= 100_000:
         return f"{x / 1000:.0f} k"
-    if x >= 1000:
+    if x >= 999.5:
         return f"{x / 1000:.1f} k"
     return f"{x:.0f}"
 
