@@ -168,7 +168,7 @@ def tables(records: Iterable[dict[str, Any]]) -> str:
     for key, recs in cells.items():
         out.extend(_cell_table(key, recs))
     if hooks:
-        out.append("### Not yet available")
+        out.append("### Measured by standalone scripts (see below)")
         out.append("")
         out.extend(f"- `{h}`: {HOOK_SCENARIOS[h]}." for h in hooks)
         out.append("")
@@ -177,6 +177,13 @@ def tables(records: Iterable[dict[str, Any]]) -> str:
 
 def _read_method() -> str:
     return (Path(__file__).parent / "METHOD.md").read_text()
+
+
+def _read_extra() -> str:
+    """Hand-kept results of the standalone benchmarks (read-behind, leases, Spark, replay,
+    profile-driven changes): ``bench/EXTRA.md``, appended after the suite's tables."""
+    extra = Path(__file__).parent / "EXTRA.md"
+    return extra.read_text() if extra.exists() else ""
 
 
 def write_docs(path: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> None:
@@ -216,6 +223,8 @@ def write_docs(path: Path, records: list[dict[str, Any]], meta: dict[str, Any]) 
             "## Results",
             "",
             tables(records),
+            "",
+            _read_extra().strip(),
         ]
     )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ Scenarios:
 - ``many-clients``: N consumers blocked on a 1 s blocking get, one producer trickling; every item
   must be delivered exactly once. Blocking peers: Redis BLPOP, beanstalkd reserve-with-timeout.
 - ``replay``: fill N items, SIGKILL, restart, time to the first successful dequeue.
-- Hooks that wait for server features (reported as "not yet available", never run):
+- Scenarios measured by standalone scripts (listed with their command, never run here):
   ``lease`` (batched leases), ``readbehind`` (drain a 2 GB backlog past the memory window).
 """
 
@@ -27,8 +27,9 @@ from servers import SERVERS
 LOAD_SCENARIOS = ("enqueue", "dequeue", "mixed", "reliable")
 SPECIAL_SCENARIOS = ("many-clients", "replay")
 HOOK_SCENARIOS: dict[str, str] = {
-    "lease": "batched leases (`lease` command) are not implemented by tercel yet",
-    "readbehind": "a 2 GB read-behind drain needs tercel's read-behind (max_memory_size) first",
+    "lease": "runs on its own: `.venv/bin/python bench/lease_bench.py` (results in EXTRA.md)",
+    "readbehind": "runs on its own: `.venv/bin/python bench/readbehind.py --gigabytes 2` "
+    "(results in EXTRA.md)",
 }
 ALL_SCENARIOS = LOAD_SCENARIOS + SPECIAL_SCENARIOS + tuple(HOOK_SCENARIOS)
 DEFAULT_SCENARIOS = ALL_SCENARIOS
