@@ -12,10 +12,12 @@ import argparse
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tercel.client import Client
 from tercel.errors import ClientError
+
+if TYPE_CHECKING:  # imported when a verb runs: `tercel serve` starts without the client
+    from tercel.client import Client
 
 COMMANDS = ("put", "get", "peek", "stats", "tail")
 QUEUE_COLUMNS = (
@@ -73,6 +75,8 @@ def _write(data: bytes) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run one client verb; the exit code."""
     try:
+        from tercel.client import Client
+
         with Client(_servers(args), timeout=args.timeout) as client:
             code: int = VERBS[args.command](client, args)
             return code

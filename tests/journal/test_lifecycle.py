@@ -1,7 +1,8 @@
-"""Read-behind, rotation and compaction of a real file journal, and crashes at every fail point.
+"""Read-behind, rotation and compaction, and crashes at every fail point.
 
-Queues here are built the way the server builds them (``PersistentQueue`` over a
-``FileJournal``) with tiny limits, so the rules fire within a few hundred items.
+Queues here are built the way the server builds them (``PersistentQueue`` over a journal) with
+tiny limits, so the rules fire within a few hundred items. The read-behind tests run on the
+RAM twin and on the file journal alike; rotation, compaction and crashes need files.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from tercel.clock import ManualClock
 from tercel.config import QueueConfig
 from tercel.core.queue import PersistentQueue
-from tercel.journal import FileJournal
+from tercel.journal import FileJournal, MemoryJournal
 from tercel.journal.journal import FAILPOINTS
 
 
@@ -25,6 +26,27 @@ def build(path: Path, **cfg: int) -> PersistentQueue:
     q = PersistentQueue("q", QueueConfig(**cfg), FileJournal(str(path), "q"), ManualClock())
     q.replay()
     return q
+
+
+class Store:
+    """Where a queue's journal lives across restarts: the RAM twin or a directory."""
+
+    def __init__(self, kind: str, path: Path) -> None:
+        self.kind = kind
+        self.path = path
+        self.memory = MemoryJournal()
+
+    def build(self, **cfg: int) -> PersistentQueue:
+        if self.kind == "file":
+            return build(self.path, **cfg)
+        q = PersistentQueue("q", QueueConfig(**cfg), self.memory, ManualClock())
+        q.replay()
+        return q
+
+
+@pytest.fixture(params=["memory", "file"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    return Store(request.param, tmp_path)
 
 
 def disk_use(path: Path) -> int:
@@ -42,8 +64,8 @@ def payload(i: int, size: int = 100) -> bytes:
     return (b"%06d" % i).ljust(size, b".")
 
 
-def test_read_behind_keeps_a_window_and_returns_everything_in_order(tmp_path: Path) -> None:
-    q = build(tmp_path, max_memory_size=1000, max_journal_size=4000)
+def test_read_behind_keeps_a_window_and_returns_everything_in_order(store: Store) -> None:
+    q = store.build(max_memory_size=1000, max_journal_size=4000)
     for i in range(1000):
         assert q.add(payload(i))
         assert q.mem_bytes <= 1000
@@ -53,7 +75,7 @@ def test_read_behind_keeps_a_window_and_returns_everything_in_order(tmp_path: Pa
     assert [g.data for g in got if g] == [payload(i) for i in range(500)]
     assert q.mem_bytes <= 1100
     q.close()
-    q = build(tmp_path, max_memory_size=1000, max_journal_size=4000)
+    q = store.build(max_memory_size=1000, max_journal_size=4000)
     assert len(q) == 500 and q.mem_bytes <= 1100
     assert drain(q) == [payload(i) for i in range(500, 1000)]
     q.close()
@@ -78,8 +100,8 @@ def test_disk_use_tracks_live_data_while_draining_in_read_behind(tmp_path: Path)
     q.close()
 
 
-def test_open_reads_and_aborts_in_read_behind(tmp_path: Path) -> None:
-    q = build(tmp_path, max_memory_size=300, max_journal_size=2000)
+def test_open_reads_and_aborts_in_read_behind(store: Store) -> None:
+    q = store.build(max_memory_size=300, max_journal_size=2000)
     for i in range(100):
         q.add(payload(i))
     opened = [q.remove_open() for _ in range(3)]
@@ -88,22 +110,22 @@ def test_open_reads_and_aborts_in_read_behind(tmp_path: Path) -> None:
         q.remove()
     q.abort(opened[1][0])  # type: ignore[index]
     q.close()  # crash-like: open reads 0 and 2 are still open in the journal
-    q = build(tmp_path, max_memory_size=300, max_journal_size=2000)
+    q = store.build(max_memory_size=300, max_journal_size=2000)
     # Reads still open at the restart go back in front of the aborted one, in xid order.
     want = [payload(0), payload(2), payload(1)] + [payload(i) for i in range(53, 100)]
     assert drain(q) == want
     q.close()
 
 
-def test_flush_in_read_behind_drops_disk_items(tmp_path: Path) -> None:
-    q = build(tmp_path, max_memory_size=300)
+def test_flush_in_read_behind_drops_disk_items(store: Store) -> None:
+    q = store.build(max_memory_size=300)
     for i in range(50):
         q.add(payload(i))
     q.flush()
     assert len(q) == 0 and q.bytes == 0
     q.add(b"after")
     q.close()
-    q = build(tmp_path, max_memory_size=300)
+    q = store.build(max_memory_size=300)
     assert drain(q) == [b"after"]
     q.close()
 
