@@ -7,15 +7,18 @@ port 22133, data in ``./tercel-data``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
+import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tercel import __version__
 from tercel.config import ServerConfig, load_config
 from tercel.errors import ConfigError, JournalCorrupt
+
+if TYPE_CHECKING:  # asyncio loads after the memcache port is bound (see _bind_early)
+    import asyncio
 
 log = logging.getLogger("tercel")
 
@@ -71,6 +74,8 @@ def _config_from(args: argparse.Namespace) -> ServerConfig:
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
+    import asyncio
+
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
@@ -79,18 +84,45 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
+def _bind_early(host: str, port: int) -> socket.socket:
+    """A listening socket for the memcache port, made before the server's modules load.
+
+    The kernel accepts connections into the backlog from here on, so clients can connect about
+    70 ms after ``exec`` instead of after every import (and any replay): their commands are
+    served once the server is up (socket activation does the same).
+    """
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(args: argparse.Namespace) -> int:
     """Run the server until SIGTERM/SIGINT/``shutdown``; the process exit code."""
-    from tercel.server.app import run_server
-
     try:
         config = _config_from(args)
     except ConfigError as exc:
         log.error("bad configuration: %s", exc)
         return 2
+    srv = config.server
+    try:
+        sock = None if srv.memcache_port is None else _bind_early(srv.host, srv.memcache_port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%s: %s", srv.host, srv.memcache_port, exc)
+        return 1
+    import asyncio
+
+    from tercel.server.app import run_server
+
     try:
         with asyncio.Runner(loop_factory=_new_loop) as runner:
-            runner.run(run_server(config, args.ports_file))
+            runner.run(run_server(config, args.ports_file, memcache_socket=sock))
     except JournalCorrupt as exc:
         log.error("journal is corrupt, refusing to start: %s", exc)
         log.error("inspect it with `tercel journal check`; move the file away to start without it")

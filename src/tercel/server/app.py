@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import stat
 import time
 from collections.abc import Callable
@@ -47,8 +48,14 @@ ADMIN = "tercel.server.admin"
 class Server:
     """A running tercel server (create, ``await start()``, ``await serve()``, ``await stop()``)."""
 
-    def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        clock: Clock | None = None,
+        memcache_socket: socket.socket | None = None,
+    ) -> None:
         self.config = config
+        self._memcache_socket = memcache_socket
         self.clock: Clock = clock or SystemClock()
         self.version = __version__
         self.loop = asyncio.get_running_loop()
@@ -141,9 +148,14 @@ class Server:
             )
         srv = self.config.server
         if srv.memcache_port is not None:
-            listener = await self.loop.create_server(
-                lambda: MemcacheConnection(self), srv.host, srv.memcache_port, backlog=1024
-            )
+            if self._memcache_socket is not None:  # bound early by the command line
+                listener = await self.loop.create_server(
+                    lambda: MemcacheConnection(self), sock=self._memcache_socket, backlog=1024
+                )
+            else:
+                listener = await self.loop.create_server(
+                    lambda: MemcacheConnection(self), srv.host, srv.memcache_port, backlog=1024
+                )
             self._listeners.append(listener)
             sock = listener.sockets[0].getsockname()
             self.ports["memcache"] = sock[1]
@@ -335,10 +347,13 @@ class Server:
 
 
 async def run_server(
-    config: ServerConfig, ports_file: str | None = None, reload_signal: bool = True
+    config: ServerConfig,
+    ports_file: str | None = None,
+    reload_signal: bool = True,
+    memcache_socket: socket.socket | None = None,
 ) -> None:
     """Start a server, install signal handlers, serve until told to stop, stop cleanly."""
-    server = Server(config)
+    server = Server(config, memcache_socket=memcache_socket)
     await server.start()
     if ports_file:
         server.write_ports_file(ports_file)
