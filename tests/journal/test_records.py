@@ -8,35 +8,9 @@ from zlib import crc32
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from recorder import Event, Recorder
 
 from tercel.journal import records as rec
-
-Event = tuple[object, ...]
-
-
-class Recorder:
-    """A RecordSink that writes down every call."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def on_add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
-        self.events.append(("add", item_id, add_time, expiry, data))
-
-    def on_remove(self) -> None:
-        self.events.append(("remove",))
-
-    def on_open(self, xid: int) -> None:
-        self.events.append(("open", xid))
-
-    def on_confirm(self, xid: int) -> None:
-        self.events.append(("confirm", xid))
-
-    def on_abort(self, xid: int) -> None:
-        self.events.append(("abort", xid))
-
-    def on_flush(self) -> None:
-        self.events.append(("flush",))
 
 
 def encode(events: list[Event]) -> bytearray:

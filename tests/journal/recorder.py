@@ -1,0 +1,36 @@
+"""A RecordSink that writes down every call (shared by the journal tests)."""
+
+from __future__ import annotations
+
+Event = tuple[object, ...]
+
+
+class Recorder:
+    """A RecordSink that writes down every call."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def on_add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
+        self.events.append(("add", item_id, add_time, expiry, data))
+
+    def on_remove(self) -> None:
+        self.events.append(("remove",))
+
+    def on_open(self, xid: int) -> None:
+        self.events.append(("open", xid))
+
+    def on_confirm(self, xid: int) -> None:
+        self.events.append(("confirm", xid))
+
+    def on_abort(self, xid: int) -> None:
+        self.events.append(("abort", xid))
+
+    def on_flush(self) -> None:
+        self.events.append(("flush",))
+
+    def on_snapshot(self, next_id: int, xid: int) -> None:
+        self.events.append(("snapshot", next_id, xid))
+
+    def on_delivered(self, count: int) -> None:
+        self.events.append(("delivered", count))
