@@ -30,6 +30,11 @@ from tercel.errors import ItemTooLarge, JournalError
 
 XID_LIMIT = 2**32
 
+MAINTAIN_EVERY = 15
+"""The journal rules are checked every 16 adds and removals (and whenever the queue runs
+empty), not on every one: a check costs a call and a size sum, and 16 records more or less
+never matter against limits counted in megabytes."""
+
 
 class QItem:
     """An item: its per-queue id, add time and expiry (epoch ms, 0 = none), payload, and
@@ -84,6 +89,7 @@ class PersistentQueue:
         self._cursor: Position | None = None  # where the first disk item's record starts
         self._reader: ItemReader | None = None
         self._compact_floor = 0
+        self._ops = 0  # adds and removals, for MAINTAIN_EVERY
         self._xid = 0
         self._next_id = 1
         self._last_removed_add_time = 0
@@ -216,7 +222,9 @@ class PersistentQueue:
         self.total_items += 1
         if self._waiters:
             self._serve_waiters(now)
-        self.maintain_log()
+        self._ops += 1
+        if not self._ops & MAINTAIN_EVERY:
+            self.maintain_log()
         return True
 
     def remove(self, now: int | None = None) -> QItem | None:
@@ -272,7 +280,9 @@ class PersistentQueue:
         self._last_removed_add_time = item.add_time
         if self.disk_items and self._low():
             self._refill()
-        self.maintain_log()
+        self._ops += 1
+        if not self._ops & MAINTAIN_EVERY or not self._items:
+            self.maintain_log()
 
     def peek(self, now: int | None = None) -> QItem | None:
         """The head item without removing it, or None (expired heads are dropped)."""

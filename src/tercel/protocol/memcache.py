@@ -169,6 +169,8 @@ class MemcacheServerCodec:
             return self._payload()
         buf = self._buf
         pos = self._pos
+        if pos >= len(buf) and not self._later:
+            return NEED_DATA  # the common end of a batch: everything read was parsed
         nl = buf.find(b"\n", pos)
         if nl < 0:
             if self._later:

@@ -79,6 +79,8 @@ class Server:
         self.readable = True
         """False when reads are refused (shutdown, QUIESCENT)."""
         self._ticks = 1
+        self.tracks_idle = bool(config.server.client_timeout)
+        """Connections note when they last read only when idle ones are to be closed."""
         self._stop = asyncio.Event()
         self._listeners: list[asyncio.Server] = []
         self._timers: list[asyncio.TimerHandle] = []

@@ -63,7 +63,8 @@ class Committer:
         self._loop = loop
         self._policy = policy
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tercel-fsync")
-        self._dirty: list[FileJournal] = []
+        self.dirty: list[FileJournal] = []
+        """Journals with buffered records this pass (read by connections; only we change it)."""
         self._held: list[tuple[Holder, bytes]] = []
         self._scheduled = False
         self._sync_next: dict[FileJournal, None] = {}
@@ -75,14 +76,10 @@ class Committer:
 
     def journal_dirty(self, journal: FileJournal) -> None:
         """Called by a journal when its buffer goes from empty to not empty."""
-        self._dirty.append(journal)
+        self.dirty.append(journal)
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self.run)
-
-    def must_hold(self, conn: Holder) -> bool:
-        """True when ``conn``'s replies must go through :meth:`hold` now."""
-        return bool(self._dirty) or conn.sync_waits > 0
 
     def hold(self, conn: Holder, data: bytes) -> None:
         """Keep ``data`` until what it acknowledges is written (and synced if configured)."""
@@ -94,7 +91,7 @@ class Committer:
     def run(self) -> None:
         """Write every dirty journal, then release or park the held replies."""
         self._scheduled = False
-        dirty, self._dirty = self._dirty, []
+        dirty, self.dirty = self.dirty, []
         held, self._held = self._held, []
         failed = False
         for journal in dirty:
@@ -184,7 +181,7 @@ class Committer:
 
     def flush_now(self) -> None:
         """Write everything buffered (shutdown); held replies are released or failed."""
-        if self._dirty or self._held:
+        if self.dirty or self._held:
             self.run()
 
     def close(self) -> None:

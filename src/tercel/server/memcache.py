@@ -93,8 +93,10 @@ class MemcacheConnection(asyncio.Protocol):
             t.close()
 
     def data_received(self, data: bytes) -> None:
-        self.server.bytes_read += len(data)
-        self.last_active = self.server.loop.time()
+        server = self.server
+        server.bytes_read += len(data)
+        if server.tracks_idle:  # only with client_timeout: a clock read per read otherwise
+            self.last_active = server.loop.time()
         self.codec.receive_data(data)
         if self.blocked is None:
             self._process()
@@ -158,7 +160,7 @@ class MemcacheConnection(asyncio.Protocol):
             data = b"".join(self.out)
             self.out.clear()
             committer = self.server.committer
-            if committer.must_hold(self):
+            if committer.dirty or self.sync_waits:  # committer.must_hold, inlined
                 committer.hold(self, data)
                 return
             self.release(data)
