@@ -72,3 +72,73 @@ def test_blocking_get_rotates_across_servers(three: list[ServerProcess]) -> None
         assert c.get("r") == b"first"
         item = c.reserve("r")
         assert item is None
+
+
+def test_async_client_survives_a_killed_server(three: list[ServerProcess]) -> None:
+    import asyncio
+
+    from tercel.client import AsyncClient
+
+    addresses = [s.address for s in three]
+
+    async def main() -> list[int]:
+        consumed: list[int] = []
+        async with AsyncClient(addresses, retry_after=60, timeout=5) as c:
+            for i in range(600):
+                if i == 200:
+                    three[0].kill()
+                await c.put("aq", b"%d" % i)  # a failed server is set aside, another used
+            while batch := await c.lease("aq", 100, lease_time=60):
+                consumed += [int(x.data) for x in batch]
+                await c.ack(batch)
+        return consumed
+
+    consumed = asyncio.run(main())
+    three[0].start()
+    stranded = drain(three[0].address, "aq")
+    assert sorted(consumed + stranded) == list(range(600))
+
+
+def test_tail_follow_prints_and_acks_as_items_arrive(three: list[ServerProcess]) -> None:
+    import os
+    import select
+    import subprocess
+    import sys
+
+    srv = three[0]
+    cmd = [sys.executable, "-m", "tercel", "tail", "-f", "--server", srv.address, "tq"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    out = b""
+
+    def read_until(n_lines: int) -> None:
+        nonlocal out
+        while out.count(b"\n") < n_lines:
+            ready, _, _ = select.select([fd], [], [], 30)
+            assert ready, f"tail -f printed only {out!r}"
+            out += os.read(fd, 4096)
+
+    try:
+        with Client(srv.address) as c:
+            c.put_many("tq", [b"one", b"two", b"three"])
+            read_until(3)
+            c.put("tq", b"four")  # arrives while tail is waiting
+            read_until(4)
+            # tail acks after printing a batch: wait for that ack to land before killing it.
+            for _ in range(10_000):
+                stats = c.stats()[srv.address]
+                if stats.get("queue_tq_open_leases") == "0":
+                    break
+            else:
+                raise AssertionError("tail never acked what it printed")
+        assert out == b"one\ntwo\nthree\nfour\n"
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    # What tail printed was acked: a restart gives nothing back.
+    srv.kill()
+    srv.start()
+    with Client(srv.address) as c:
+        assert c.get("tq") is None
