@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -174,6 +175,34 @@ class Cluster:
 
 
 # ---- operations -----------------------------------------------------------------------------
+
+
+C = TypeVar("C")
+
+
+class ClientBase(Generic[C]):
+    """What :class:`~tercel.client.Client` and :class:`~tercel.client.AsyncClient` share
+    before any I/O: the cluster, the time limits and one pool of connections per server."""
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        *,
+        timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        retry_after: float = 1.0,
+        max_retry_after: float = 30.0,
+        rotate_interval: float = 0.5,
+        pool_size: int = 8,
+    ) -> None:
+        self.cluster = Cluster(servers, retry_after, max_retry_after)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.rotate_interval = rotate_interval
+        self.pool_size = pool_size
+        self._pools: dict[str, list[C]] = {s.address: [] for s in self.cluster.servers}
+        self._lock = threading.Lock()
+        """Guards the pools across the blocking client's threads (uncontended on one loop)."""
 
 
 @dataclass(slots=True)

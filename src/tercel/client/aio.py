@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import TypeVar
 
@@ -117,26 +117,8 @@ class AsyncReservation:
             await self.abort()
 
 
-class AsyncClient:
+class AsyncClient(b.ClientBase[_Connection]):
     """The asyncio twin of :class:`tercel.client.Client` (same arguments, same methods)."""
-
-    def __init__(
-        self,
-        servers: str | Sequence[str],
-        *,
-        timeout: float = 5.0,
-        connect_timeout: float = 2.0,
-        retry_after: float = 1.0,
-        max_retry_after: float = 30.0,
-        rotate_interval: float = 0.5,
-        pool_size: int = 8,
-    ) -> None:
-        self.cluster = b.Cluster(servers, retry_after, max_retry_after)
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.rotate_interval = rotate_interval
-        self.pool_size = pool_size
-        self._pools: dict[str, list[_Connection]] = {s.address: [] for s in self.cluster.servers}
 
     # ---- connections ----------------------------------------------------------------------
 

@@ -9,8 +9,7 @@ where that is safe.
 from __future__ import annotations
 
 import socket
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TypeVar
 
@@ -109,32 +108,13 @@ class Reservation:
             self.abort()
 
 
-class Client:
+class Client(b.ClientBase[_Connection]):
     """A blocking client for one tercel (or Kestrel) server or a list of them.
 
     ``servers`` is ``"host:port"`` or a list of them. Times are seconds: ``timeout`` bounds each
     reply (plus any wait asked for), ``connect_timeout`` each connect. See
     :mod:`tercel.client._base` for the cluster policy.
     """
-
-    def __init__(
-        self,
-        servers: str | Sequence[str],
-        *,
-        timeout: float = 5.0,
-        connect_timeout: float = 2.0,
-        retry_after: float = 1.0,
-        max_retry_after: float = 30.0,
-        rotate_interval: float = 0.5,
-        pool_size: int = 8,
-    ) -> None:
-        self.cluster = b.Cluster(servers, retry_after, max_retry_after)
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.rotate_interval = rotate_interval
-        self.pool_size = pool_size
-        self._pools: dict[str, list[_Connection]] = {s.address: [] for s in self.cluster.servers}
-        self._lock = threading.Lock()
 
     # ---- connections ----------------------------------------------------------------------
 
@@ -143,7 +123,11 @@ class Client:
             pool = self._pools[server.address]
             if pool:
                 return pool.pop()
-        return _Connection(server, self.connect_timeout)
+        try:
+            return _Connection(server, self.connect_timeout)
+        except TransportError:
+            self.cluster.failed(server)
+            raise
 
     def _checkin(self, conn: _Connection) -> None:
         with self._lock:
@@ -170,12 +154,7 @@ class Client:
         return op.finish(replies, conn.server.address)
 
     def _run(self, op: Op[T], server: ServerState) -> T:
-        try:
-            conn = self._checkout(server)
-        except TransportError:
-            self.cluster.failed(server)
-            raise
-        return self._run_on(conn, op)
+        return self._run_on(self._checkout(server), op)
 
     def _any(self, op: Op[T]) -> T:
         """Run ``op`` on a random healthy server, trying the next one if a connection fails."""
@@ -260,11 +239,7 @@ class Client:
         return self._rotate(lambda s, w: self._reserve_on(s, queue, w), timeout)
 
     def _reserve_on(self, server: ServerState, queue: str, wait: float) -> Reservation | None:
-        try:
-            conn = self._checkout(server)
-        except TransportError:
-            self.cluster.failed(server)
-            raise
+        conn = self._checkout(server)
         value = self._run_on(conn, b.open_op(queue, wait), keep=True)
         if value is None:
             self._checkin(conn)

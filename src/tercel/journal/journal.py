@@ -144,7 +144,8 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[n:]
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """fsync a directory, so that renames and unlinks in it are durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -506,7 +507,7 @@ class FileJournal:
         self._seq = old + 1
         self._unsynced = False
         self._open()
-        _fsync_dir(self.data_dir)
+        fsync_dir(self.data_dir)
         self.rotations += 1
         return True
 
@@ -567,13 +568,13 @@ class FileJournal:
                 os.unlink(tmp)
             return
         os.rename(tmp, f"{self.path}.{target}")
-        _fsync_dir(self.data_dir)
+        fsync_dir(self.data_dir)
         failpoint("compact_after_rename")
         for seq in obsolete:
             if seq != target:
                 os.unlink(f"{self.path}.{seq}")
                 del self._older[seq]
-        _fsync_dir(self.data_dir)
+        fsync_dir(self.data_dir)
         failpoint("compact_after_delete")
         self._older[target] = os.path.getsize(f"{self.path}.{target}")
         self._older_total = sum(self._older.values())

@@ -109,14 +109,9 @@ def handle_lease(conn: MemcacheConnection, cmd: LeaseCmd) -> None:
         return
 
     def delivered(xid: int, item: QItem | None) -> None:
-        if conn.blocked is None:
+        if not conn.settle_blocked(item):
             return
-        conn.blocked[2].cancel()
-        if item is None:
-            conn.blocked = None
-            conn.out.append(mc.END)
-            server.loop.call_soon(conn._resume)
-            return
+        assert item is not None
         # conn.blocked stays set until _finish_lease has replied, so a command pipelined
         # behind this one cannot answer first.
         first = service.table.adopt(queue, xid, item, cmd.lease_ms, server.clock.now_ms())
@@ -224,14 +219,9 @@ def _monitor_delivered(
     conn: MemcacheConnection, cmd: Monitor, left: int, deadline: int
 ) -> Callable[[int, QItem | None], None]:
     def delivered(xid: int, item: QItem | None) -> None:
-        if conn.blocked is None:
+        if not conn.settle_blocked(item):
             return
-        conn.blocked[2].cancel()
-        if item is None:
-            conn.blocked = None
-            conn.out.append(mc.END)
-            conn.server.loop.call_soon(conn._resume)
-            return
+        assert item is not None
         _stream_value(conn, cmd.queue.encode(), item)
         conn.server.loop.call_soon(_monitor_more, conn, cmd, left - 1, deadline)
 

@@ -193,23 +193,36 @@ class MemcacheConnection(asyncio.Protocol):
         timer = self.server.loop.call_later(timeout_ms / 1000, pending.timeout)
         self.blocked = (cmd, pending, timer)
 
-    def _delivered(self, xid: int, item: QItem | None) -> None:
-        # Called from inside another connection's command (or a timer): only record the
-        # reply here and resume this connection's pump on the next loop pass.
+    def settle_blocked(self, item: QItem | None) -> bool:
+        """The common start of every blocked read's delivery callback (get, lease, monitor).
+
+        Such callbacks run inside another connection's command or a timer, so they only
+        record replies and resume this connection's pump on a later loop pass. Cancels the
+        deadline timer; on a timeout (``item`` None) answers ``END``, unblocks and resumes.
+        Returns True when there is an item to deliver (the connection is still blocked), False
+        when there is nothing more to do.
+        """
         if self.blocked is None:
-            return
-        cmd, _, timer = self.blocked
-        self.blocked = None
-        timer.cancel()
+            return False
+        self.blocked[2].cancel()
         if item is None:
+            self.blocked = None
             self.out.append(mc.END)
-        else:
-            self._value(cmd, item)
-            server = self.server
-            if not cmd.peek and server.sample():
-                delivered = server.clock.now_ms() - item.add_time
-                server.metrics.queue(cmd.queue).delivery.add(delivered)
-        self.server.loop.call_soon(self._resume)
+            self.server.loop.call_soon(self._resume)
+            return False
+        return True
+
+    def _delivered(self, xid: int, item: QItem | None) -> None:
+        if not self.settle_blocked(item):
+            return
+        assert self.blocked is not None and item is not None
+        cmd = self.blocked[0]
+        self.blocked = None
+        self._value(cmd, item)
+        server = self.server
+        if not cmd.peek and server.sample():
+            server.metrics.queue(cmd.queue).delivery.add(server.clock.now_ms() - item.add_time)
+        server.loop.call_soon(self._resume)
 
     def _resume(self) -> None:
         if self.transport is None:

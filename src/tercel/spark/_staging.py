@@ -25,6 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from tercel.journal.journal import fsync_dir
+
 TS = pa.timestamp("us", tz="UTC")
 STAGE_SCHEMA = pa.schema(
     [
@@ -83,14 +85,6 @@ class Piece:
     hi: int
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def read_complete_batches(path: str) -> list[pa.RecordBatch]:
     """Every complete record batch of an IPC stream file; a torn tail is ignored."""
     batches: list[pa.RecordBatch] = []
@@ -124,7 +118,7 @@ class SegmentWriter:
             return
         if self._file is None:
             self._file = open(self.path, "wb")  # noqa: SIM115 (closed in finish)
-            _fsync_dir(self.root)  # the name must survive a crash too
+            fsync_dir(self.root)  # the name must survive a crash too
             self._writer = pa.ipc.new_stream(self._file, STAGE_SCHEMA)
         self._writer.write_batch(batch)
         self._file.flush()
@@ -142,7 +136,7 @@ class SegmentWriter:
         self._file = self._writer = None
         final = os.path.join(self.root, f"seg-{self.start:020d}-{self.end:020d}.arrows")
         os.rename(self.path, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return Segment(self.start, self.end, final)
 
 
@@ -192,7 +186,7 @@ class StagingLog:
             for batch in batches:
                 writer.append(batch)
             writer.finish()
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             recovered += batches
         return recovered
 
