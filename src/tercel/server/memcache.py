@@ -261,7 +261,7 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
     now = server.clock.now_ms()
     got = session.fetch(cmd.queue, mode, now)
     if got is not None:
-        server.collection.stats.get_hits += 1
+        session.count_result(True)
         item = got[1]
         conn._value(cmd, item)
         if sampled:
@@ -272,7 +272,7 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
     elif cmd.timeout is not None:
         conn._block(cmd, mode, cmd.timeout)
     else:
-        server.collection.stats.get_misses += 1
+        session.count_result(False)
         conn.out.append(mc.END)
         if sampled:
             server.metrics.queue(cmd.queue).get_miss.add((perf_counter_ns() - t0) // 1000)
