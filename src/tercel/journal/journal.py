@@ -33,7 +33,7 @@ from typing import Protocol
 
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal import records as rec
-from tercel.journal.reader import ChunkReader
+from tercel.journal.reader import ChunkReader, read_adds
 from tercel.names import valid_name
 
 log = logging.getLogger(__name__)
@@ -710,20 +710,16 @@ class AddReader:
         """
         out: list[tuple[int, int, int, bytes]] = []
         got = 0
-
-        def add(pos: int, item_id: int, add_time: int, expiry: int, data: bytes) -> bool:
-            nonlocal got
-            out.append((item_id, add_time, expiry, data))
-            got += len(data)
-            return got < budget
-
         while got < budget or not out:
             reader = self._reader
             if reader.prepare():
-                reader.advance(rec.scan(reader.buffer, reader.pos, add))
-                if out and got >= budget:
-                    break
-            item = self.next_add()
+                pos = reader.pos
+                stop, size = read_adds(reader.buffer, pos, budget - got, out)
+                if stop != pos:
+                    reader.advance(stop)
+                    got += size
+                    continue
+            item = self.next_add()  # the end of a file, a RESUME, or a record to check
             if item is None:
                 break
             out.append(item)

@@ -1,9 +1,15 @@
 """Reading records forward from a byte offset, a chunk at a time.
 
-Replay and read-behind both read this way: ``os.pread`` of 1 MiB chunks into one reused
-``bytearray``, records checked and parsed in place. Nothing is memory-mapped, so a 2 GB
-journal adds nothing to the process's resident set, and no single call reads more than one
-chunk (or one record, if a record is larger).
+Replay and read-behind both read this way: ``os.pread`` of 1 MiB chunks, records checked and
+parsed in place. Nothing is memory-mapped, so a 2 GB journal adds nothing to the process's
+resident set, and no single call reads more than one chunk (or one record, if a record is
+larger).
+
+The buffer is the ``bytes`` object ``pread`` returned, used as it is: a refill reads the next
+chunk *from the read position*, so the few bytes of a record cut at the end of the last chunk
+are read again from the page cache instead of being copied to the front of a ``bytearray``
+(which cost an allocation and two 1 MiB copies per chunk), and payloads sliced out of it are
+already ``bytes``.
 """
 
 from __future__ import annotations
@@ -11,6 +17,11 @@ from __future__ import annotations
 import os
 
 from tercel.journal import records as rec
+
+try:  # the checksum records.py uses (zlib's CRC-32, faster)
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - no wheel for this platform
+    from zlib import crc32
 
 CHUNK = 1 << 20
 
@@ -23,7 +34,7 @@ class ChunkReader:
     def __init__(self, path: str, offset: int) -> None:
         self.path = path
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self._buf = bytearray()
+        self._buf = b""
         self._base = offset  # file offset of _buf[0]
         self._pos = 0  # read position inside _buf
 
@@ -33,23 +44,26 @@ class ChunkReader:
         return self._base + self._pos
 
     @property
-    def buffer(self) -> bytearray:
-        """The buffer the offsets returned by :meth:`next` point into."""
+    def buffer(self) -> bytes:
+        """The buffer the offsets returned by :meth:`next` point into (replaced, not
+        changed, by the next read: offsets into it stay valid until then)."""
         return self._buf
 
     def _fill(self, need: int) -> bool:
-        """Make ``need`` bytes available at the read position; False at end of file."""
-        if self._pos:
-            del self._buf[: self._pos]
-            self._base += self._pos
-            self._pos = 0
-        while len(self._buf) < need:
-            want = max(CHUNK, need - len(self._buf))
-            data = os.pread(self._fd, want, self._base + len(self._buf))
-            if not data:
-                return False
-            self._buf += data
-        return True
+        """Read a new buffer starting at the read position (the position becomes 0): at
+        least ``need`` bytes, or all the file has; False when that is fewer than ``need``."""
+        start = self._base + self._pos
+        want = max(CHUNK, need)
+        data = os.pread(self._fd, want, start)
+        while len(data) < need:  # a short read, or the end of the file
+            more = os.pread(self._fd, want - len(data), start + len(data))
+            if not more:
+                break
+            data += more
+        self._buf = data
+        self._base = start
+        self._pos = 0
+        return len(data) >= need
 
     def prepare(self) -> bool:
         """Buffer at least one whole record at the read position if the file has one.
@@ -108,3 +122,48 @@ class ChunkReader:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+_PREFIX = rec.PREFIX.unpack_from
+_FIELDS = rec.ADD_FIELDS.unpack_from
+_FIXED = {op: size for op, size in rec.FIXED_LENGTHS.items() if op != rec.OP_RESUME}
+_CRC = crc32
+_P = rec.PREFIX_SIZE
+_F = rec.PREFIX_SIZE + rec.ADD_FIELDS_SIZE
+
+
+def read_adds(
+    buf: bytes, pos: int, budget: int, out: list[tuple[int, int, int, bytes]]
+) -> tuple[int, int]:
+    """Append ``(item_id, add_time, expiry, data)`` of the ADD records of ``buf`` from ``pos``
+    to ``out`` until their payloads reach ``budget`` bytes (at least one), skipping other
+    ordinary records; return ``(offset where it stopped, payload bytes appended)``.
+
+    Stops, leaving the record for a careful reader, at anything unusual: an incomplete or
+    bad record, or a RESUME. Every record's checksum is checked, as by
+    :func:`records.scan`; this is the same walk specialised for read-behind (no callback per
+    item, payloads sliced straight out of the ``bytes`` buffer).
+    """
+    end = len(buf)
+    append = out.append
+    got = 0
+    while pos + _P <= end:
+        length, crc = _PREFIX(buf, pos)
+        stop = pos + _P + length
+        if stop > end or not length:
+            break
+        if buf[pos + _P] == rec.OP_ADD and length >= rec.ADD_FIELDS_SIZE:
+            data = buf[pos + _F : stop]
+            if _CRC(data, _CRC(buf[pos + _P : pos + _F])) != crc:
+                break
+            _, item_id, add_time, expiry = _FIELDS(buf, pos + _P)
+            append((item_id, add_time, expiry, data))
+            pos = stop
+            got += length - rec.ADD_FIELDS_SIZE
+            if got >= budget:
+                break
+            continue
+        if _FIXED.get(buf[pos + _P]) != length or _CRC(buf[pos + _P : stop]) != crc:
+            break
+        pos = stop
+    return pos, got
