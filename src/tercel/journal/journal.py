@@ -36,6 +36,11 @@ from tercel.journal import records as rec
 from tercel.journal.reader import ChunkReader, read_adds
 from tercel.names import valid_name
 
+try:  # the checksum records.py uses (zlib's CRC-32, faster)
+    from zlib_ng.zlib_ng import crc32 as _crc32
+except ImportError:  # pragma: no cover - no wheel for this platform
+    from zlib import crc32 as _crc32
+
 log = logging.getLogger(__name__)
 
 TORN_SCAN = 1 << 20
@@ -634,16 +639,34 @@ def _write_snapshot(
             if item.deliveries > 1:  # the OPEN adds the last one
                 rec.encode_xid(buf, rec.OP_DELIVERED, item.deliveries - 1)
             rec.encode_xid(buf, rec.OP_OPEN, open_xid)
+        # The items (the whole memory window) are the bulk: their records are built as
+        # pieces joined once per MiB, as encode_add would write them (a bytearray that is
+        # cleared and regrown per MiB cost 2-3x more per 1 KiB item).
+        parts: list[bytes | bytearray] = [buf]
+        size = 0
+        add_fields, prefix, op_add = rec.ADD_FIELDS.pack, rec.PREFIX.pack, rec.OP_ADD
         for item in items:
-            rec.encode_add(buf, item.id, item.add_time, item.expiry, item.data)
+            data = item.data
+            fields = add_fields(op_add, item.id, item.add_time, item.expiry)
+            parts += (
+                prefix(rec.ADD_FIELDS_SIZE + len(data), _crc32(data, _crc32(fields))),
+                fields,
+                data,
+            )
             if item.deliveries:
-                rec.encode_xid(buf, rec.OP_DELIVERED, item.deliveries)
-            if len(buf) >= 1 << 20:
-                _write_all(fd, buf)
-                buf.clear()
+                extra = bytearray()
+                rec.encode_xid(extra, rec.OP_DELIVERED, item.deliveries)
+                parts.append(extra)
+            size += len(data)
+            if size >= 1 << 20:
+                _write_all(fd, b"".join(parts))
+                parts.clear()
+                size = 0
         if cursor is not None:
-            rec.encode_resume(buf, cursor, taken)
-        _write_all(fd, buf)
+            tail = bytearray()
+            rec.encode_resume(tail, cursor, taken)
+            parts.append(tail)
+        _write_all(fd, b"".join(parts))
         os.fsync(fd)
     finally:
         os.close(fd)
