@@ -369,14 +369,20 @@ class PersistentQueue:
     # ---- read-behind and log upkeep -------------------------------------------------------
 
     def _refill(self) -> None:
-        """Read items back from the log until memory is full again (or none are left)."""
+        """Read items back from the log until memory is full again (or none are left).
+
+        Never asks for more than ``disk_bytes``: during replay the log goes on past the record
+        being applied, and the ADDs there are not disk items yet. A reader stops once the
+        payloads reach the budget, so it cannot reach them (a budget of 0, when only empty
+        items are left on disk, reads exactly one).
+        """
         limit = self.config.max_memory_size
         items = self._items
         while self.disk_items and (self.mem_bytes < limit or not items):
             if self._reader is None:
                 assert self._cursor is not None
                 self._reader = self.log.reader(self._cursor)
-            batch = self._reader.next_adds(limit - self.mem_bytes)
+            batch = self._reader.next_adds(min(limit - self.mem_bytes, self.disk_bytes))
             if not batch:
                 raise JournalError(
                     f"queue {self.name}: {self.disk_items} items missing from the log", "", 0
@@ -528,14 +534,21 @@ class PersistentQueue:
 class _Replayer:
     """Applies journal records to a queue without writing anything back."""
 
-    __slots__ = ("q",)
+    __slots__ = ("q", "snapshot_seq")
 
     def __init__(self, q: PersistentQueue) -> None:
         self.q = q
+        self.snapshot_seq = -1
+        """The file of the last SNAPSHOT: its items were the live window, and stay in memory
+        (a DELIVERED record can only reach an item in memory)."""
 
     def on_add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
         q = self.q
-        if q.disk_items or (q.mem_bytes >= q.config.max_memory_size and q.log.pages):
+        if q.disk_items or (
+            q.mem_bytes >= q.config.max_memory_size
+            and q.log.pages
+            and q.log.replay_position[0] != self.snapshot_seq
+        ):
             if not q.disk_items:
                 q._cursor = q.log.replay_position
             q.disk_items += 1
@@ -571,7 +584,9 @@ class _Replayer:
         if item is not None:
             item.deliveries += 1
             q._open[xid] = item
-        q._xid = xid
+        # A snapshot's OPENs are older reads: its SNAPSHOT record already set the counter.
+        if q.log.replay_position[0] != self.snapshot_seq:
+            q._xid = xid
 
     def on_confirm(self, xid: int) -> None:
         self.q._open.pop(xid, None)
@@ -602,3 +617,4 @@ class _Replayer:
         q._drop_disk_items()
         q._next_id = max(q._next_id, next_id)
         q._xid = xid
+        self.snapshot_seq = q.log.replay_position[0]
