@@ -125,3 +125,13 @@ def test_add_reader_gives_every_item_once_in_order(
     reader.close()
     j.close()
     assert got == expected
+
+
+def test_read_adds_walks_short_records_at_the_end_of_the_buffer() -> None:
+    tail = rec.REMOVE_RECORD + xid_record(rec.OP_CONFIRM, 4)  # 22 bytes: shorter than an ADD
+    buf = add(1, b"x") + tail
+    out: list[Item] = []
+    assert rmod.read_adds(buf, 0, 100, out) == (len(buf), 1)
+    assert rmod.read_adds(buf[:-1], 0, 100, out) == (len(buf) - 13, 1)  # a cut CONFIRM
+    assert rmod.read_adds(tail, 0, 100, out) == (len(tail), 0)
+    assert out == [item(1, b"x")] * 2

@@ -15,6 +15,7 @@ already ``bytes``.
 from __future__ import annotations
 
 import os
+import struct
 
 from tercel.journal import records as rec
 
@@ -125,11 +126,9 @@ class ChunkReader:
 
 
 _PREFIX = rec.PREFIX.unpack_from
-_FIELDS = rec.ADD_FIELDS.unpack_from
+_HEAD = struct.Struct("<IIBQqq").unpack_from  # prefix and ADD fields: an ADD's first 33 bytes
+_HEAD_SIZE = rec.PREFIX_SIZE + rec.ADD_FIELDS_SIZE
 _FIXED = {op: size for op, size in rec.FIXED_LENGTHS.items() if op != rec.OP_RESUME}
-_CRC = crc32
-_P = rec.PREFIX_SIZE
-_F = rec.PREFIX_SIZE + rec.ADD_FIELDS_SIZE
 
 
 def read_adds(
@@ -142,28 +141,34 @@ def read_adds(
     Stops, leaving the record for a careful reader, at anything unusual: an incomplete or
     bad record, or a RESUME. Every record's checksum is checked, as by
     :func:`records.scan`; this is the same walk specialised for read-behind (no callback per
-    item, payloads sliced straight out of the ``bytes`` buffer).
+    item, one ``unpack`` per record, payloads sliced straight out of the ``bytes`` buffer).
     """
     end = len(buf)
     append = out.append
+    head, fixed, crc32_ = _HEAD, _FIXED, crc32
+    op_add, p, h, fields = rec.OP_ADD, rec.PREFIX_SIZE, _HEAD_SIZE, rec.ADD_FIELDS_SIZE
     got = 0
-    while pos + _P <= end:
-        length, crc = _PREFIX(buf, pos)
-        stop = pos + _P + length
-        if stop > end or not length:
-            break
-        if buf[pos + _P] == rec.OP_ADD and length >= rec.ADD_FIELDS_SIZE:
-            data = buf[pos + _F : stop]
-            if _CRC(data, _CRC(buf[pos + _P : pos + _F])) != crc:
-                break
-            _, item_id, add_time, expiry = _FIELDS(buf, pos + _P)
+    while pos + h <= end:
+        # Past a short record these fields are the next record's bytes: only used for an ADD.
+        length, crc, op, item_id, add_time, expiry = head(buf, pos)
+        stop = pos + p + length
+        if op == op_add and length >= fields and stop <= end:
+            data = buf[pos + h : stop]
+            if crc32_(data, crc32_(buf[pos + p : pos + h])) != crc:
+                return pos, got
             append((item_id, add_time, expiry, data))
             pos = stop
-            got += length - rec.ADD_FIELDS_SIZE
+            got += length - fields
             if got >= budget:
-                break
+                return pos, got
             continue
-        if _FIXED.get(buf[pos + _P]) != length or _CRC(buf[pos + _P : stop]) != crc:
+        if stop > end or fixed.get(op) != length or crc32_(buf[pos + p : stop]) != crc:
+            return pos, got
+        pos = stop
+    while pos + p <= end:  # the last bytes of the buffer: too few for an ADD
+        length, crc = _PREFIX(buf, pos)
+        stop = pos + p + length
+        if stop > end or fixed.get(buf[pos + p]) != length or crc32_(buf[pos + p : stop]) != crc:
             break
         pos = stop
     return pos, got
