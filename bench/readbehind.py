@@ -40,6 +40,16 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its threads so far (0.0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Sampler(threading.Thread):
     """Samples a process's RSS every 100 ms until stopped; keeps the peak."""
 
@@ -144,7 +154,9 @@ def run(n: int, size: int, memory: str, label: str) -> dict[str, object]:
         t_fill = fill(port, n, size)
         peak_fill = sampler.peak
         on_disk = sum(p.stat().st_size for p in (tmp / "data").iterdir() if p.is_file())
+        cpu0 = _cpu_s(proc.pid)
         t_drain = drain(port, n, size)
+        cpu_drain = _cpu_s(proc.pid) - cpu0
         sampler.done.set()
         sampler.join()
         left = sum(p.stat().st_size for p in (tmp / "data").iterdir() if p.is_file())
@@ -159,6 +171,7 @@ def run(n: int, size: int, memory: str, label: str) -> dict[str, object]:
         "max_memory_size": memory,
         "fill_items_per_s": round(n / t_fill),
         "drain_items_per_s": round(n / t_drain),
+        "drain_server_cpu_us_per_item": round(cpu_drain / n * 1e6, 2),
         "peak_rss_mb_fill": round(peak_fill, 1),
         "peak_rss_mb": round(sampler.peak, 1),
         "journal_mb_full": round(on_disk / 2**20, 1),
@@ -197,6 +210,9 @@ def main() -> int:
         rate = "drain_items_per_s"
         ratio = float(str(rb[rate])) / float(str(mem[rate]))
         print(f"\nread-behind drain rate / in-memory drain rate: {ratio:.2f}")
+        # Server CPU per drained item is steadier than wall-clock rates on a noisy machine.
+        cpu = "drain_server_cpu_us_per_item"
+        print(f"server CPU per drained item (us): read-behind {rb[cpu]}, in-memory {mem[cpu]}")
     return 0
 
 
