@@ -79,11 +79,16 @@ def test_alias_reads_are_empty(w: World) -> None:
     assert items(w.qc.get_or_create("a")) == [b"x"]
 
 
-def test_count_result(w: World) -> None:
-    w.s.count_result(True)
-    w.s.count_result(False)
-    w.s.count_result(False)
-    assert (w.qc.stats.get_hits, w.qc.stats.get_misses) == (1, 2)
+def test_reads_count_hits_and_callers_count_misses(w: World) -> None:
+    w.qc.add("a", b"x", None, T0)
+    w.qc.add("a", b"y", None, T0)
+    assert w.s.take("a", T0) is not None
+    assert w.s.fetch("a", "peek", T0) is not None
+    assert w.s.fetch("a", "get", T0) is not None
+    assert w.s.take("a", T0) is None  # a miss is the caller's to count (it may block)
+    w.s.count_miss()
+    assert (w.qc.stats.get_hits, w.qc.stats.get_misses) == (3, 1)
+    assert (w.qc.stats.cmd_get, w.qc.stats.cmd_peek) == (3, 1)
 
 
 # ---- open reads ----------------------------------------------------------------------------

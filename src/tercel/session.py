@@ -111,48 +111,58 @@ class Session:
             n += 1
         return n
 
+    def take(self, name: str, now: int) -> QItem | None:
+        """A plain get of ``name`` now: the head item, removed for good, or None when empty.
+
+        Counts the get and, when there is an item, the hit. Raises :class:`OpenReadError`
+        while this session holds an open read on the queue; ``BadQueueName`` for a bad name.
+        """
+        stats = self.collection.stats
+        stats.cmd_get += 1
+        if name in self._open and self._entry(name) is not None:
+            raise OpenReadError("a plain get while an open read is held on this queue")
+        queue = self.collection.for_reading(name)
+        item = None if queue is None else queue.remove(now)
+        if item is not None:
+            stats.get_hits += 1
+        return item
+
     def fetch(self, name: str, mode: str, now: int) -> tuple[int, QItem] | None:
         """Try to read ``name`` now. ``mode`` is ``"get"``, ``"open"`` or ``"peek"``.
 
-        Returns ``(xid, item)`` (xid 0 unless open) or None when empty. Raises
-        :class:`OpenReadError` for a plain get while this session holds an open read on the
-        queue, or an open beyond ``max_open_reads``; ``BadQueueName`` for a bad name.
+        Returns ``(xid, item)`` (xid 0 unless open) or None when empty, and counts the read
+        and, when there is an item, the hit. Raises :class:`OpenReadError` for a plain get
+        while this session holds an open read on the queue, or an open beyond
+        ``max_open_reads``; ``BadQueueName`` for a bad name.
         """
+        if mode == "get":
+            item = self.take(name, now)
+            return None if item is None else (0, item)
         stats = self.collection.stats
         if mode == "peek":
             stats.cmd_peek += 1
         else:
             stats.cmd_get += 1
             entry = self._entry(name) if name in self._open else None
-            if entry is not None:
-                if mode == "get":
-                    raise OpenReadError("a plain get while an open read is held on this queue")
-                if len(entry[1]) >= self.max_open_reads:
-                    raise OpenReadError("too many open reads")
-        collection = self.collection
-        if name in collection.config.aliases:
-            return None
-        queue = collection.queue(name)
+            if entry is not None and len(entry[1]) >= self.max_open_reads:
+                raise OpenReadError("too many open reads")
+        queue = self.collection.for_reading(name)
         if queue is None:
-            queue = collection.get_or_create(name)
-        if mode == "get":
-            item = queue.remove(now)
-            got = None if item is None else (0, item)
-        elif mode == "open":
+            return None
+        if mode == "open":
             got = queue.remove_open(now)
             if got is not None:
                 self._record(queue, got[0])
         else:
             head = queue.peek(now)
             got = None if head is None else (0, head)
+        if got is not None:
+            stats.get_hits += 1
         return got
 
-    def count_result(self, hit: bool) -> None:
-        """Count an immediate read attempt as a hit or a miss."""
-        if hit:
-            self.collection.stats.get_hits += 1
-        else:
-            self.collection.stats.get_misses += 1
+    def count_miss(self) -> None:
+        """Count a read that found nothing and did not wait."""
+        self.collection.stats.get_misses += 1
 
     def wait(self, name: str, mode: str, callback: Delivery) -> PendingRead | None:
         """Block a read on ``name`` (after :meth:`fetch` found it empty). None for an alias."""

@@ -27,7 +27,8 @@ from tercel.protocol.commands import (
 )
 
 Outcome = Command | tuple[str, str, bool]
-"""A parsed command, or ``("error", reason, close)`` for a ProtocolError."""
+"""A parsed command, or ``("error", reason, close)`` for a ProtocolError (a plain tuple:
+``Get`` and ``Set`` are tuple subclasses, so tell them apart with ``type(o) is tuple``)."""
 
 
 def parse_one(data: bytes) -> Command:
@@ -481,7 +482,7 @@ def test_any_split_parses_like_the_whole(reqs: list[bytes], data: st.DataObject)
     stream = b"".join(reqs)
     whole = parse_chunks([stream])
     assert len(whole) == len(reqs)
-    assert not any(isinstance(o, tuple) and o[2] for o in whole)
+    assert not any(type(o) is tuple and o[2] for o in whole)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
     pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert parse_chunks(pieces) == whole

@@ -37,6 +37,10 @@ class QueueCollection:
         self.clock = clock
         self._queues: dict[str, PersistentQueue] = {}
         self._children: dict[str, dict[str, None]] = {}
+        self._plain: dict[str, PersistentQueue] = {}
+        """Names whose adds go to exactly their own queue (no alias, no fanout children, not
+        ``fanout_only``): :meth:`add`'s fast path. Cleared whenever a queue is created or
+        deleted or the configuration changes, and refilled by :meth:`add` as names are used."""
         self.alias_puts: dict[str, list[int]] = {}
         """Alias name -> [items, bytes] written through it (Kestrel's put_items, put_bytes)."""
         self.stats = GlobalStats()
@@ -52,6 +56,13 @@ class QueueCollection:
     def queue(self, name: str) -> PersistentQueue | None:
         """The queue called ``name`` if it exists (never creates one)."""
         return self._queues.get(name)
+
+    def for_reading(self, name: str) -> PersistentQueue | None:
+        """The queue a read of ``name`` takes from, created on first reference; None for an
+        alias (reads of an alias are always empty). Raises :class:`BadQueueName`."""
+        if name in self.config.aliases:
+            return None
+        return self._queues.get(name) or self.get_or_create(name)
 
     def is_alias(self, name: str) -> bool:
         """True when ``name`` is an alias (aliases mask queues of the same name)."""
@@ -72,6 +83,7 @@ class QueueCollection:
         q.on_dead_letter = self._dead_letter
         report = q.replay()
         self._queues[name] = q
+        self._plain.clear()  # a new fanout child changes where its parent's adds go
         self.stats.queue_creates += 1
         self.stats.total_items += q.total_items
         truncations = getattr(report, "truncations", ())
@@ -98,6 +110,15 @@ class QueueCollection:
 
         Raises :class:`BadQueueName`, :class:`~tercel.errors.ItemTooLarge`, or a journal error.
         """
+        q = self._plain.get(name)
+        if q is None:
+            return self._add_routed(name, data, expiry, now)
+        if q.add(data, expiry, now):
+            self.stats.total_items += 1
+            return True
+        return False
+
+    def _add_routed(self, name: str, data: bytes, expiry: int | None, now: int) -> bool:
         dests = self.config.aliases.get(name)
         if dests is not None:
             puts = self.alias_puts.setdefault(name, [0, 0])
@@ -115,6 +136,8 @@ class QueueCollection:
             # A child that is full or has a smaller max_item_size just misses the item.
             for child in list(children):
                 self._add_quietly(child, data, expiry, now)
+        elif not q.config.fanout_only:
+            self._plain[name] = q
         if q.config.fanout_only and "+" not in name:
             return True
         if q.add(data, expiry, now):
@@ -156,6 +179,7 @@ class QueueCollection:
         q = self._queues.pop(name, None)
         if q is None:
             return False
+        self._plain.clear()
         q.erase()
         parent = fanout_parent(name)
         if parent is not None and parent in self._children:
@@ -206,6 +230,7 @@ class QueueCollection:
     def reload(self, config: ServerConfig) -> None:
         """Apply a new configuration's queue settings and aliases to every live queue."""
         self.config = config
+        self._plain.clear()
         for q in self:
             q.reconfigure(config.queue_config(q.name))
 

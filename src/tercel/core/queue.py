@@ -229,12 +229,14 @@ class PersistentQueue:
 
     def remove(self, now: int | None = None) -> QItem | None:
         """Take the head item for good, or None when empty (expired heads are dropped)."""
-        if now is None:
-            now = self.clock.now_ms()
-        if not self._head(now):
-            return None
+        items = self._items
+        if not items or items[0].expiry:  # the head is on disk or may have expired
+            if now is None:
+                now = self.clock.now_ms()
+            if not self._head(now):
+                return None
         self.log.remove()
-        item = self._items.popleft()
+        item = items.popleft()
         self._taken(item)
         return item
 

@@ -1,7 +1,9 @@
 """The commands of Kestrel's memcache protocol, as typed values.
 
-Plain slotted dataclasses: validated by the codec when built, cheap to make on the hot path
-(``frozen=True`` costs a measurable ``object.__setattr__`` per field; nothing mutates them).
+Plain slotted dataclasses, validated by the codec when built; nothing mutates them. The two
+on every request's path, :class:`Get` and :class:`Set`, are named tuples instead: the codec
+builds them with ``tuple.__new__`` (one C call, no ``__init__`` frame) and handlers unpack them
+in one step, which measured ~40 fewer bytecodes per request than a dataclass (docs/benchmarks.md).
 Queue names are ``str`` (ASCII, already checked by :mod:`tercel.names`); payloads are ``bytes``.
 Times on the wire are kept in the wire's units: ``Get.timeout`` in ms, ``Set.exptime`` raw.
 """
@@ -9,10 +11,10 @@ Times on the wire are kept in the wire's units: ``Get.timeout`` in ms, ``Set.exp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(slots=True)
-class Get:
+class Get(NamedTuple):
     """``get <queue>[/t=<ms>][/open][/close][/abort][/peek]`` (also ``gets``)."""
 
     key: bytes
@@ -28,8 +30,7 @@ class Get:
     """True for ``gets``: the reply carries the item id as the cas field."""
 
 
-@dataclass(slots=True)
-class Set:
+class Set(NamedTuple):
     """``set <queue> <flags> <exptime> <bytes> [noreply]`` and its payload."""
 
     queue: str

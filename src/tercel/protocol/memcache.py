@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Final
+from typing import Final, cast
 
 from tercel.errors import ProtocolError
 from tercel.names import valid_name_bytes
@@ -74,6 +74,14 @@ _UNSUPPORTED_STORAGE = frozenset((b"add", b"replace", b"append", b"prepend", b"c
 _NAMES: dict[bytes, str] = {}
 _NAMES_MAX = 65536
 
+_SetFields = tuple[str, int, int, bool]
+"""A set's queue, flags, exptime and noreply, parsed before its payload is there."""
+
+_new_get: Final = cast(Callable[[type[Get], tuple[object, ...]], Get], tuple.__new__)
+_new_set: Final = cast(Callable[[type[Set], tuple[object, ...]], Set], tuple.__new__)
+"""Build a :class:`Get` or :class:`Set` from a tuple of its fields without the named tuple's
+Python-level ``__new__`` (see :mod:`tercel.protocol.commands`)."""
+
 
 def _queue(token: bytes) -> str:
     """The queue name in ``token``, checked; names seen before skip the regex and decode."""
@@ -99,28 +107,30 @@ def _int(token: bytes, what: str) -> int:
 def parse_get_key(key: bytes, cas: bool = False) -> Get:
     """Split ``queue/opt/opt...`` into a :class:`Get`; reject unknown or illegal options."""
     if b"/" not in key:
-        return Get(key, _queue(key), None, False, False, False, False, cas)
-    name, *opts = key.split(b"/")
-    get = Get(key, _queue(name), cas=cas)
+        return _new_get(Get, (key, _queue(key), None, False, False, False, False, cas))
+    head, *opts = key.split(b"/")
+    name = _queue(head)
+    timeout: int | None = None
+    open_ = close = abort = peek = False
     for opt in opts:
         if opt == b"open":
-            get.open = True
+            open_ = True
         elif opt == b"close":
-            get.close = True
+            close = True
         elif opt == b"abort":
-            get.abort = True
+            abort = True
         elif opt == b"peek":
-            get.peek = True
+            peek = True
         elif opt.startswith(b"t="):
             ms = _int(opt[2:], "timeout")
-            get.timeout = ms if ms > 0 else None
+            timeout = ms if ms > 0 else None
         else:
             raise ProtocolError("unknown get option " + opt.decode("latin-1")[:40])
-    if (get.peek or get.abort) and (get.open or get.close):
+    if (peek or abort) and (open_ or close):
         raise ProtocolError("peek and abort cannot be combined with open or close")
-    if get.peek and get.abort:
+    if peek and abort:
         raise ProtocolError("peek and abort cannot be combined")
-    return get
+    return _new_get(Get, (key, name, timeout, open_, close, abort, peek, cas))
 
 
 class MemcacheServerCodec:
@@ -139,8 +149,8 @@ class MemcacheServerCodec:
         self._extra = 0  # bytes in _later
         self._max_line = max_line
         self._max_value = max_value
-        # A storage command waiting for its payload: (tokens, size, command or error).
-        self._pending: tuple[list[bytes], int, Set | ProtocolError | None] | None = None
+        # A storage command waiting for its payload: (tokens, size, fields or error).
+        self._pending: tuple[list[bytes], int, _SetFields | ProtocolError | None] | None = None
 
     def receive_data(self, data: bytes) -> None:
         """Append bytes read from the connection."""
@@ -186,11 +196,14 @@ class MemcacheServerCodec:
         if not tokens:
             return Unknown(b"")
         cmd = tokens[0]
-        if cmd == b"get" and len(tokens) == 2 and b"/" not in tokens[1]:
-            key = tokens[1]  # the common case, without the general path's calls
-            return Get(key, _queue(key), None, False, False, False, False, False)
         if cmd == b"set":
             return self._storage(tokens)
+        if cmd == b"get" and len(tokens) == 2:
+            key = tokens[1]  # the common case, without the general path's calls
+            name = _NAMES.get(key)
+            if name is not None:
+                return _new_get(Get, (key, name, None, False, False, False, False, False))
+            return parse_get_key(key)
         return self._dispatch(tokens)
 
     def _long_line_ok(self, end: int) -> bool:
@@ -246,33 +259,32 @@ class MemcacheServerCodec:
     def _storage(self, tokens: list[bytes]) -> Command | NeedData:
         if len(tokens) < 5:
             raise ProtocolError("bad command line format", close=True)
-        if not tokens[4].isdigit():
+        size_token = tokens[4]
+        if not size_token.isdigit():
             raise ProtocolError("bad data chunk size", close=True)
-        size = int(tokens[4])
+        size = int(size_token)
         if size > self._max_value:
             raise ProtocolError("object too large for cache", close=True)
-        outcome: Set | ProtocolError | None
-        if tokens[0] != b"set":
-            outcome = None  # consumed, then answered as an unknown command
-        else:
+        outcome: _SetFields | ProtocolError | None = None  # None: answered as unknown
+        if tokens[0] == b"set":
             flags, exptime = tokens[2], tokens[3]
             try:
-                outcome = Set(
-                    _queue(tokens[1]),
+                outcome = (
+                    _NAMES.get(tokens[1]) or _queue(tokens[1]),
                     0 if flags == b"0" else _int(flags, "flags"),
                     0 if exptime == b"0" else _int(exptime, "exptime"),
-                    b"",
                     len(tokens) > 5 and tokens[5] == b"noreply",
                 )
             except ProtocolError as exc:
                 outcome = exc
-        start = self._pos
-        end = start + size
-        buf = self._buf
-        if isinstance(outcome, Set) and buf[end : end + 2] == b"\r\n":
-            outcome.data = buf[start:end]  # the whole payload is here: the common case
-            self._pos = end + 2
-            return outcome
+            else:
+                start = self._pos
+                end = start + size
+                buf = self._buf
+                if buf[end : end + 2] == b"\r\n":  # the whole payload is here: the common case
+                    self._pos = end + 2
+                    name, flag, expiry, noreply = outcome
+                    return _new_set(Set, (name, flag, expiry, buf[start:end], noreply))
         self._pending = (tokens, size, outcome)
         return self._payload()
 
@@ -291,9 +303,9 @@ class MemcacheServerCodec:
             raise ProtocolError("bad data chunk", close=True)
         self._pending = None
         self._pos = end + 2
-        if isinstance(outcome, Set):
-            outcome.data = self._buf[start:end]
-            return outcome
+        if isinstance(outcome, tuple):
+            name, flag, expiry, noreply = outcome
+            return _new_set(Set, (name, flag, expiry, self._buf[start:end], noreply))
         if outcome is None:
             return Unknown(tokens[0])
         raise outcome

@@ -38,6 +38,7 @@ from tercel.protocol.commands import (
     Status,
     Unknown,
 )
+from tercel.protocol.memcache import NEED_DATA
 from tercel.server import leases as ext
 from tercel.server.status import parse_status
 from tercel.session import PendingRead, Session
@@ -127,12 +128,13 @@ class MemcacheConnection(asyncio.Protocol):
     def _process(self) -> None:
         codec = self.codec
         out = self.out
+        next_command = codec.next_command
         while not self.closing:
             try:
-                cmd = codec.next_command()
-                if cmd is mc.NEED_DATA:
+                cmd = next_command()
+                if cmd is NEED_DATA:
                     break
-                HANDLERS[type(cmd)](self, cmd)
+                HANDLERS[cmd.__class__](self, cmd)
             except ProtocolError as exc:
                 out.append(mc.client_error(exc.reason))
                 if exc.close:
@@ -156,9 +158,10 @@ class MemcacheConnection(asyncio.Protocol):
         self._flush()
 
     def _flush(self) -> None:
-        if self.out:
-            data = b"".join(self.out)
-            self.out.clear()
+        out = self.out
+        if out:
+            data = b"".join(out)
+            out.clear()
             committer = self.server.committer
             if committer.dirty or self.sync_waits:  # committer.must_hold, inlined
                 committer.hold(self, data)
@@ -233,8 +236,11 @@ class MemcacheConnection(asyncio.Protocol):
 
     def _value(self, cmd: Get, item: QItem) -> None:
         data = item.data
-        self.out += (mc.value_head(cmd.key, len(data), item.id if cmd.cas else None), data)
-        self.out.append(mc.VALUE_TAIL)
+        self.out += (
+            mc.value_head(cmd.key, len(data), item.id if cmd.cas else None),
+            data,
+            mc.VALUE_TAIL,
+        )
 
 
 # ---- handlers: one per command, a table at the bottom ---------------------------------------
@@ -242,57 +248,64 @@ class MemcacheConnection(asyncio.Protocol):
 
 def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
     """Kestrel's get with /abort, /close, /open, /peek and /t= (reference §1.3)."""
+    key, queue, timeout, open_, close, abort, peek, cas = cmd
     session = conn.session
-    if cmd.abort:
-        session.abort_oldest(cmd.queue)
+    if abort:
+        session.abort_oldest(queue)
         conn.out.append(mc.END)
         return
-    if cmd.close:
-        session.confirm_oldest(cmd.queue)
-        if not cmd.open:
+    if close:
+        session.confirm_oldest(queue)
+        if not open_:
             conn.out.append(mc.END)
             return
     server = conn.server
     if not server.readable:
         server.check_readable()
-    mode = "peek" if cmd.peek else "open" if cmd.open else "get"
-    sampled = server.sample()
+    mode = "peek" if peek else "open" if open_ else "get"
+    server.ticks -= 1  # server.sample(), inlined
+    sampled = not server.ticks and server.restart_sample()
     t0 = perf_counter_ns() if sampled else 0
     now = server.clock.now_ms()
-    got = session.fetch(cmd.queue, mode, now)
-    if got is not None:
-        session.count_result(True)
-        item = got[1]
-        conn._value(cmd, item)
-        if sampled:
-            lat = server.metrics.queue(cmd.queue)
-            lat.get_hit.add((perf_counter_ns() - t0) // 1000)
-            if not cmd.peek:
-                lat.delivery.add(now - item.add_time)
-    elif cmd.timeout is not None:
-        conn._block(cmd, mode, cmd.timeout)
+    if mode == "get":
+        item = session.take(queue, now)
     else:
-        session.count_result(False)
+        got = session.fetch(queue, mode, now)
+        item = None if got is None else got[1]
+    if item is not None:
+        data = item.data
+        conn.out += (mc.value_head(key, len(data), item.id if cas else None), data, mc.VALUE_TAIL)
+        if sampled:
+            lat = server.metrics.queue(queue)
+            lat.get_hit.add((perf_counter_ns() - t0) // 1000)
+            if not peek:
+                lat.delivery.add(now - item.add_time)
+    elif timeout is not None:
+        conn._block(cmd, mode, timeout)
+    else:
+        session.count_miss()
         conn.out.append(mc.END)
         if sampled:
-            server.metrics.queue(cmd.queue).get_miss.add((perf_counter_ns() - t0) // 1000)
+            server.metrics.queue(queue).get_miss.add((perf_counter_ns() - t0) // 1000)
 
 
 def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
+    queue, _flags, exptime, data, noreply = cmd
     server = conn.server
     if not server.writable:
         server.check_writable()
     coll = server.collection
     coll.stats.cmd_set += 1
     now = server.clock.now_ms()
-    expiry = expiry_ms(cmd.exptime, now) if cmd.exptime else None
-    if not server.sample():
-        stored = coll.add(cmd.queue, cmd.data, expiry, now)
+    expiry = expiry_ms(exptime, now) if exptime else None
+    server.ticks -= 1  # server.sample(), inlined
+    if server.ticks or not server.restart_sample():
+        stored = coll.add(queue, data, expiry, now)
     else:
         t0 = perf_counter_ns()
-        stored = coll.add(cmd.queue, cmd.data, expiry, now)
-        server.metrics.queue(cmd.queue).set.add((perf_counter_ns() - t0) // 1000)
-    if not cmd.noreply:
+        stored = coll.add(queue, data, expiry, now)
+        server.metrics.queue(queue).set.add((perf_counter_ns() - t0) // 1000)
+    if not noreply:
         conn.out.append(mc.STORED if stored else mc.NOT_STORED)
 
 
