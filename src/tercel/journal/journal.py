@@ -395,14 +395,21 @@ class FileJournal:
         """Journal an item entering the tail of the queue."""
         if self._failed is not None:
             raise self._failed
-        first = not self._buf
-        rec.encode_add(self._buf, item_id, add_time, expiry, data)
+        buf = self._buf
+        first = not buf
+        rec.encode_add(buf, item_id, add_time, expiry, data)
         if first:
-            self._on_dirty(self)
+            self._on_dirty(self)  # after the append: without an owner this writes at once
 
     def remove(self) -> None:
         """Journal the removal of the head item."""
-        self._simple(rec.REMOVE_RECORD)
+        if self._failed is not None:
+            raise self._failed
+        buf = self._buf
+        first = not buf
+        buf += rec.REMOVE_RECORD
+        if first:
+            self._on_dirty(self)
 
     def flush_items(self) -> None:
         """Journal the removal of every item that is not open."""

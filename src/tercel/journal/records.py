@@ -52,6 +52,8 @@ MAX_PAYLOAD: Final = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct("<II")  # body length, crc32 of body
 _ADD = struct.Struct("<BQqq")  # op, item id, add time ms, expiry ms (0 = none)
+_pack_prefix: Final = _PREFIX.pack  # bound once: encode_add runs for every item
+_pack_add: Final = _ADD.pack
 _XID = struct.Struct("<BI")  # op, xid
 _SNAPSHOT = struct.Struct("<BQI")  # op, next item id, last xid
 _RESUME = struct.Struct("<BQQQQ")  # op, cursor file seq, cursor offset, snapshot seq, offset
@@ -81,8 +83,8 @@ Position = tuple[int, int]
 
 def encode_add(buf: bytearray, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
     """Append an ADD record to ``buf``: an item enters the tail of the queue."""
-    fields = _ADD.pack(OP_ADD, item_id, add_time, expiry)
-    buf += _PREFIX.pack(ADD_FIELDS_SIZE + len(data), crc32(data, crc32(fields)))
+    fields = _pack_add(OP_ADD, item_id, add_time, expiry)
+    buf += _pack_prefix(ADD_FIELDS_SIZE + len(data), crc32(data, crc32(fields)))
     buf += fields
     buf += data
 
