@@ -4,15 +4,31 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
+NATIVE := $(VENV)/.native
+SOURCES := $(shell find src/tercel -name '*.py')
 
-.PHONY: serve test check unit bench clean example
+.PHONY: serve test check unit unit-pure native bench clean example
 
 # The server alone: what `make serve` needs.
 $(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e . "mypy>=1.11"
 	touch $(BASE)
+
+# The hot path compiled by mypyc from the same sources (setup.py lists the modules); about a
+# minute, redone whenever a source changes. TERCEL_NATIVE=0 (or a failed build) leaves pure
+# Python, which works the same, slower (docs/architecture.md, "Native modules").
+$(NATIVE): $(BASE) setup.py $(SOURCES)
+	find src -name '*.so' -delete
+	if [ "$${TERCEL_NATIVE:-1}" = 1 ]; then \
+		TERCEL_NATIVE=1 $(BIN)/python setup.py -q build_ext --inplace >/dev/null \
+		|| { echo "make: the mypyc build failed; tercel runs as pure Python" >&2; \
+		     find src -name '*.so' -delete; }; \
+	fi
+	touch $(NATIVE)
+
+native: $(NATIVE)
 
 # Everything the suite needs: test tools, pyspark + pyarrow, and a Java runtime for Spark.
 $(STAMP): $(BASE)
@@ -20,25 +36,32 @@ $(STAMP): $(BASE)
 	command -v java >/dev/null || { apt-get update && apt-get install -y openjdk-17-jre-headless; }
 	touch $(STAMP)
 
-serve: $(BASE)
+serve: $(NATIVE)
 	$(BIN)/tercel serve --data-dir ./tercel-data
 
 check: $(STAMP)
-	$(BIN)/ruff check src tests bench examples
-	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/ruff check setup.py src tests bench examples
+	$(BIN)/ruff format --check setup.py src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
+unit: $(STAMP) $(NATIVE)
 	$(BIN)/pytest
 
-test: check unit
+# The same tests (Spark aside) over a copy of the sources without the compiled modules.
+unit-pure: $(STAMP)
+	rm -rf build/pure && mkdir -p build/pure && cp -r src/tercel build/pure/
+	find build/pure -name '*.so' -delete
+	PYTHONPATH=build/pure $(BIN)/pytest -q -p no:cacheprovider --ignore=tests/spark
 
-bench: $(STAMP)
+test: check unit unit-pure
+
+bench: $(STAMP) $(NATIVE)
 	bash bench/run
 
 example: $(STAMP)
 	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/python examples/pipeline.py
 
 clean:
-	rm -rf $(VENV) tercel-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) tercel-data .pytest_cache .mypy_cache .ruff_cache build
+	find src -name '*.so' -delete

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tercel import native
 from tercel.testing import ServerProcess
+
+if native.stale_modules():  # the suite must test the sources as they are now
+    pytest.exit(
+        f"compiled modules are older than their sources: {native.stale_modules()}; "
+        "run `make native` (or `make test`), or delete the .so files under src/",
+        returncode=4,
+    )
 
 _names = itertools.count()
 _open: list[Raw] = []

@@ -57,10 +57,10 @@ _pack_add: Final = _ADD.pack
 _XID = struct.Struct("<BI")  # op, xid
 _SNAPSHOT = struct.Struct("<BQI")  # op, next item id, last xid
 _RESUME = struct.Struct("<BQQQQ")  # op, cursor file seq, cursor offset, snapshot seq, offset
-PREFIX: Final = _PREFIX
-ADD_FIELDS: Final = _ADD
-PREFIX_SIZE: Final = _PREFIX.size
-ADD_FIELDS_SIZE: Final = _ADD.size
+PREFIX: Final[struct.Struct] = _PREFIX
+ADD_FIELDS: Final[struct.Struct] = _ADD
+PREFIX_SIZE: Final[int] = _PREFIX.size
+ADD_FIELDS_SIZE: Final[int] = _ADD.size
 MAX_BODY: Final = ADD_FIELDS_SIZE + MAX_PAYLOAD
 
 
@@ -137,7 +137,7 @@ def decode_add(buf: Bytes, pos: int, stop: int) -> tuple[int, int, int, bytes]:
     return item_id, add_time, expiry, bytes(buf[start + ADD_FIELDS_SIZE : stop])
 
 
-FIXED_LENGTHS: Final = {
+FIXED_LENGTHS: Final[dict[int, int]] = {
     OP_OPEN: _XID.size,
     OP_CONFIRM: _XID.size,
     OP_ABORT: _XID.size,
@@ -237,33 +237,33 @@ def scan(
     prefix = _PREFIX.unpack_from
     add_fields = _ADD.unpack_from
     fixed = FIXED_LENGTHS
-    with memoryview(buf) as view:
-        while pos + PREFIX_SIZE <= end:
-            length, crc = prefix(buf, pos)
-            stop = pos + PREFIX_SIZE + length
-            if length == 0 or stop > end:
+    # Slices of this view are checksummed without copying. No ``with`` blocks: the views die
+    # with this call (mypyc, which compiles this module, cannot break out of one either).
+    view = memoryview(buf)
+    while pos + PREFIX_SIZE <= end:
+        length, crc = prefix(buf, pos)
+        stop = pos + PREFIX_SIZE + length
+        if length == 0 or stop > end:
+            break
+        body = pos + PREFIX_SIZE
+        op = buf[body]
+        if op == OP_ADD and length >= ADD_FIELDS_SIZE:
+            chunk = view[body:stop]
+            if crc32(chunk) != crc:
                 break
-            body = pos + PREFIX_SIZE
-            op = buf[body]
-            if op == OP_ADD and length >= ADD_FIELDS_SIZE:
-                with view[body:stop] as chunk:
-                    if crc32(chunk) != crc:
-                        break
-                    _, item_id, add_time, expiry = add_fields(buf, body)
-                    data = bytes(chunk[ADD_FIELDS_SIZE:])
-                more = on_add(pos, item_id, add_time, expiry, data)
-                pos = stop
-                if not more:
-                    break
-                continue
-            if fixed.get(op) != length or op == OP_RESUME:
-                break
-            with view[body:stop] as chunk:
-                if crc32(chunk) != crc:
-                    break
-            if on_other is not None:
-                on_other(pos, stop)
+            _, item_id, add_time, expiry = add_fields(buf, body)
+            more = on_add(pos, item_id, add_time, expiry, bytes(chunk[ADD_FIELDS_SIZE:]))
             pos = stop
+            if not more:
+                break
+            continue
+        if fixed.get(op) != length or op == OP_RESUME:
+            break
+        if crc32(view[body:stop]) != crc:
+            break
+        if on_other is not None:
+            on_other(pos, stop)
+        pos = stop
     return pos
 
 

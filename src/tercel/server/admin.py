@@ -9,7 +9,8 @@ path                        method answer
 ``/stats.json`` (``/stats``) GET   Ostrich's shape: ``counters``, ``gauges``, ``labels``,
                                    ``metrics``; ``?period=N`` gives the last N s window
 ``/metrics``                GET    Prometheus text: ``tercel_<stat>``, ``queue`` label
-``/server_info``            GET    name, version, start time, uptime, status, ports
+``/server_info``            GET    name, version, start time, uptime, status, ports,
+                                   the modules running compiled (``make native``)
 ``/status``                 GET    ``{"status": "UP"}``
 ``/reload``                 POST   apply the config file; 400 with the reason if refused
 ``/shutdown``               POST   stop the server after answering
@@ -35,6 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.metrics_core import SummaryMetricFamily
 from prometheus_client.samples import Sample
 
+from tercel import native
 from tercel.errors import ConfigError
 from tercel.server.metrics import PERCENTILES, LogHistogram
 from tercel.server.stats import global_lines
@@ -346,6 +348,7 @@ class AdminServer:
                 "uptime": srv.clock.now_ms() - started,
                 "status": srv.status.current.name,
                 "ports": srv.ports,
+                "compiled_modules": native.compiled_modules(),
             }
         )
 

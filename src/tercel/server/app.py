@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from tercel import __version__
+from tercel import __version__, native
 from tercel.clock import Clock, SystemClock
 from tercel.config import QueueConfig, ServerConfig, load_config
 from tercel.core.collection import QueueCollection
@@ -133,6 +133,10 @@ class Server:
         self._status_changed()
         if self.status.current is not Status.UP:
             log.warning("status is %s (from %s)", self.status.current.name, self.status.path)
+        compiled, stale = native.compiled_modules(), native.stale_modules()
+        log.info("%d compiled module(s) (make native); pure Python otherwise", len(compiled))
+        if stale:
+            log.warning("compiled modules older than their sources (run make): %s", stale)
         t0 = time.monotonic()
         names = list_queue_names(self.data_dir)
         if names:
