@@ -78,7 +78,8 @@ _snapshot: Path | None = None
 
 
 def snapshot_tercel(dest: Path) -> Path | None:
-    """Copies ``src/tercel`` to ``dest`` and makes every later tercel start import that copy.
+    """Copies ``src/tercel`` (with its compiled modules, if built) to ``dest`` and makes every
+    later tercel start import that copy.
 
     The tree may be edited while a long run goes on: a snapshot keeps every round on the same
     code and immune to half-saved files. Returns the directory put on PYTHONPATH, or None when
@@ -91,6 +92,8 @@ def snapshot_tercel(dest: Path) -> Path | None:
     root = dest / "tercel-src"
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(src, root / "tercel", ignore=shutil.ignore_patterns("__pycache__"))
+    for shared in src.parent.glob("*__mypyc*"):  # the compiled modules' shared library
+        shutil.copy2(shared, root)
     _snapshot = root
     return root
 
