@@ -65,13 +65,15 @@ SERVERS: dict[str, ServerDef] = {
 
 PEER_TARGETS: dict[str, tuple[str, ...]] = {
     "memcached": ("tercel-nosync", "tercel-50ms"),
-    "redis-everysec": ("tercel-50ms",),
-    "beanstalkd": ("tercel-50ms",),
+    "redis-everysec": ("tercel-nosync", "tercel-50ms"),
+    "beanstalkd": ("tercel-nosync", "tercel-50ms"),
     "redis-always": ("tercel-sync",),
     "beanstalkd-f0": ("tercel-sync",),
 }
 """For each peer, the tercel configurations whose paired ratio against it is reported: the same
-durability class, plus memcached as the protocol-speed ceiling for the Kestrel-like mode."""
+durability class, plus memcached as the protocol-speed ceiling for the Kestrel-like mode. Issue 7
+states its goals for ``sync_journal = false`` (tercel-nosync: Kestrel's own default, ack after
+``write()``, never fsynced) against the peers' periodic modes, so that pairing is reported too."""
 
 
 _snapshot: Path | None = None
