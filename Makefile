@@ -18,11 +18,13 @@ $(BASE): pyproject.toml
 
 # The hot path compiled by mypyc from the same sources (setup.py lists the modules); about a
 # minute, redone whenever a source changes. TERCEL_NATIVE=0 (or a failed build) leaves pure
-# Python, which works the same, slower (docs/architecture.md, "Native modules").
+# Python, which works the same, slower (docs/architecture.md, "Native modules"). The build may
+# reuse unchanged objects from build/ with their old times: the touch marks them as current.
 $(NATIVE): $(BASE) setup.py $(SOURCES)
 	find src -name '*.so' -delete
 	if [ "$${TERCEL_NATIVE:-1}" = 1 ]; then \
 		TERCEL_NATIVE=1 $(BIN)/python setup.py -q build_ext --inplace >/dev/null \
+		&& find src -name '*.so' -exec touch {} + \
 		|| { echo "make: the mypyc build failed; tercel runs as pure Python" >&2; \
 		     find src -name '*.so' -delete; }; \
 	fi
