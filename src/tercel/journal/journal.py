@@ -36,11 +36,6 @@ from tercel.journal import records as rec
 from tercel.journal.reader import ChunkReader, read_adds
 from tercel.names import valid_name
 
-try:  # the checksum records.py uses (zlib's CRC-32, faster)
-    from zlib_ng.zlib_ng import crc32 as _crc32
-except ImportError:  # pragma: no cover - no wheel for this platform
-    from zlib import crc32 as _crc32
-
 log = logging.getLogger(__name__)
 
 TORN_SCAN = 1 << 20
@@ -651,15 +646,10 @@ def _write_snapshot(
         # cleared and regrown per MiB cost 2-3x more per 1 KiB item).
         parts: list[bytes | bytearray] = [buf]
         size = 0
-        add_fields, prefix, op_add = rec.ADD_FIELDS.pack, rec.PREFIX.pack, rec.OP_ADD
+        add_header = rec.add_header
         for item in items:
             data = item.data
-            fields = add_fields(op_add, item.id, item.add_time, item.expiry)
-            parts += (
-                prefix(rec.ADD_FIELDS_SIZE + len(data), _crc32(data, _crc32(fields))),
-                fields,
-                data,
-            )
+            parts += (*add_header(item.id, item.add_time, item.expiry, data), data)
             if item.deliveries:
                 extra = bytearray()
                 rec.encode_xid(extra, rec.OP_DELIVERED, item.deliveries)

@@ -19,11 +19,6 @@ import struct
 
 from tercel.journal import records as rec
 
-try:  # the checksum records.py uses (zlib's CRC-32, faster)
-    from zlib_ng.zlib_ng import crc32
-except ImportError:  # pragma: no cover - no wheel for this platform
-    from zlib import crc32
-
 CHUNK = 1 << 20
 
 
@@ -145,7 +140,7 @@ def read_adds(
     """
     end = len(buf)
     append = out.append
-    head, fixed, crc32_ = _HEAD, _FIXED, crc32
+    head, fixed, crc32_ = _HEAD, _FIXED, rec.crc32
     op_add, p, h, fields = rec.OP_ADD, rec.PREFIX_SIZE, _HEAD_SIZE, rec.ADD_FIELDS_SIZE
     got = 0
     while pos + h <= end:

@@ -14,9 +14,12 @@ from collections.abc import Callable, Iterator
 from typing import Final, Protocol
 
 try:  # the same CRC-32 as zlib's, 3-4x faster on 1 KiB (docs/benchmarks.md)
-    from zlib_ng.zlib_ng import crc32
+    from zlib_ng.zlib_ng import crc32 as _crc32
 except ImportError:  # no wheel for this platform: the standard library's is identical
-    from zlib import crc32
+    from zlib import crc32 as _crc32
+
+crc32: Final = _crc32
+"""The records' checksum; the journal's other modules use this one."""
 
 Bytes = bytes | bytearray | memoryview | mmap.mmap
 """Anything replay can read records from."""
@@ -81,10 +84,16 @@ Position = tuple[int, int]
 """Where a record starts: (file sequence number, byte offset in that file)."""
 
 
+def add_header(item_id: int, add_time: int, expiry: int, data: bytes) -> tuple[bytes, bytes]:
+    """The prefix and the fields of the ADD record of ``data``; the payload follows them."""
+    fields = _pack_add(OP_ADD, item_id, add_time, expiry)
+    return _pack_prefix(ADD_FIELDS_SIZE + len(data), crc32(data, crc32(fields))), fields
+
+
 def encode_add(buf: bytearray, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
     """Append an ADD record to ``buf``: an item enters the tail of the queue."""
-    fields = _pack_add(OP_ADD, item_id, add_time, expiry)
-    buf += _pack_prefix(ADD_FIELDS_SIZE + len(data), crc32(data, crc32(fields)))
+    prefix, fields = add_header(item_id, add_time, expiry, data)
+    buf += prefix
     buf += fields
     buf += data
 
