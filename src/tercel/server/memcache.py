@@ -248,7 +248,7 @@ class MemcacheConnection(asyncio.Protocol):
 
 def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
     """Kestrel's get with /abort, /close, /open, /peek and /t= (reference §1.3)."""
-    key, queue, timeout, open_, close, abort, peek, cas = cmd
+    _key, queue, timeout, open_, close, abort, peek, _cas = cmd
     session = conn.session
     if abort:
         session.abort_oldest(queue)
@@ -273,8 +273,7 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
         got = session.fetch(queue, mode, now)
         item = None if got is None else got[1]
     if item is not None:
-        data = item.data
-        conn.out += (mc.value_head(key, len(data), item.id if cas else None), data, mc.VALUE_TAIL)
+        conn._value(cmd, item)
         if sampled:
             lat = server.metrics.queue(queue)
             lat.get_hit.add((perf_counter_ns() - t0) // 1000)
