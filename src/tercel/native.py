@@ -16,29 +16,29 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent
 
 
-def _extensions() -> list[tuple[str, Path]]:
-    """(dotted module name, extension path) for every extension module inside the package."""
+def _extensions(package: Path) -> list[tuple[str, Path]]:
+    """(dotted module name, extension path) for every extension module inside ``package``."""
     suffixes = importlib.machinery.EXTENSION_SUFFIXES
     found = []
-    for root, _dirs, files in os.walk(PACKAGE):
+    for root, _dirs, files in os.walk(package):
         for name in files:
             for suffix in suffixes:
                 if name.endswith(suffix):
-                    rel = Path(root, name[: -len(suffix)]).relative_to(PACKAGE.parent)
+                    rel = Path(root, name[: -len(suffix)]).relative_to(package.parent)
                     found.append((".".join(rel.parts), Path(root, name)))
                     break
     return sorted(found)
 
 
-def compiled_modules() -> list[str]:
+def compiled_modules(package: Path = PACKAGE) -> list[str]:
     """Dotted names of the modules that have a compiled extension beside their source."""
-    return [name for name, _ in _extensions()]
+    return [name for name, _ in _extensions(package)]
 
 
-def stale_modules() -> list[str]:
+def stale_modules(package: Path = PACKAGE) -> list[str]:
     """Compiled modules whose source changed after the extension was built (run ``make``)."""
     stale = []
-    for name, ext in _extensions():
+    for name, ext in _extensions(package):
         source = ext.parent / (name.rsplit(".", 1)[-1] + ".py")
         if source.exists() and source.stat().st_mtime > ext.stat().st_mtime:
             stale.append(name)

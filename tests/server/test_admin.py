@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import Raw
+from tercel import native
 from tercel.server.admin import PeriodCollector, Snapshot
 from tercel.server.metrics import BUCKETS, LogHistogram, bucket_bounds, bucket_index
 from tercel.testing import ServerProcess
@@ -176,6 +177,7 @@ def test_server_info(srv: ServerProcess) -> None:
     assert info["name"] == "tercel" and info["status"] == "UP"
     assert info["ports"] == srv.ports
     assert info["uptime"] >= 0 and info["start_time"].endswith("Z")
+    assert info["compiled_modules"] == native.compiled_modules()  # the same tree as the server
 
 
 # ---- mutating endpoints (their own servers) ------------------------------------------------

@@ -1,0 +1,35 @@
+"""tercel.native: which modules are compiled, and which compiled ones are stale."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+from pathlib import Path
+
+from tercel import native
+
+
+def _package(tmp_path: Path) -> Path:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for rel in ("__init__.py", "a.py", "b.py", "sub/__init__.py", "sub/c.py"):
+        (pkg / rel).write_text("")
+    return pkg
+
+
+def test_lists_extensions_and_finds_the_stale_ones(tmp_path: Path) -> None:
+    pkg = _package(tmp_path)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    for rel in ("a", "sub/c"):
+        (pkg / (rel + suffix)).write_bytes(b"")
+    assert native.compiled_modules(pkg) == ["pkg.a", "pkg.sub.c"]
+    assert native.stale_modules(pkg) == []
+    later = (pkg / ("a" + suffix)).stat().st_mtime + 10
+    os.utime(pkg / "sub" / "c.py", (later, later))  # edited after the build
+    assert native.stale_modules(pkg) == ["pkg.sub.c"]
+
+
+def test_pure_python_has_nothing_compiled(tmp_path: Path) -> None:
+    pkg = _package(tmp_path)
+    assert native.compiled_modules(pkg) == []
+    assert native.stale_modules(pkg) == []
