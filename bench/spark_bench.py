@@ -23,7 +23,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from tercel.client import Client
-from tercel.spark import register
+from tercel.spark import local_session
 from tercel.spark._fetch import Fetcher
 from tercel.spark._options import SourceOptions
 from tercel.spark._staging import StagingLog
@@ -40,19 +40,7 @@ def fill(servers: list[ServerProcess], queue: str, n: int, size: int) -> None:
 
 
 def session() -> Any:
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
+    return local_session("tercel-bench")
 
 
 def bench_source(spark: Any, work: Path, n: int, size: int, per_trigger: int) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tercel.client import Client
-from tercel.spark import register
+from tercel.spark import local_session
 from tercel.testing import ServerProcess
 
 KINDS = ("click", "view", "buy", "share")
@@ -96,17 +96,7 @@ def main() -> None:
         produce([s1.address, s2.address], args.events)
         print(f"produced {args.events} events into 'events' on {servers}")
 
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("tercel-pipeline")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.session.timeZone", "UTC")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        register(spark)
+        spark = local_session("tercel-pipeline")  # local[2], formats registered
 
         started = time.monotonic()
         query = (

@@ -34,12 +34,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def spark_conf() -> dict[str, str]:
-    """The session settings every Spark test and the crash-test driver use."""
+    """What the Spark tests add to :data:`tercel.spark.LOCAL_CONF`."""
     return {
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.sql.session.timeZone": "UTC",
         "spark.speculation": "false",
         "spark.sql.streaming.stopTimeout": "30s",
         "spark.driver.memory": "1g",
@@ -51,16 +47,9 @@ def spark() -> Iterator[Any]:
     """The one local[2] SparkSession, with ``tercel`` and ``tercel-journal`` registered."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.fail("the Spark tests need Java (make installs openjdk-17-jre-headless)")
-    from pyspark.sql import SparkSession
+    from tercel.spark import local_session
 
-    from tercel.spark import register
-
-    builder = SparkSession.builder.master("local[2]").appName("tercel-tests")
-    for key, value in spark_conf().items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    session = local_session("tercel-tests", spark_conf())
     yield session
     session.stop()
 

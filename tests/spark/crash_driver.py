@@ -14,23 +14,12 @@ import sys
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
-from pyspark.sql import SparkSession
-
-from tercel.spark import register
+from tercel.spark import local_session
 
 
 def main() -> None:
     args = json.loads(sys.argv[1])
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = local_session("tercel-crash-driver")
     df = (
         spark.readStream.format("tercel")
         .option("servers", args["servers"])

@@ -62,7 +62,7 @@ class QueueCollection:
         alias (reads of an alias are always empty). Raises :class:`BadQueueName`."""
         if name in self.config.aliases:
             return None
-        return self._queues.get(name) or self.get_or_create(name)
+        return self.get_or_create(name)
 
     def is_alias(self, name: str) -> bool:
         """True when ``name`` is an alias (aliases mask queues of the same name)."""

@@ -398,13 +398,7 @@ class FileJournal:
 
     def remove(self) -> None:
         """Journal the removal of the head item."""
-        if self._failed is not None:
-            raise self._failed
-        buf = self._buf
-        first = not buf
-        buf += rec.REMOVE_RECORD
-        if first:
-            self._on_dirty(self)
+        self._simple(rec.REMOVE_RECORD)
 
     def flush_items(self) -> None:
         """Journal the removal of every item that is not open."""

@@ -199,7 +199,9 @@ class MemcacheServerCodec:
         if cmd == b"set":
             return self._storage(tokens)
         if cmd == b"get" and len(tokens) == 2:
-            key = tokens[1]  # the common case, without the general path's calls
+            # The common case: a known name without options is one dict hit (parse_get_key
+            # instead measured +2.2k instructions per get, compiled).
+            key = tokens[1]
             name = _NAMES.get(key)
             if name is not None:
                 return _new_get(Get, (key, name, None, False, False, False, False, False))
@@ -270,7 +272,7 @@ class MemcacheServerCodec:
             flags, exptime = tokens[2], tokens[3]
             try:
                 outcome = (
-                    _NAMES.get(tokens[1]) or _queue(tokens[1]),
+                    _queue(tokens[1]),
                     0 if flags == b"0" else _int(flags, "flags"),
                     0 if exptime == b"0" else _int(exptime, "exptime"),
                     len(tokens) > 5 and tokens[5] == b"noreply",

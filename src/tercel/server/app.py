@@ -79,7 +79,8 @@ class Server:
         self.readable = True
         """False when reads are refused (shutdown, QUIESCENT)."""
         self.ticks = 1
-        """Commands until the next latency sample (see :meth:`sample`)."""
+        """Commands until the next latency sample (counted down by
+        :func:`tercel.server.memcache.sampled`)."""
         self.tracks_idle = bool(config.server.client_timeout)
         """Connections note when they last read only when idle ones are to be closed."""
         self._stop = asyncio.Event()
@@ -249,22 +250,6 @@ class Server:
 
     def connection_closed(self, conn: MemcacheConnection) -> None:
         self.connections.discard(conn)
-
-    def sample(self) -> bool:
-        """True for the one command in ``latency_sample_every`` whose latency is recorded.
-
-        Two clock reads and a histogram update cost about 0.5 us, a twentieth of a whole
-        command here; a 1-in-16 sample keeps the percentiles and drops that cost to noise.
-        The set and get handlers inline the common case as ``server.ticks -= 1`` followed by
-        ``not server.ticks and server.restart_sample()``.
-        """
-        self.ticks -= 1
-        return not self.ticks and self.restart_sample()
-
-    def restart_sample(self) -> bool:
-        """Start counting towards the next sample; True (this command is the sample)."""
-        self.ticks = self.config.server.latency_sample_every
-        return True
 
     def _status_changed(self) -> None:
         # Handlers test these two flags on every command instead of asking the status.

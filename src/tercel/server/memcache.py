@@ -56,6 +56,21 @@ EXPIRY_RELATIVE_LIMIT = 1_000_000
 seconds (memcached uses 30 days; Kestrel uses 1,000,000 s and so do we)."""
 
 
+def sampled(server: Server) -> bool:
+    """True for the one command in ``latency_sample_every`` whose latency is recorded.
+
+    Two clock reads and a histogram update cost about 0.5 us, a twentieth of a whole command
+    here; a 1-in-16 sample keeps the percentiles and drops that cost to noise. A function of
+    this (compiled) module rather than a Server method: a call into the interpreted Server
+    costs a Python frame on every command.
+    """
+    server.ticks -= 1
+    if server.ticks:
+        return False
+    server.ticks = server.config.server.latency_sample_every
+    return True
+
+
 def expiry_ms(exptime: int, now: int) -> int | None:
     """Absolute expiry in epoch ms from a memcache exptime (Kestrel's rule); None: never."""
     if exptime == 0:
@@ -223,7 +238,7 @@ class MemcacheConnection(asyncio.Protocol):
         self.blocked = None
         self._value(cmd, item)
         server = self.server
-        if not cmd.peek and server.sample():
+        if not cmd.peek and sampled(server):
             server.metrics.queue(cmd.queue).delivery.add(server.clock.now_ms() - item.add_time)
         server.loop.call_soon(self._resume)
 
@@ -263,9 +278,8 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
     if not server.readable:
         server.check_readable()
     mode = "peek" if peek else "open" if open_ else "get"
-    server.ticks -= 1  # server.sample(), inlined
-    sampled = not server.ticks and server.restart_sample()
-    t0 = perf_counter_ns() if sampled else 0
+    timed = sampled(server)
+    t0 = perf_counter_ns() if timed else 0
     now = server.clock.now_ms()
     if mode == "get":
         item = session.take(queue, now)
@@ -274,7 +288,7 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
         item = None if got is None else got[1]
     if item is not None:
         conn._value(cmd, item)
-        if sampled:
+        if timed:
             lat = server.metrics.queue(queue)
             lat.get_hit.add((perf_counter_ns() - t0) // 1000)
             if not peek:
@@ -284,7 +298,7 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
     else:
         session.count_miss()
         conn.out.append(mc.END)
-        if sampled:
+        if timed:
             server.metrics.queue(queue).get_miss.add((perf_counter_ns() - t0) // 1000)
 
 
@@ -297,8 +311,7 @@ def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
     coll.stats.cmd_set += 1
     now = server.clock.now_ms()
     expiry = expiry_ms(exptime, now) if exptime else None
-    server.ticks -= 1  # server.sample(), inlined
-    if server.ticks or not server.restart_sample():
+    if not sampled(server):
         stored = coll.add(queue, data, expiry, now)
     else:
         t0 = perf_counter_ns()

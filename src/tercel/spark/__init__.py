@@ -21,10 +21,42 @@ from typing import Any
 from tercel.spark.journal_source import TercelJournalDataSource
 from tercel.spark.source import TercelDataSource, TercelStreamReader
 
-__all__ = ["TercelDataSource", "TercelJournalDataSource", "TercelStreamReader", "register"]
+__all__ = [
+    "LOCAL_CONF",
+    "TercelDataSource",
+    "TercelJournalDataSource",
+    "TercelStreamReader",
+    "local_session",
+    "register",
+]
+
+LOCAL_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.session.timeZone": "UTC",
+}
+"""The settings of :func:`local_session`: no UI or progress bars, two shuffle partitions (the
+default 200 dominates small local jobs), UTC timestamps."""
 
 
 def register(spark: Any) -> None:
     """Register ``tercel`` and ``tercel-journal`` with a SparkSession (driver)."""
     spark.dataSource.register(TercelDataSource)
     spark.dataSource.register(TercelJournalDataSource)
+
+
+def local_session(
+    app_name: str = "tercel", conf: dict[str, str] | None = None, master: str = "local[2]"
+) -> Any:
+    """A SparkSession on this machine with :data:`LOCAL_CONF` (plus ``conf``), quiet logs and
+    the tercel formats registered: what the example, the benchmark and the tests run on."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in {**LOCAL_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
