@@ -127,11 +127,7 @@ def test_torn_tail_is_cut_and_counted(data_dir: Path) -> None:
             fh.write(b"\x30\x00\x00\x00\x12\x34")  # a record header cut short by a crash
         srv.start()
         conn = Raw(srv.connect())
-        conn.send(b"stats\r\n")
-        lines = []
-        while not lines or lines[-1] != b"END\r\n":
-            lines.append(conn.read_line())
-        assert b"STAT journal_torn_tails 1\r\n" in lines
+        assert stat_lines(conn)[b"journal_torn_tails"] == b"1"
         assert drain(conn, "q") == [b"one", b"two"]
         assert srv.stop() == 0
         assert journal.stat().st_size >= size  # cut back, then appended to again
@@ -172,10 +168,24 @@ def test_second_server_on_same_data_dir_is_refused(data_dir: Path) -> None:
             raise AssertionError("two servers shared one data dir")
 
 
+def stat_lines(conn: Raw) -> dict[bytes, bytes]:
+    conn.send(b"stats\r\n")
+    out = {}
+    while (line := conn.read_line()) != b"END\r\n":
+        _, name, value = line.split()
+        out[name] = value
+    return out
+
+
 def test_sync_journal_true_survives_kill(data_dir: Path) -> None:
-    with ServerProcess(data_dir, "[queues]\nsync_journal = true\n") as srv:
+    config = "[queues]\nsync_journal = true\n[queues.plain]\nsync_journal = false\n"
+    with ServerProcess(data_dir, config) as srv:
         conn = Raw(srv.connect())
+        conn.call(set_cmd("plain", b"p"), b"STORED\r\n")
+        assert stat_lines(conn)[b"journal_fsyncs"] == b"0"
         conn.call(b"".join(set_cmd("q", b"%d" % i) for i in range(50)), b"STORED\r\n" * 50)
+        stats = stat_lines(conn)
+        assert 1 <= int(stats[b"journal_fsyncs"]) == int(stats[b"journal_fsync_waits"]) <= 50
         srv.kill()
         srv.start()
         assert drain(Raw(srv.connect()), "q") == [b"%d" % i for i in range(50)]

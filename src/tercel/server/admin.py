@@ -69,6 +69,8 @@ _GLOBAL_COUNTERS = (
     "queue_expires",
     "journal_torn_tails",
     "journal_write_errors",
+    "journal_fsyncs",
+    "journal_fsync_waits",
 )
 _QUEUE_COUNTERS = (
     "total_items",

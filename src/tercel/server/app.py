@@ -224,8 +224,6 @@ class Server:
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
-        while self.committer.busy:
-            await asyncio.sleep(0.001)
         # Let a running compaction finish writing (off the loop), then switch over.
         await self.loop.run_in_executor(None, self._compactor.shutdown)
         await asyncio.sleep(0)

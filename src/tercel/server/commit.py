@@ -8,12 +8,16 @@ any new I/O callback: it writes every dirty journal with one ``write`` each, and
 sends the held replies. So ``STORED`` always follows the record's ``write``, and 32
 connections in one pass cost one write, not 32 (Redis's ``aof_buf``/``beforeSleep``).
 
-Queues with ``sync_journal = true`` add a step: their replies wait for an ``fdatasync`` run in a
-worker thread, one at a time for everything written so far (group commit proper); while one
-runs, the next group gathers. A connection whose earlier replies wait for a sync has all its
-later replies queued behind them, so replies never overtake each other. Queues with
+Queues with ``sync_journal = true`` add a step: after the writes, the same callback runs one
+``fdatasync`` per such journal, on the loop, and only then releases the replies (group commit,
+as Redis's ``appendfsync always`` does in ``beforeSleep``). While the fsync blocks the loop,
+clients' next requests pile up in their sockets and the next pass reads them all: they form
+the next group. An fsync in a worker thread was measured slower on every count (see
+docs/benchmarks.md): the GIL hand-off back to the loop and a loop pass per arriving request
+cost more than the parallelism won, and groups came out smaller. Every reply held in a pass
+waits for that pass's fsync, so replies never overtake each other. Queues with
 ``sync_journal = "<period>"`` are fsynced by a timer at most once per period while writes are
-pending, without holding replies (Kestrel's PeriodicSyncStorage).
+pending, in a worker thread, without holding replies (Kestrel's PeriodicSyncStorage).
 
 If a write or fsync fails, the connections whose replies depended on it are closed without
 those replies: nothing is acknowledged that is not in the journal.
@@ -36,8 +40,6 @@ log = logging.getLogger(__name__)
 class Holder(Protocol):
     """A connection whose replies the committer may hold."""
 
-    sync_waits: int
-
     def release(self, data: bytes) -> None:
         """Write ``data`` now (it no longer depends on unwritten journal bytes)."""
         ...
@@ -51,11 +53,6 @@ SyncPolicy = Callable[[FileJournal], int | None]
 """The ``sync_journal`` setting of a journal's queue: None, 0 (every reply) or a period ms."""
 
 
-def _sync_all(journals: list[FileJournal]) -> None:
-    for j in journals:
-        j.sync()
-
-
 class Committer:
     """Owner of every journal's writes (see the module docstring)."""
 
@@ -67,11 +64,12 @@ class Committer:
         """Journals with buffered records this pass (read by connections; only we change it)."""
         self._held: list[tuple[Holder, bytes]] = []
         self._scheduled = False
-        self._sync_next: dict[FileJournal, None] = {}
-        self._sync_waiting: list[tuple[Holder, bytes]] = []
-        self._sync_running = False
         self._periodic: dict[FileJournal, asyncio.TimerHandle] = {}
         self.fsyncs = 0
+        """Group fsyncs run for ``sync_journal = true`` (one per pass that wrote such a journal)."""
+        self.fsync_waits = 0
+        """Reply writes released after a group fsync (one per connection per pass):
+        ``fsync_waits / fsyncs`` is the mean number of connections served by one fsync."""
         self.write_errors = 0
 
     def journal_dirty(self, journal: FileJournal) -> None:
@@ -89,11 +87,12 @@ class Committer:
             self._loop.call_soon(self.run)
 
     def run(self) -> None:
-        """Write every dirty journal, then release or park the held replies."""
+        """Write every dirty journal, fsync the ``sync_journal = true`` ones, release replies."""
         self._scheduled = False
         dirty, self.dirty = self.dirty, []
         held, self._held = self._held, []
         failed = False
+        to_sync: list[FileJournal] = []
         for journal in dirty:
             try:
                 journal.write_out()
@@ -103,63 +102,28 @@ class Committer:
                 continue
             mode = self._policy(journal)
             if mode == 0:
-                self._sync_next[journal] = None
+                to_sync.append(journal)
             elif mode is not None and journal not in self._periodic:
                 self._periodic[journal] = self._loop.call_later(
                     mode / 1000, self._periodic_sync, journal
                 )
+        if to_sync and not failed:
+            try:
+                for journal in to_sync:
+                    journal.sync()
+            except OSError as exc:
+                failed = True
+                self.write_errors += 1
+                log.error("journal fsync failed: %s", exc)
+            else:
+                self.fsyncs += 1
+                self.fsync_waits += len(held)
         if failed:
             for conn, _ in held:
                 conn.fail()
             return
-        wait_for_sync = bool(self._sync_next)
         for conn, data in held:
-            if wait_for_sync or conn.sync_waits:
-                conn.sync_waits += 1
-                self._sync_waiting.append((conn, data))
-            else:
-                conn.release(data)
-        self._start_sync()
-
-    def _start_sync(self) -> None:
-        if self._sync_running:
-            return
-        if not self._sync_next:
-            # Replies parked only to keep their order behind earlier synced ones.
-            waiting, self._sync_waiting = self._sync_waiting, []
-            for conn, data in waiting:
-                conn.sync_waits -= 1
-                conn.release(data)
-            return
-        journals = list(self._sync_next)
-        self._sync_next.clear()
-        waiting, self._sync_waiting = self._sync_waiting, []
-        for j in journals:
-            j.syncing = True
-        self._sync_running = True
-        fut = self._executor.submit(_sync_all, journals)
-        fut.add_done_callback(
-            lambda f: self._loop.call_soon_threadsafe(self._synced, f, journals, waiting)
-        )
-
-    def _synced(
-        self, fut: Future[None], journals: list[FileJournal], waiting: list[tuple[Holder, bytes]]
-    ) -> None:
-        self._sync_running = False
-        self.fsyncs += 1
-        for j in journals:
-            j.sync_done()
-        exc = fut.exception()
-        for conn, data in waiting:
-            conn.sync_waits -= 1
-            if exc is None:
-                conn.release(data)
-            else:
-                conn.fail()
-        if exc is not None:
-            self.write_errors += 1
-            log.error("journal fsync failed: %s", exc)
-        self._start_sync()
+            conn.release(data)
 
     def _periodic_sync(self, journal: FileJournal) -> None:
         del self._periodic[journal]
@@ -173,11 +137,6 @@ class Committer:
                 log.error("periodic fsync of %s failed: %s", journal.path, f.exception())
 
         self._executor.submit(journal.sync).add_done_callback(done)
-
-    @property
-    def busy(self) -> bool:
-        """True while an fsync runs or replies wait for one."""
-        return self._sync_running or bool(self._sync_waiting) or bool(self._held)
 
     def flush_now(self) -> None:
         """Write everything buffered (shutdown); held replies are released or failed."""

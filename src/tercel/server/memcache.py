@@ -92,7 +92,6 @@ class MemcacheConnection(asyncio.Protocol):
         # A blocked Get, or an extension command (server/leases.py) with its own waiter.
         self.blocked: tuple[Any, PendingRead, asyncio.TimerHandle] | None = None
         self.closing = False
-        self.sync_waits = 0
         self.last_active = 0.0
         self._write_paused = False
 
@@ -178,11 +177,11 @@ class MemcacheConnection(asyncio.Protocol):
             data = b"".join(out)
             out.clear()
             committer = self.server.committer
-            if committer.dirty or self.sync_waits:  # committer.must_hold, inlined
+            if committer.dirty:  # a reply must not overtake the write of its record
                 committer.hold(self, data)
                 return
             self.release(data)
-        elif self.closing and self.sync_waits == 0 and self.transport is not None:
+        elif self.closing and self.transport is not None:
             self.transport.close()
 
     def release(self, data: bytes) -> None:
@@ -192,7 +191,7 @@ class MemcacheConnection(asyncio.Protocol):
             return
         self.server.bytes_written += len(data)
         transport.write(data)
-        if self.closing and self.sync_waits == 0:
+        if self.closing:
             transport.close()
 
     def fail(self) -> None:

@@ -46,6 +46,8 @@ def global_lines(server: Server) -> list[tuple[str, object]]:
         ("queue_expires", st.queue_expires),
         ("journal_torn_tails", st.journal_torn_tails),
         ("journal_write_errors", server.committer.write_errors),
+        ("journal_fsyncs", server.committer.fsyncs),
+        ("journal_fsync_waits", server.committer.fsync_waits),
     ]
 
 
