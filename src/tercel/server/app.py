@@ -19,7 +19,7 @@ import stat
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tercel import __version__, native
 from tercel.clock import Clock, SystemClock
@@ -32,7 +32,7 @@ from tercel.journal.journal import run_inline
 from tercel.server import stats
 from tercel.server.commit import Committer
 from tercel.server.leases import LeaseService
-from tercel.server.memcache import MemcacheConnection
+from tercel.server.memcache import Hub, MemcacheConnection
 from tercel.server.metrics import Metrics
 from tercel.server.status import Status, StatusKeeper
 
@@ -66,23 +66,22 @@ class Server:
         self.leases = LeaseService(self)
         self.connections: set[MemcacheConnection] = set()
         self.total_connections = 0
-        self.bytes_read = 0
-        self.bytes_written = 0
         self.started_at = self.clock.now_ms()
         self.ports: dict[str, int] = {}
         self.status = StatusKeeper(config.server.data_dir)
         self.metrics = Metrics()
+        self.hub = Hub(
+            self.collection,
+            self.committer,
+            self.clock,
+            self.metrics,
+            self.loop,
+            sample_every=config.server.latency_sample_every,
+            tracks_idle=bool(config.server.client_timeout),
+        )
+        """Per-command state of the memcache handlers (flags, counters, the parts they use)."""
         self.admin: AdminServer | None = None
         self.stopping = False
-        self.writable = True
-        """False when writes are refused (shutdown, READONLY, QUIESCENT)."""
-        self.readable = True
-        """False when reads are refused (shutdown, QUIESCENT)."""
-        self.ticks = 1
-        """Commands until the next latency sample (counted down by
-        :func:`tercel.server.memcache.sampled`)."""
-        self.tracks_idle = bool(config.server.client_timeout)
-        """Connections note when they last read only when idle ones are to be closed."""
         self._stop = asyncio.Event()
         self._listeners: list[asyncio.Server] = []
         self._timers: list[asyncio.TimerHandle] = []
@@ -158,11 +157,11 @@ class Server:
         if srv.memcache_port is not None:
             if self._memcache_socket is not None:  # bound early by the command line
                 listener = await self.loop.create_server(
-                    lambda: MemcacheConnection(self), sock=self._memcache_socket, backlog=1024
+                    self._memcache_protocol, sock=self._memcache_socket, backlog=1024
                 )
             else:
                 listener = await self.loop.create_server(
-                    lambda: MemcacheConnection(self), srv.host, srv.memcache_port, backlog=1024
+                    self._memcache_protocol, srv.host, srv.memcache_port, backlog=1024
                 )
             self._listeners.append(listener)
             sock = listener.sockets[0].getsockname()
@@ -237,6 +236,10 @@ class Server:
 
     # ---- connections ----------------------------------------------------------------------
 
+    def _memcache_protocol(self) -> asyncio.BaseProtocol:
+        # A duck-typed protocol (see MemcacheConnection): the loop only calls its methods.
+        return cast(asyncio.BaseProtocol, MemcacheConnection(self))
+
     def connection_opened(self, conn: MemcacheConnection) -> bool:
         """Count a new connection; False when ``max_connections`` refuses it."""
         limit = self.config.server.max_connections
@@ -251,8 +254,8 @@ class Server:
 
     def _status_changed(self) -> None:
         # Handlers test these two flags on every command instead of asking the status.
-        self.writable = not self.stopping and self.status.current.writable
-        self.readable = not self.stopping and self.status.current.readable
+        self.hub.writable = not self.stopping and self.status.current.writable
+        self.hub.readable = not self.stopping and self.status.current.readable
 
     def check_writable(self) -> None:
         """Raise UnavailableError when writes are refused (shutdown, READONLY, QUIESCENT)."""

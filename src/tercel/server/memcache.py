@@ -16,6 +16,8 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+from tercel.clock import Clock
+from tercel.core.collection import QueueCollection
 from tercel.core.queue import QItem
 from tercel.errors import (
     ConfigError,
@@ -40,6 +42,8 @@ from tercel.protocol.commands import (
 )
 from tercel.protocol.memcache import NEED_DATA
 from tercel.server import leases as ext
+from tercel.server.commit import Committer
+from tercel.server.metrics import Metrics
 from tercel.server.status import parse_status
 from tercel.session import PendingRead, Session
 
@@ -56,18 +60,54 @@ EXPIRY_RELATIVE_LIMIT = 1_000_000
 seconds (memcached uses 30 days; Kestrel uses 1,000,000 s and so do we)."""
 
 
-def sampled(server: Server) -> bool:
+class Hub:
+    """What the memcache commands read and count on every call, in one compiled object.
+
+    The :class:`~tercel.server.app.Server` is an interpreted object, so each ``server.x``
+    read from compiled code is a dict lookup; these fields are read or bumped once or more per
+    command, and here a read is a struct load. The Server makes the one Hub, keeps
+    ``writable``/``readable`` current and reads the byte counters for ``stats``.
+    """
+
+    def __init__(
+        self,
+        collection: QueueCollection,
+        committer: Committer,
+        clock: Clock,
+        metrics: Metrics,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        sample_every: int,
+        tracks_idle: bool,
+    ) -> None:
+        self.collection = collection
+        self.committer = committer
+        self.clock = clock
+        self.metrics = metrics
+        self.loop = loop
+        self.writable = True
+        """False when writes are refused (shutdown, READONLY, QUIESCENT)."""
+        self.readable = True
+        """False when reads are refused (shutdown, QUIESCENT)."""
+        self.sample_every = sample_every
+        self.ticks = 1
+        """Commands until the next latency sample (counted down by :func:`sampled`)."""
+        self.tracks_idle = tracks_idle
+        """Connections note when they last read only when idle ones are to be closed."""
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+
+def sampled(hub: Hub) -> bool:
     """True for the one command in ``latency_sample_every`` whose latency is recorded.
 
     Two clock reads and a histogram update cost about 0.5 us, a twentieth of a whole command
-    here; a 1-in-16 sample keeps the percentiles and drops that cost to noise. A function of
-    this (compiled) module rather than a Server method: a call into the interpreted Server
-    costs a Python frame on every command.
+    here; a 1-in-16 sample keeps the percentiles and drops that cost to noise.
     """
-    server.ticks -= 1
-    if server.ticks:
+    hub.ticks -= 1
+    if hub.ticks:
         return False
-    server.ticks = server.config.server.latency_sample_every
+    hub.ticks = hub.sample_every
     return True
 
 
@@ -80,11 +120,17 @@ def expiry_ms(exptime: int, now: int) -> int | None:
     return exptime * 1000
 
 
-class MemcacheConnection(asyncio.Protocol):
-    """One client connection speaking Kestrel's memcache protocol."""
+class MemcacheConnection:
+    """One client connection speaking Kestrel's memcache protocol (an asyncio protocol).
+
+    Deliberately not a subclass of ``asyncio.Protocol``: that (interpreted) base would make
+    this a non-native class whose every ``self.x`` is a dict lookup. uvloop and asyncio only
+    call the methods below.
+    """
 
     def __init__(self, server: Server) -> None:
         self.server = server
+        self.hub = server.hub
         self.codec = mc.MemcacheServerCodec()
         self.session = Session(server.collection, server.config.server.max_open_reads)
         self.transport: asyncio.Transport | None = None
@@ -108,15 +154,19 @@ class MemcacheConnection(asyncio.Protocol):
             t.close()
 
     def data_received(self, data: bytes) -> None:
-        server = self.server
-        server.bytes_read += len(data)
-        if server.tracks_idle:  # only with client_timeout: a clock read per read otherwise
-            self.last_active = server.loop.time()
+        hub = self.hub
+        hub.bytes_read += len(data)
+        if hub.tracks_idle:  # only with client_timeout: a clock read per read otherwise
+            self.last_active = hub.loop.time()
         self.codec.receive_data(data)
         if self.blocked is None:
             self._process()
         elif self.codec.buffered > MAX_BUFFERED_WHILE_BLOCKED and self.transport is not None:
             self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        """The client closed its side: close ours too (asyncio.Protocol's default)."""
+        return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -176,7 +226,7 @@ class MemcacheConnection(asyncio.Protocol):
         if out:
             data = b"".join(out)
             out.clear()
-            committer = self.server.committer
+            committer = self.hub.committer
             if committer.dirty:  # a reply must not overtake the write of its record
                 committer.hold(self, data)
                 return
@@ -189,7 +239,7 @@ class MemcacheConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        self.server.bytes_written += len(data)
+        self.hub.bytes_written += len(data)
         transport.write(data)
         if self.closing:
             transport.close()
@@ -207,7 +257,7 @@ class MemcacheConnection(asyncio.Protocol):
         if pending is None:
             self.out.append(mc.END)
             return
-        timer = self.server.loop.call_later(timeout_ms / 1000, pending.timeout)
+        timer = self.hub.loop.call_later(timeout_ms / 1000, pending.timeout)
         self.blocked = (cmd, pending, timer)
 
     def settle_blocked(self, item: QItem | None) -> bool:
@@ -225,7 +275,7 @@ class MemcacheConnection(asyncio.Protocol):
         if item is None:
             self.blocked = None
             self.out.append(mc.END)
-            self.server.loop.call_soon(self._resume)
+            self.hub.loop.call_soon(self._resume)
             return False
         return True
 
@@ -236,10 +286,10 @@ class MemcacheConnection(asyncio.Protocol):
         cmd = self.blocked[0]
         self.blocked = None
         self._value(cmd, item)
-        server = self.server
-        if not cmd.peek and sampled(server):
-            server.metrics.queue(cmd.queue).delivery.add(server.clock.now_ms() - item.add_time)
-        server.loop.call_soon(self._resume)
+        hub = self.hub
+        if not cmd.peek and sampled(hub):
+            hub.metrics.queue(cmd.queue).delivery.add(hub.clock.now_ms() - item.add_time)
+        hub.loop.call_soon(self._resume)
 
     def _resume(self) -> None:
         if self.transport is None:
@@ -273,13 +323,13 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
         if not open_:
             conn.out.append(mc.END)
             return
-    server = conn.server
-    if not server.readable:
-        server.check_readable()
+    hub = conn.hub
+    if not hub.readable:
+        conn.server.check_readable()
     mode = "peek" if peek else "open" if open_ else "get"
-    timed = sampled(server)
+    timed = sampled(hub)
     t0 = perf_counter_ns() if timed else 0
-    now = server.clock.now_ms()
+    now = hub.clock.now_ms()
     if mode == "get":
         item = session.take(queue, now)
     else:
@@ -288,7 +338,7 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
     if item is not None:
         conn._value(cmd, item)
         if timed:
-            lat = server.metrics.queue(queue)
+            lat = hub.metrics.queue(queue)
             lat.get_hit.add((perf_counter_ns() - t0) // 1000)
             if not peek:
                 lat.delivery.add(now - item.add_time)
@@ -298,24 +348,24 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
         session.count_miss()
         conn.out.append(mc.END)
         if timed:
-            server.metrics.queue(queue).get_miss.add((perf_counter_ns() - t0) // 1000)
+            hub.metrics.queue(queue).get_miss.add((perf_counter_ns() - t0) // 1000)
 
 
 def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
     queue, _flags, exptime, data, noreply = cmd
-    server = conn.server
-    if not server.writable:
-        server.check_writable()
-    coll = server.collection
+    hub = conn.hub
+    if not hub.writable:
+        conn.server.check_writable()
+    coll = hub.collection
     coll.stats.cmd_set += 1
-    now = server.clock.now_ms()
+    now = hub.clock.now_ms()
     expiry = expiry_ms(exptime, now) if exptime else None
-    if not sampled(server):
+    if not sampled(hub):
         stored = coll.add(queue, data, expiry, now)
     else:
         t0 = perf_counter_ns()
         stored = coll.add(queue, data, expiry, now)
-        server.metrics.queue(queue).set.add((perf_counter_ns() - t0) // 1000)
+        hub.metrics.queue(queue).set.add((perf_counter_ns() - t0) // 1000)
     if not noreply:
         conn.out.append(mc.STORED if stored else mc.NOT_STORED)
 
