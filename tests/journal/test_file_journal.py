@@ -436,6 +436,24 @@ def test_failed_write_raises_and_later_appends_refuse(
     assert sink.events == [("add", 1, 1, 0, b"kept")]
 
 
+def test_failed_fsync_marks_the_journal_failed(tmp_path: Path) -> None:
+    j = FileJournal(str(tmp_path), "q", on_dirty=lambda _: None)
+    j.replay(Recorder())
+    j.add(1, 1, 0, b"kept")
+    j.write_out()
+    r, w = os.pipe()
+    os.dup2(w, j._fd)  # fdatasync on a pipe fails for real (EINVAL)
+    os.close(r)
+    os.close(w)
+    with pytest.raises(JournalWriteError, match="fsync failed") as info:
+        j.sync()
+    assert j.failed
+    with pytest.raises(JournalWriteError) as again:
+        j.add(2, 2, 0, b"refused")
+    assert again.value is info.value
+    j.close()
+
+
 def test_a_partial_write_is_cut_back_to_the_last_record(tmp_path: Path) -> None:
     dirty: list[FileJournal] = []
     j = FileJournal(str(tmp_path), "q", on_dirty=dirty.append)

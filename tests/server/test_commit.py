@@ -109,3 +109,26 @@ def test_each_pass_that_writes_a_sync_queue_is_one_fsync(tmp_path: Path) -> None
 
     run_passes(tmp_path, {"s": 0}, body)
     assert seen[-1] == (2, 6)
+
+
+def test_failed_group_fsync_drops_the_group_and_fails_the_journal(tmp_path: Path) -> None:
+    conns: list[Conn] = []
+    errors: list[int] = []
+
+    def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
+        j = journals["s"]
+        j.add(1, 0, 0, b"x")
+        r, w = os.pipe()
+        os.dup2(w, j._fd)  # the write goes into the pipe; fdatasync on it fails (EINVAL)
+        os.close(w)
+        for _ in range(2):
+            conn = Conn(j)
+            committer.hold(conn, b"STORED\r\n")
+            conns.append(conn)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(lambda: errors.append(committer.write_errors))
+        loop.call_soon(os.close, r)
+
+    run_passes(tmp_path, {"s": 0}, body)
+    assert all(c.failed and not c.released for c in conns)
+    assert errors == [1]

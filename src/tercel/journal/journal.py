@@ -459,10 +459,23 @@ class FileJournal:
         raise err
 
     def sync(self) -> None:
-        """fdatasync the current file (safe to run in a worker thread)."""
+        """fdatasync the current file (safe to run in a worker thread).
+
+        A failure marks the journal failed, as a failed write does, and raises
+        :class:`JournalWriteError`: after a failed fsync the kernel may have dropped the dirty
+        pages, so a later fsync could report success for bytes that never reached the disk.
+        """
         if self._fd >= 0:
             self._unsynced = False
-            os.fdatasync(self._fd)
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                err = JournalWriteError(
+                    f"fsync failed: {exc.strerror or exc}", self.path, self._written
+                )
+                self._failed = err
+                log.error("%s", err)
+                raise err from exc
 
     @property
     def needs_sync(self) -> bool:

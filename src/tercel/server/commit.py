@@ -26,15 +26,12 @@ those replies: nothing is acknowledged that is not in the journal.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from tercel.errors import JournalWriteError
 from tercel.journal import FileJournal
-
-log = logging.getLogger(__name__)
 
 
 class Holder(Protocol):
@@ -111,10 +108,9 @@ class Committer:
             try:
                 for journal in to_sync:
                     journal.sync()
-            except OSError as exc:
+            except JournalWriteError:  # logged by the journal, which now refuses writes
                 failed = True
                 self.write_errors += 1
-                log.error("journal fsync failed: %s", exc)
             else:
                 self.fsyncs += 1
                 self.fsync_waits += len(held)
@@ -131,12 +127,15 @@ class Committer:
             return
         journal.syncing = True
 
-        def done(f: Future[None]) -> None:
-            self._loop.call_soon_threadsafe(journal.sync_done)
-            if f.exception() is not None:
-                log.error("periodic fsync of %s failed: %s", journal.path, f.exception())
+        def done(f: Future[None]) -> None:  # on the worker thread
+            self._loop.call_soon_threadsafe(self._periodic_done, journal, f.exception())
 
         self._executor.submit(journal.sync).add_done_callback(done)
+
+    def _periodic_done(self, journal: FileJournal, exc: BaseException | None) -> None:
+        journal.sync_done()
+        if exc is not None:  # the journal logged it and refuses writes from now on
+            self.write_errors += 1
 
     def flush_now(self) -> None:
         """Write everything buffered (shutdown); held replies are released or failed."""

@@ -1,4 +1,4 @@
-"""The memcache listener: one asyncio Protocol per connection, one small handler per command.
+"""The memcache listener: one asyncio protocol per connection, one small handler per command.
 
 The pump: ``data_received`` feeds the codec, runs every complete command (stopping at a blocked
 read, so replies keep their order), and sends all the replies of the batch as one write, through
