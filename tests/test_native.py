@@ -33,3 +33,19 @@ def test_pure_python_has_nothing_compiled(tmp_path: Path) -> None:
     pkg = _package(tmp_path)
     assert native.compiled_modules(pkg) == []
     assert native.stale_modules(pkg) == []
+
+
+def test_hot_classes_compile_as_native_classes() -> None:
+    """A compiled class with an interpreted base is non-native: every ``self.x`` a dict lookup.
+
+    Guards the per-command objects (docs/architecture.md, "Native modules"); a no-op in the
+    pure-Python run.
+    """
+    from tercel.server.commit import Committer
+    from tercel.server.memcache import Hub, MemcacheConnection
+    from tercel.session import Session
+
+    if "tercel.server.memcache" not in native.compiled_modules():
+        return
+    for cls in (MemcacheConnection, Hub, Session, Committer):
+        assert cls.__dictoffset__ == 0, f"{cls.__name__} is not a native class"
