@@ -215,3 +215,15 @@ def test_reload_with_a_smaller_max_age_expires_items_already_queued() -> None:
     item = q.remove()
     assert item is not None and item.data == b"new"  # "old" was 5 s old: expired
     assert q.expired_items == 1
+
+
+# ---- sync mode (read by the group committer) ----------------------------------------------
+
+
+def test_sync_mode_is_the_queue_setting_and_none_for_unknown_queues() -> None:
+    qc, _ = make({"queues": {"sync_journal": "20ms", "d": {"sync_journal": True}}})
+    for name in ("d", "p"):
+        qc.get_or_create(name)
+    assert qc.sync_mode("d") == 0
+    assert qc.sync_mode("p") == 20
+    assert qc.sync_mode("missing") is None

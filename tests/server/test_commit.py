@@ -33,7 +33,7 @@ def run_passes(tmp_path: Path, modes: dict[str, int | None], body: Callable[...,
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        committer = Committer(loop, lambda j: modes[j.name])
+        committer = Committer(loop, modes.__getitem__)
         journals = {}
         for name in modes:
             j = FileJournal(str(tmp_path), name, on_dirty=committer.journal_dirty)

@@ -57,6 +57,12 @@ class QueueCollection:
         """The queue called ``name`` if it exists (never creates one)."""
         return self._queues.get(name)
 
+    def sync_mode(self, name: str) -> int | None:
+        """The ``sync_journal`` setting of queue ``name``: None (no fsync while running), 0
+        (before every reply) or a period in ms; None for a queue that does not exist."""
+        q = self._queues.get(name)
+        return None if q is None else q.config.sync_journal
+
     def for_reading(self, name: str) -> PersistentQueue | None:
         """The queue a read of ``name`` takes from, created on first reference; None for an
         alias (reads of an alias are always empty). Raises :class:`BadQueueName`."""

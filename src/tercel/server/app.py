@@ -59,10 +59,11 @@ class Server:
         self.clock: Clock = clock or SystemClock()
         self.version = __version__
         self.loop = asyncio.get_running_loop()
-        self.committer = Committer(self.loop, self._sync_policy)
         # One thread: compactions run one at a time, never beside each other's disk writes.
         self._compactor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tercel-compact")
+        # The collection opens no journal before start(), so the committer can come second.
         self.collection = QueueCollection(config, self._open_log, self.clock)
+        self.committer = Committer(self.loop, self.collection.sync_mode)
         self.leases = LeaseService(self)
         self.connections: set[MemcacheConnection] = set()
         self.total_connections = 0
@@ -118,10 +119,6 @@ class Server:
             self.loop.call_soon_threadsafe(done, fut.exception())
 
         self._compactor.submit(work).add_done_callback(finished)
-
-    def _sync_policy(self, journal: FileJournal) -> int | None:
-        q = self.collection.queue(journal.name)
-        return None if q is None else q.config.sync_journal
 
     # ---- start and stop -------------------------------------------------------------------
 

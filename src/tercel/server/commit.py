@@ -46,8 +46,10 @@ class Holder(Protocol):
         ...
 
 
-SyncPolicy = Callable[[FileJournal], int | None]
-"""The ``sync_journal`` setting of a journal's queue: None, 0 (every reply) or a period ms."""
+SyncPolicy = Callable[[str], int | None]
+"""The ``sync_journal`` setting of the queue a journal (by name) belongs to: None, 0 (every
+reply) or a period in ms. Called once per written journal per loop pass, so the server passes
+a compiled method (``QueueCollection.sync_mode``), not an interpreted one."""
 
 
 class Committer:
@@ -97,7 +99,7 @@ class Committer:
                 failed = True
                 self.write_errors += 1
                 continue
-            mode = self._policy(journal)
+            mode = self._policy(journal.name)
             if mode == 0:
                 to_sync.append(journal)
             elif mode is not None and journal not in self._periodic:
