@@ -138,7 +138,10 @@ def list_queue_names(data_dir: str) -> list[str]:
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    view = memoryview(data)
+    n = os.write(fd, data)
+    if n == len(data):  # the common case: no view, no slice
+        return
+    view = memoryview(data)[n:]
     while view:
         n = os.write(fd, view)
         view = view[n:]
