@@ -139,7 +139,6 @@ def read_adds(
     item, one ``unpack`` per record, payloads sliced straight out of the ``bytes`` buffer).
     """
     end = len(buf)
-    append = out.append
     head, fixed, crc32_ = _HEAD, _FIXED, rec.crc32
     op_add, p, h, fields = rec.OP_ADD, rec.PREFIX_SIZE, _HEAD_SIZE, rec.ADD_FIELDS_SIZE
     got = 0
@@ -151,7 +150,7 @@ def read_adds(
             data = buf[pos + h : stop]
             if crc32_(data, crc32_(buf[pos + p : pos + h])) != crc:
                 return pos, got
-            append((item_id, add_time, expiry, data))
+            out.append((item_id, add_time, expiry, data))  # compiled: a direct list append
             pos = stop
             got += length - fields
             if got >= budget:

@@ -192,13 +192,19 @@ class MemcacheConnection:
     def _process(self) -> None:
         codec = self.codec
         out = self.out
-        next_command = codec.next_command
         while not self.closing:
             try:
-                cmd = next_command()
+                # Direct calls: compiled, a method called on its object is a C call, while a
+                # bound method kept in a local or a handler looked up in a dict is a generic one.
+                cmd = codec.next_command()
                 if cmd is NEED_DATA:
                     break
-                HANDLERS[cmd.__class__](self, cmd)
+                if type(cmd) is Set:
+                    handle_set(self, cmd)
+                elif type(cmd) is Get:
+                    handle_get(self, cmd)
+                else:
+                    HANDLERS[type(cmd)](self, cmd)
             except ProtocolError as exc:
                 out.append(mc.client_error(exc.reason))
                 if exc.close:
