@@ -29,7 +29,7 @@ import mmap
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal import records as rec
@@ -447,19 +447,20 @@ class FileJournal:
         try:
             _write_all(self._fd, data)
         except OSError as exc:
-            self._fail(exc)
+            try:  # no partial record stays behind
+                os.ftruncate(self._fd, self._written)
+            except OSError:
+                log.exception("journal %s: could not cut back a failed write", self.path)
+            self._fail("write", exc)
         self._written += len(data)
         self._unsynced = True
 
-    def _fail(self, exc: OSError) -> None:
-        err = JournalWriteError(f"write failed: {exc.strerror or exc}", self.path, self._written)
+    def _fail(self, what: str, exc: OSError) -> NoReturn:
+        """Mark the journal failed (every later append raises) and raise the error."""
+        err = JournalWriteError(f"{what} failed: {exc.strerror or exc}", self.path, self._written)
         self._failed = err
-        try:
-            os.ftruncate(self._fd, self._written)
-        except OSError:
-            log.exception("journal %s: could not cut back a failed write", self.path)
         log.error("%s", err)
-        raise err
+        raise err from exc
 
     def sync(self) -> None:
         """fdatasync the current file (safe to run in a worker thread).
@@ -473,12 +474,7 @@ class FileJournal:
             try:
                 os.fdatasync(self._fd)
             except OSError as exc:
-                err = JournalWriteError(
-                    f"fsync failed: {exc.strerror or exc}", self.path, self._written
-                )
-                self._failed = err
-                log.error("%s", err)
-                raise err from exc
+                self._fail("fsync", exc)
 
     @property
     def needs_sync(self) -> bool:
