@@ -78,7 +78,7 @@ def _records(path: str, bar: tqdm[Never]) -> Iterator[dict[str, object]]:
     """Every record of one file, described; raises BadRecord at the first bad one."""
     with open(path, "rb") as fh:
         head = fh.read(rec.HEADER_SIZE)
-    if head != rec.FILE_HEADER:
+    if rec.header_version(head) is None:
         raise rec.BadRecord(0, "bad file header")
     reader = ChunkReader(path, rec.HEADER_SIZE)
     try:
@@ -89,6 +89,7 @@ def _records(path: str, bar: tqdm[Never]) -> Iterator[dict[str, object]]:
             bar.update(reader.offset - last)
             last = reader.offset
             yield desc
+        reader.check_end()
     finally:
         reader.close()
 

@@ -7,7 +7,10 @@ import socket
 import threading
 from pathlib import Path
 
+import pytest
+
 from conftest import Raw
+from tercel.journal.journal import PREALLOCATE
 from tercel.testing import ServerProcess, ServerStartError
 
 
@@ -186,9 +189,12 @@ def test_sync_journal_true_survives_kill(data_dir: Path) -> None:
         conn.call(b"".join(set_cmd("q", b"%d" % i) for i in range(50)), b"STORED\r\n" * 50)
         stats = stat_lines(conn)
         assert 1 <= int(stats[b"journal_fsyncs"]) == int(stats[b"journal_fsync_waits"]) <= 50
+        conn.call(set_cmd("q", b"50"), b"STORED\r\n")  # a write after a sync writes ahead
         srv.kill()
+        assert (data_dir / "q").stat().st_size > 1 << 20  # zeros written ahead of the records
+        assert (data_dir / "plain").stat().st_size < 100  # a queue that never syncs: none
         srv.start()
-        assert drain(Raw(srv.connect()), "q") == [b"%d" % i for i in range(50)]
+        assert drain(Raw(srv.connect()), "q") == [b"%d" % i for i in range(51)]
 
 
 def test_periodic_sync_and_no_journal(data_dir: Path) -> None:
@@ -203,8 +209,11 @@ def test_periodic_sync_and_no_journal(data_dir: Path) -> None:
         assert drain(conn, "mem") == []
 
 
-def test_server_compacts_in_the_background_and_restarts_exactly(data_dir: Path) -> None:
-    config = '[queues]\nmax_memory_size = "4KB"\nmax_journal_size = "16KB"\n'
+@pytest.mark.parametrize("sync", ["false", "true"])
+def test_server_compacts_in_the_background_and_restarts_exactly(data_dir: Path, sync: str) -> None:
+    config = (
+        f'[queues]\nmax_memory_size = "4KB"\nmax_journal_size = "16KB"\nsync_journal = {sync}\n'
+    )
     with ServerProcess(data_dir, config) as srv:
         conn = Raw(srv.connect())
         body = b"x" * 200
@@ -219,7 +228,8 @@ def test_server_compacts_in_the_background_and_restarts_exactly(data_dir: Path) 
             assert conn.read_exact(204)[:4] == b"%04d" % i
             conn.expect(b"\r\nEND\r\n")
         on_disk = sum(p.stat().st_size for p in data_dir.iterdir() if p.name.startswith("q"))
-        assert on_disk < 2 * 500 * 237 + 4 * 16 * 1024  # live data, not the 2000-item history
+        ahead = PREALLOCATE if sync == "true" else 0  # zeros written ahead in the current file
+        assert on_disk < 2 * 500 * 237 + 4 * 16 * 1024 + ahead  # live data, not all 2000 items
         srv.kill()
         srv.start()
         assert [x[:4] for x in drain(Raw(srv.connect()), "q")] == [

@@ -222,11 +222,11 @@ def test_bad_magic_is_corrupt(tmp_path: Path, name: str) -> None:
 
 
 def test_unsupported_version_is_corrupt(tmp_path: Path) -> None:
-    data = write(tmp_path / "q", add(1), header=b"TRCL\x02\x00\x00\x00")
+    data = write(tmp_path / "q", add(1), header=b"TRCL\x03\x00\x00\x00")
     with pytest.raises(JournalCorrupt) as info:
         replay(tmp_path)
     assert (info.value.path, info.value.offset) == (str(tmp_path / "q"), 4)
-    assert "version 2" in str(info.value)
+    assert "version 3" in str(info.value)
     assert (tmp_path / "q").read_bytes() == data
 
 
@@ -275,10 +275,13 @@ def test_torn_tail_is_cut_at_the_last_good_record(tmp_path: Path, tail: bytes) -
         fh.write(tail)
     j, sink, report = replay(tmp_path)
     assert sink.events == [add_event(1), add_event(2)]
-    assert len(report.truncations) == 1
-    cut = report.truncations[0]
-    assert (cut.path, cut.offset, cut.dropped) == (str(tmp_path / "q"), len(good), len(tail))
-    assert cut.reason
+    if tail == TAILS["zeros"]:  # space written ahead (test_write_ahead.py): cut, no torn tail
+        assert report.truncations == []
+    else:
+        assert len(report.truncations) == 1
+        cut = report.truncations[0]
+        assert (cut.path, cut.offset, cut.dropped) == (str(tmp_path / "q"), len(good), len(tail))
+        assert cut.reason
     assert (tmp_path / "q").read_bytes() == good
     assert report.bytes == len(good)
     # The journal continues right after the last good record.

@@ -300,3 +300,16 @@ def test_journal_reader_on_a_journal_with_known_contents(spark: Any, work: Path)
     strict = spark.read.format("tercel-journal").option("ignoreCorruptTail", "false")
     with pytest.raises(Exception, match="jq"):
         strict.load(str(data)).collect()
+
+
+def test_journal_reader_on_a_killed_servers_fsynced_journal(spark: Any, work: Path) -> None:
+    data = work / "killed"
+    with ServerProcess(data, "[queues]\nsync_journal = true\n") as srv:
+        with Client(srv.address) as c:
+            for item in (b"a", b"bb", b"ccc"):
+                c.put("sq", item)
+        srv.kill()  # the file still ends in the zeros written ahead of its records
+        assert (data / "sq").stat().st_size > 1 << 20
+        strict = spark.read.format("tercel-journal").option("ignoreCorruptTail", "false")
+        rows = strict.load(str(data)).orderBy("offset").collect()
+    assert [(r.op, r.payload) for r in rows] == [("ADD", b"a"), ("ADD", b"bb"), ("ADD", b"ccc")]

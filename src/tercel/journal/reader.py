@@ -64,8 +64,9 @@ class ChunkReader:
     def prepare(self) -> bool:
         """Buffer at least one whole record at the read position if the file has one.
 
-        False at a clean end of file. After True, the bytes at the read position are a
-        whole record by their length field, or all the file has (then :meth:`next` raises).
+        False at the end of the records (see :meth:`next`). After True, the bytes at the
+        read position are a whole record by their length field, or all the file has (then
+        :meth:`next` raises).
         Callers may then parse complete records straight from :attr:`buffer` (from
         :attr:`pos`) and :meth:`advance` past them.
         """
@@ -73,6 +74,8 @@ class ChunkReader:
         if avail < rec.PREFIX_SIZE and not self._fill(rec.PREFIX_SIZE):
             return len(self._buf) > self._pos
         length = int.from_bytes(self._buf[self._pos : self._pos + 4], "little")
+        if length == 0 and self._at_zeros():
+            return False
         if 0 < length <= rec.MAX_BODY and len(self._buf) - self._pos < rec.PREFIX_SIZE + length:
             self._fill(rec.PREFIX_SIZE + length)
         return True
@@ -87,7 +90,11 @@ class ChunkReader:
         self._pos = pos
 
     def next(self) -> tuple[int, int] | None:
-        """``(start, stop)`` of the next record inside :attr:`buffer`, or None at a clean end.
+        """``(start, stop)`` of the next record inside :attr:`buffer`, or None at the end of
+        the records: the end of the file, or eight zero bytes where a record would start
+        (space written ahead of the records, format version 2; :meth:`check_end` says
+        whether only zeros follow). Calling again later reads on from the same place, so a
+        reader can follow a file that is still being written.
 
         Raises :class:`~tercel.journal.records.BadRecord` (with a *file* offset) when the
         bytes there are not a whole valid record. The returned offsets are valid until the
@@ -98,6 +105,8 @@ class ChunkReader:
                 return None
             raise rec.BadRecord(self.offset, "incomplete record header")
         length = int.from_bytes(self._buf[self._pos : self._pos + 4], "little")
+        if length == 0 and self._at_zeros():
+            return None
         if 0 < length <= rec.MAX_BODY:
             total = rec.PREFIX_SIZE + length
             if len(self._buf) - self._pos < total:
@@ -109,6 +118,26 @@ class ChunkReader:
         start = self._pos
         self._pos = stop
         return start, stop
+
+    def _at_zeros(self) -> bool:
+        """True when the read position holds :data:`records.ZERO_PREFIX` (after a prefix of
+        length 0 is buffered); the bytes buffered from there on are dropped, because the
+        writer may replace those zeros with records before the next read."""
+        if self._buf[self._pos + 4 : self._pos + 8] != b"\0\0\0\0":
+            return False
+        self._base += self._pos
+        self._buf = b""
+        self._pos = 0
+        return True
+
+    def check_end(self) -> None:
+        """After :meth:`next` returned None: raise :class:`~tercel.journal.records.BadRecord`
+        at the read position unless nothing but zero bytes follows it."""
+        pos = self.offset
+        while data := os.pread(self._fd, CHUNK, pos):
+            if data.count(0) != len(data):
+                raise rec.BadRecord(self.offset, "zero bytes where a record starts, data after")
+            pos += len(data)
 
     def file_offset(self, buffer_offset: int) -> int:
         """Translate an offset inside :attr:`buffer` to a file offset."""

@@ -1,4 +1,4 @@
-"""The record format, version 1: pure encode and decode, no files.
+"""The record format, version 2: pure encode and decode, no files.
 
 Every file starts with an 8-byte header (``b"TRCL"``, the format version, three zero bytes).
 Every record is ``u32 length | u32 crc32 | body`` (little-endian), where ``length`` counts the
@@ -25,9 +25,25 @@ Bytes = bytes | bytearray | memoryview | mmap.mmap
 """Anything replay can read records from."""
 
 MAGIC: Final = b"TRCL"
-VERSION: Final = 1
+VERSION: Final = 2
+"""Version 2 has version 1's records; what is new is that a file may end in zero bytes
+(space written ahead of the records so an ``fdatasync`` need not commit a new file size):
+a record prefix of eight zero bytes ends the records, and only zeros may follow it."""
+VERSIONS: Final = (1, VERSION)
+"""Versions replay reads. Files of an older version are read, never appended to."""
 FILE_HEADER: Final = MAGIC + bytes([VERSION, 0, 0, 0])
 HEADER_SIZE: Final = len(FILE_HEADER)
+ZERO_PREFIX: Final = bytes(8)
+"""Where the records of a file end before its end: the start of space written ahead."""
+
+
+def header_version(head: bytes) -> int | None:
+    """The format version of a file that starts with ``head``, None if it is not a complete
+    header of a version this code reads."""
+    if len(head) >= HEADER_SIZE and head[:4] == MAGIC and head[5:8] == b"\0\0\0":
+        return head[4] if head[4] in VERSIONS else None
+    return None
+
 
 OP_ADD: Final = 1
 OP_REMOVE: Final = 2

@@ -94,13 +94,15 @@ def read_records(part: JournalFile, opts: JournalOptions) -> Iterator[pa.RecordB
         head = f.read(rec.HEADER_SIZE)
     if len(head) < rec.HEADER_SIZE:
         return  # empty or torn header: no records
-    if head != rec.FILE_HEADER:
+    if rec.header_version(head) is None:
         raise ValueError(f"tercel-journal: {part.path} is not a tercel journal (bad header)")
     reader = ChunkReader(part.path, rec.HEADER_SIZE)
     try:
         while True:
             try:
                 span = reader.next()
+                if span is None:
+                    reader.check_end()
             except rec.BadRecord as bad:
                 if opts.ignore_corrupt_tail:
                     break
