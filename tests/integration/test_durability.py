@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Raw
-from tercel.journal.journal import PREALLOCATE
+from tercel.journal.journal import PREALLOCATE, PREALLOCATE_FIRST
 from tercel.testing import ServerProcess, ServerStartError
 
 
@@ -191,7 +191,7 @@ def test_sync_journal_true_survives_kill(data_dir: Path) -> None:
         assert 1 <= int(stats[b"journal_fsyncs"]) == int(stats[b"journal_fsync_waits"]) <= 50
         conn.call(set_cmd("q", b"50"), b"STORED\r\n")  # a write after a sync writes ahead
         srv.kill()
-        assert (data_dir / "q").stat().st_size > 1 << 20  # zeros written ahead of the records
+        assert (data_dir / "q").stat().st_size > PREALLOCATE_FIRST  # zeros written ahead
         assert (data_dir / "plain").stat().st_size < 100  # a queue that never syncs: none
         srv.start()
         assert drain(Raw(srv.connect()), "q") == [b"%d" % i for i in range(51)]

@@ -46,12 +46,15 @@ a longer rest is a torn tail only if the bad record claims to run past the end o
 (a large record cut short) and its first MiB holds nothing valid."""
 
 PREALLOCATE = 1 << 20
-"""Bytes of zeros a journal that is fsynced keeps written ahead of its records (format
+"""The most zeros a journal that is fsynced writes ahead of its records at a time (format
 version 2). An ``fdatasync`` after an append that grows the file must also commit the new
 size through the filesystem's own journal; an overwrite of blocks that already exist need
 not, and measured about 40 % faster here (docs/benchmarks.md). Cut off again when the file
 is closed or rotated."""
-_ZEROS = bytes(PREALLOCATE)
+PREALLOCATE_FIRST = 64 << 10
+"""The first step ahead in a file. Each step doubles up to :data:`PREALLOCATE`, so a queue that
+writes little keeps little zeroed space on disk, and a busy one extends once per MiB."""
+_ZEROS = memoryview(bytes(PREALLOCATE))
 
 FAILPOINTS = (
     "compact_before_write",
@@ -200,6 +203,7 @@ class FileJournal:
         self._written = 0  # bytes of the current file handed to the OS
         self._allocated = 0  # bytes of the current file, zeros written ahead included
         self._preallocating = False  # set by the first sync of the current file
+        self._ahead = PREALLOCATE_FIRST  # the next step of zeros written ahead
         self._older: dict[int, int] = {}  # seq -> size of each older file
         self._older_total = 0
         self._size_before_cache: tuple[tuple[int, int, int], int] = ((0, 0, 0), 0)
@@ -416,6 +420,7 @@ class FileJournal:
             size = rec.HEADER_SIZE
         self._written = self._allocated = size
         self._preallocating = False
+        self._ahead = PREALLOCATE_FIRST
         return rec.header_version(os.pread(self._fd, rec.HEADER_SIZE, 0))
 
     def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
@@ -490,15 +495,18 @@ class FileJournal:
                 self._preallocate()
 
     def _preallocate(self) -> None:
-        """Write :data:`PREALLOCATE` zeros past the end of the file. Best effort: on failure
-        the journal goes on appending without (the next record write reports a full disk)."""
+        """Write the next step of zeros past the end of the file (see :data:`PREALLOCATE`).
+        Best effort: on failure the journal goes on appending without (the next record write
+        reports a full disk)."""
+        step = self._ahead
         try:
-            _write_all(self._fd, _ZEROS, self._allocated)
+            _write_all(self._fd, _ZEROS[:step], self._allocated)
         except OSError as exc:
             log.warning("journal %s: stopped writing space ahead: %s", self.path, exc)
             self._preallocating = False
             return
-        self._allocated += PREALLOCATE
+        self._allocated += step
+        self._ahead = min(2 * step, PREALLOCATE)
 
     def _cut_ahead(self) -> None:
         """Cut the zeros written ahead, so a closed file ends with its last record."""
