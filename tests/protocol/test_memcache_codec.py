@@ -538,3 +538,26 @@ def test_numbers_are_plain_decimal(token: bytes) -> None:
     assert parse_error(b"get q/t=" + token + b"\r\n").reason == "bad timeout"
     err = parse_error(b"set q 0 0 " + token + b"\r\n")
     assert (err.reason, err.close) == ("bad data chunk size", True)
+
+
+def test_repeated_commands_parse_the_same_through_the_caches() -> None:
+    """Plain gets of a name seen before share one Get; a size seen before skips the digit
+    check but not the per-codec limit."""
+    codec = mc.MemcacheServerCodec(max_value=4)
+    codec.receive_data(
+        b"get cq\r\nget cq\r\nget cq\r\nget cq/open\r\n"
+        b"set cq 0 0 4\r\nabcd\r\nset cq 0 0 4\r\nwxyz\r\nset cq 0 0 5\r\n"
+    )
+    gets = [codec.next_command() for _ in range(4)]
+    assert gets[:3] == [Get(b"cq", "cq")] * 3 and gets[1] is gets[2]
+    assert gets[3] == Get(b"cq/open", "cq", open=True)
+    assert [codec.next_command() for _ in range(2)] == [
+        Set("cq", 0, 0, b"abcd"),
+        Set("cq", 0, 0, b"wxyz"),
+    ]
+    with pytest.raises(ProtocolError) as info:
+        codec.next_command()
+    assert info.value.close
+    big = mc.MemcacheServerCodec(max_value=5)  # the same size token, another codec's limit
+    big.receive_data(b"set cq 0 0 5\r\nhello\r\n")
+    assert big.next_command() == Set("cq", 0, 0, b"hello")

@@ -83,6 +83,9 @@ class Hub:
         self.collection = collection
         self.committer = committer
         self.clock = clock
+        self.now = 0
+        """The time of the batch of commands being handled (set by each connection's pump
+        before its first command, so every handler sees the time of its batch)."""
         self.metrics = metrics
         self.loop = loop
         self.writable = True
@@ -192,6 +195,8 @@ class MemcacheConnection:
     def _process(self) -> None:
         codec = self.codec
         out = self.out
+        hub = self.hub
+        hub.now = hub.clock.now_ms()  # one clock read per batch (Redis caches its clock too)
         while not self.closing:
             try:
                 # Direct calls: compiled, a method called on its object is a C call, while a
@@ -335,7 +340,7 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
     mode = "peek" if peek else "open" if open_ else "get"
     timed = sampled(hub)
     t0 = perf_counter_ns() if timed else 0
-    now = hub.clock.now_ms()
+    now = hub.now
     if mode == "get":
         item = session.take(queue, now)
     else:
@@ -364,7 +369,7 @@ def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
         conn.server.check_writable()
     coll = hub.collection
     coll.stats.cmd_set += 1
-    now = hub.clock.now_ms()
+    now = hub.now
     expiry = expiry_ms(exptime, now) if exptime else None
     if not sampled(hub):
         stored = coll.add(queue, data, expiry, now)
