@@ -128,6 +128,24 @@ def test_an_owner_decides_when_to_write(tmp_path: Path) -> None:
     assert sink.events[-1] == ("confirm", 1)
 
 
+def test_one_write_out_of_more_records_than_one_pwritev_takes(tmp_path: Path) -> None:
+    j = FileJournal(str(tmp_path), "q", on_dirty=lambda _: None)
+    j.replay(Recorder())
+    count = jmod.IOV_MAX  # three pieces per ADD: three pwritev calls
+    for i in range(1, count + 1):
+        j.add(i, 1000 + i, 0, b"p%d" % i)
+        if i % 100 == 0:
+            j.remove()
+    size = j.current_size
+    j.write_out()
+    assert (tmp_path / "q").stat().st_size == size == j.current_size
+    j.close()
+    _, sink, report = replay(tmp_path)
+    adds = [e for e in sink.events if e[0] == "add"]
+    assert adds == [("add", i, 1000 + i, 0, b"p%d" % i) for i in range(1, count + 1)]
+    assert len(sink.events) - len(adds) == count // 100 and report.truncations == []
+
+
 def test_replay_appends_after_existing_records(tmp_path: Path) -> None:
     write(tmp_path / "q", add(1))
     j, sink, _ = replay(tmp_path)

@@ -7,10 +7,11 @@ number (the current file's is one more than the newest older file's), and a
 :data:`~tercel.journal.records.Position` names a record as ``(seq, offset)``. Queue names can
 never hold ``.`` or ``~`` (see :mod:`tercel.names`), so these names never collide.
 
-Appends go to an in-memory buffer; :meth:`FileJournal.write_out` hands the whole buffer to the
-OS in one ``write``. Who calls it, and when, is the owner's business (the server's group
-commit writes every dirty journal once per event-loop pass, before any reply leaves); without
-an owner each append is written through at once.
+Appends go to an in-memory list of pieces (an ADD's payload is not copied);
+:meth:`FileJournal.write_out` hands them all to the OS in one ``pwritev``. Who calls it, and
+when, is the owner's business (the server's group commit writes every dirty journal once per
+event-loop pass, before any reply leaves); without an owner each append is written through
+at once.
 
 The queue decides *when* to rotate or compact; this module only executes. Compaction writes a
 snapshot file (state at a rotation point, see docs/journal_format.md) through an injected
@@ -160,6 +161,25 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> No
         view = view[n:]
 
 
+IOV_MAX = 1024
+"""The most pieces one ``pwritev`` takes (Linux's ``UIO_MAXIOV``)."""
+_ADD_HEAD = rec.PREFIX_SIZE + rec.ADD_FIELDS_SIZE
+
+
+def _write_parts(fd: int, parts: list[bytes], size: int, offset: int) -> None:
+    """Write ``parts`` (``size`` bytes in all) one after another from file offset ``offset``."""
+    if len(parts) == 1:
+        _write_all(fd, parts[0], offset)
+        return
+    for i in range(0, len(parts), IOV_MAX):
+        chunk = parts[i : i + IOV_MAX]
+        n = os.pwritev(fd, chunk, offset)
+        want = sum(len(p) for p in chunk) if len(parts) > IOV_MAX else size
+        if n < want:  # a short write: the rest of this chunk as one buffer
+            _write_all(fd, memoryview(b"".join(chunk))[n:], offset + n)
+        offset += want
+
+
 def fsync_dir(path: str) -> None:
     """fsync a directory, so that renames and unlinks in it are durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -197,7 +217,8 @@ class FileJournal:
         self.path = os.path.join(data_dir, name)
         self._on_dirty = on_dirty if on_dirty is not None else FileJournal.write_out
         self._background = background or run_inline
-        self._buf = bytearray()
+        self._parts: list[bytes] = []  # records not yet written, in order, as pieces
+        self._pending = 0  # their bytes
         self._fd = -1
         self._seq = 1  # sequence number of the current file
         self._written = 0  # bytes of the current file handed to the OS
@@ -234,7 +255,7 @@ class FileJournal:
 
     def position(self) -> rec.Position:
         """Where the next appended record will start."""
-        return self._seq, self._written + len(self._buf)
+        return self._seq, self._written + self._pending
 
     def size_before(self, seq: int) -> int:
         """Bytes of the older files whose sequence number is below ``seq``."""
@@ -427,9 +448,13 @@ class FileJournal:
         """Journal an item entering the tail of the queue."""
         if self._failed is not None:
             raise self._failed
-        buf = self._buf
-        first = not buf
-        rec.encode_add(buf, item_id, add_time, expiry, data)
+        parts = self._parts
+        first = not parts
+        prefix, fields = rec.add_header(item_id, add_time, expiry, data)
+        parts.append(prefix)  # the payload is not copied: write_out hands all to pwritev
+        parts.append(fields)
+        parts.append(data)
+        self._pending += _ADD_HEAD + len(data)
         if first:
             self._on_dirty(self)  # after the append: without an owner this writes at once
 
@@ -456,30 +481,31 @@ class FileJournal:
     def _simple(self, record: bytes) -> None:
         if self._failed is not None:
             raise self._failed
-        first = not self._buf
-        self._buf += record
+        parts = self._parts
+        first = not parts
+        parts.append(record)
+        self._pending += len(record)
         if first:
             self._on_dirty(self)
 
     def _xid(self, op: int, xid: int) -> None:
-        if self._failed is not None:
-            raise self._failed
-        first = not self._buf
-        rec.encode_xid(self._buf, op, xid)
-        if first:
-            self._on_dirty(self)
+        self._simple(rec.xid_record(op, xid))
 
     def write_out(self) -> None:
-        """Hand every buffered record to the OS in one write.
+        """Hand every buffered record to the OS in one ``pwritev`` (per :data:`IOV_MAX`
+        pieces).
 
         On failure the file is cut back to its last complete record, the journal refuses
         every later append, and :class:`JournalWriteError` is raised.
         """
-        if not self._buf or self._fd < 0:
+        parts = self._parts
+        if not parts or self._fd < 0:
             return
-        data, self._buf = self._buf, bytearray()
+        size = self._pending
+        self._parts = []
+        self._pending = 0
         try:
-            _write_all(self._fd, data, self._written)
+            _write_parts(self._fd, parts, size, self._written)
         except OSError as exc:
             try:  # no partial record stays behind
                 os.ftruncate(self._fd, self._written)
@@ -487,7 +513,7 @@ class FileJournal:
             except OSError:
                 log.exception("journal %s: could not cut back a failed write", self.path)
             self._fail("write", exc)
-        self._written += len(data)
+        self._written += size
         self._unsynced = True
         if self._written > self._allocated:
             self._allocated = self._written
@@ -549,12 +575,12 @@ class FileJournal:
     @property
     def size(self) -> int:
         """Bytes of all this queue's files, including what is still buffered."""
-        return self._older_total + self._written + len(self._buf)
+        return self._older_total + self._written + self._pending
 
     @property
     def current_size(self) -> int:
         """Bytes of the current file (Kestrel's ``logsize``)."""
-        return self._written + len(self._buf)
+        return self._written + self._pending
 
     # ---- read-behind ----------------------------------------------------------------------
 
@@ -682,7 +708,8 @@ class FileJournal:
 
     def erase(self) -> None:
         """Close and delete every file of this journal."""
-        self._buf.clear()
+        self._parts.clear()
+        self._pending = 0
         self.close()
         for path in journal_files(self.data_dir, self.name):
             os.unlink(path)
@@ -779,7 +806,7 @@ class AddReader:
                 if nxt is not None:
                     self._move((nxt, rec.HEADER_SIZE))
                     continue
-                if journal._buf and not flushed:
+                if journal._parts and not flushed:
                     journal.write_out()
                     flushed = True
                     continue

@@ -123,11 +123,15 @@ REMOVE_RECORD: Final = _simple(OP_REMOVE)
 FLUSH_RECORD: Final = _simple(OP_FLUSH)
 
 
-def encode_xid(buf: bytearray, op: int, xid: int) -> None:
-    """Append an OPEN, CONFIRM or ABORT record for ``xid`` to ``buf``."""
+def xid_record(op: int, xid: int) -> bytes:
+    """An OPEN, CONFIRM, ABORT or DELIVERED record for ``xid`` (or a count)."""
     body = _XID.pack(op, xid)
-    buf += _PREFIX.pack(len(body), crc32(body))
-    buf += body
+    return _PREFIX.pack(len(body), crc32(body)) + body
+
+
+def encode_xid(buf: bytearray, op: int, xid: int) -> None:
+    """Append an OPEN, CONFIRM, ABORT or DELIVERED record for ``xid`` to ``buf``."""
+    buf += xid_record(op, xid)
 
 
 def encode_snapshot(buf: bytearray, next_id: int, xid: int) -> None:
