@@ -120,9 +120,10 @@ class ChunkReader:
         return start, stop
 
     def _at_zeros(self) -> bool:
-        """True when the read position holds :data:`records.ZERO_PREFIX` (after a prefix of
-        length 0 is buffered); the bytes buffered from there on are dropped, because the
-        writer may replace those zeros with records before the next read."""
+        """True when the read position holds eight zero bytes, the end of the records
+        (called once a prefix of length 0 is buffered); the bytes buffered from there on
+        are dropped, because the writer may replace those zeros with records before the next
+        read."""
         if self._buf[self._pos + 4 : self._pos + 8] != b"\0\0\0\0":
             return False
         self._base += self._pos

@@ -33,8 +33,6 @@ VERSIONS: Final = (1, VERSION)
 """Versions replay reads. Files of an older version are read, never appended to."""
 FILE_HEADER: Final = MAGIC + bytes([VERSION, 0, 0, 0])
 HEADER_SIZE: Final = len(FILE_HEADER)
-ZERO_PREFIX: Final = bytes(8)
-"""Where the records of a file end before its end: the start of space written ahead."""
 
 
 def header_version(head: bytes) -> int | None:
@@ -71,7 +69,7 @@ MAX_PAYLOAD: Final = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct("<II")  # body length, crc32 of body
 _ADD = struct.Struct("<BQqq")  # op, item id, add time ms, expiry ms (0 = none)
-_pack_prefix: Final = _PREFIX.pack  # bound once: encode_add runs for every item
+_pack_prefix: Final = _PREFIX.pack  # bound once: add_header runs for every item
 _pack_add: Final = _ADD.pack
 _XID = struct.Struct("<BI")  # op, xid
 _SNAPSHOT = struct.Struct("<BQI")  # op, next item id, last xid
