@@ -9,7 +9,9 @@ from damage when zeros follow it.
 
 from __future__ import annotations
 
+import resource
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -208,3 +210,25 @@ def _check(data_dir: Path) -> str:
 def test_the_journal_tool_reads_a_crash_image(tmp_path: Path) -> None:
     image = _with_zeros_after(tmp_path, b"")
     assert "BAD" not in _check(image.parent)
+
+
+def test_a_failed_step_ahead_leaves_the_journal_appending_without(tmp_path: Path) -> None:
+    j = open_journal(tmp_path)
+    j.add(1, 1, 0, b"a")
+    j.sync()
+    # A file size limit lets the record through and refuses the zeros after it (EFBIG).
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (j.current_size + 1000, hard))
+    try:
+        j.add(2, 2, 0, b"b")
+        j.add(3, 3, 0, b"c")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert not j.failed
+    assert (tmp_path / "q").stat().st_size == j.current_size  # no part of a step left
+    j.add(4, 4, 0, b"d")  # and no more steps for this file
+    assert (tmp_path / "q").stat().st_size == j.current_size
+    j.close()
+    assert payloads(replay(tmp_path)[0]) == [b"a", b"b", b"c", b"d"]

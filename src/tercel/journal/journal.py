@@ -25,6 +25,7 @@ on worker threads and touch only their own file descriptors.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -530,6 +531,8 @@ class FileJournal:
         except OSError as exc:
             log.warning("journal %s: stopped writing space ahead: %s", self.path, exc)
             self._preallocating = False
+            with contextlib.suppress(OSError):  # leave no part of the step behind
+                os.ftruncate(self._fd, self._allocated)
             return
         self._allocated += step
         self._ahead = min(2 * step, PREALLOCATE)
