@@ -25,7 +25,7 @@ from tercel.journal import FileJournal
 from tercel.journal import journal as jmod
 from tercel.journal import records as rec
 
-V1_HEADER = rec.MAGIC + bytes([1, 0, 0, 0])
+V1_HEADER = rec.file_header(1)
 
 
 def open_journal(path: Path, name: str = "q") -> FileJournal:
@@ -228,7 +228,8 @@ def test_a_failed_step_ahead_leaves_the_journal_appending_without(tmp_path: Path
         signal.signal(signal.SIGXFSZ, old_handler)
     assert not j.failed
     assert (tmp_path / "q").stat().st_size == j.current_size  # no part of a step left
-    j.add(4, 4, 0, b"d")  # and no more steps for this file
+    j.sync()
+    j.add(4, 4, 0, b"d")  # and no more steps for this file, even after a sync
     assert (tmp_path / "q").stat().st_size == j.current_size
     j.close()
     assert payloads(replay(tmp_path)[0]) == [b"a", b"b", b"c", b"d"]

@@ -164,18 +164,15 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> No
 
 IOV_MAX = 1024
 """The most pieces one ``pwritev`` takes (Linux's ``UIO_MAXIOV``)."""
-_ADD_HEAD = rec.PREFIX_SIZE + rec.ADD_FIELDS_SIZE
 
 
 def _write_parts(fd: int, parts: list[bytes], size: int, offset: int) -> None:
-    """Write ``parts`` (``size`` bytes in all) one after another from file offset ``offset``."""
-    if len(parts) == 1:
-        _write_all(fd, parts[0], offset)
-        return
+    """Write ``parts`` (``size`` bytes in all) one after another from file offset ``offset``,
+    :data:`IOV_MAX` pieces per call."""
     for i in range(0, len(parts), IOV_MAX):
         chunk = parts[i : i + IOV_MAX]
         n = os.pwritev(fd, chunk, offset)
-        want = sum(len(p) for p in chunk) if len(parts) > IOV_MAX else size
+        want = size if len(parts) <= IOV_MAX else sum(len(p) for p in chunk)
         if n < want:  # a short write: the rest of this chunk as one buffer
             _write_all(fd, memoryview(b"".join(chunk))[n:], offset + n)
         offset += want
@@ -225,7 +222,7 @@ class FileJournal:
         self._written = 0  # bytes of the current file handed to the OS
         self._allocated = 0  # bytes of the current file, zeros written ahead included
         self._preallocating = False  # set by the first sync of the current file
-        self._ahead = PREALLOCATE_FIRST  # the next step of zeros written ahead
+        self._ahead = PREALLOCATE_FIRST  # the next step of zeros written ahead; 0: none
         self._older: dict[int, int] = {}  # seq -> size of each older file
         self._older_total = 0
         self._size_before_cache: tuple[tuple[int, int, int], int] = ((0, 0, 0), 0)
@@ -423,7 +420,7 @@ class FileJournal:
         if (
             len(head) < rec.HEADER_SIZE
             and newest
-            and any((rec.MAGIC + bytes([v, 0, 0, 0])).startswith(head) for v in rec.VERSIONS)
+            and any(rec.file_header(v).startswith(head) for v in rec.VERSIONS)
         ):
             return 0  # torn while the header itself was written; replay truncates to 0
         if head[:4] == rec.MAGIC and len(head) > 4:
@@ -455,7 +452,7 @@ class FileJournal:
         parts.append(prefix)  # the payload is not copied: write_out hands all to pwritev
         parts.append(fields)
         parts.append(data)
-        self._pending += _ADD_HEAD + len(data)
+        self._pending += rec.ADD_HEAD_SIZE + len(data)
         if first:
             self._on_dirty(self)  # after the append: without an owner this writes at once
 
@@ -523,14 +520,15 @@ class FileJournal:
 
     def _preallocate(self) -> None:
         """Write the next step of zeros past the end of the file (see :data:`PREALLOCATE`).
-        Best effort: on failure the journal goes on appending without (the next record write
-        reports a full disk)."""
+        Best effort: on failure this file goes on without (the next record write reports a
+        full disk); the next file tries again."""
         step = self._ahead
         try:
             _write_all(self._fd, _ZEROS[:step], self._allocated)
         except OSError as exc:
             log.warning("journal %s: stopped writing space ahead: %s", self.path, exc)
             self._preallocating = False
+            self._ahead = 0
             with contextlib.suppress(OSError):  # leave no part of the step behind
                 os.ftruncate(self._fd, self._allocated)
             return
@@ -559,7 +557,7 @@ class FileJournal:
         """
         if self._fd >= 0:
             self._unsynced = False
-            self._preallocating = True  # a file that is synced: see PREALLOCATE
+            self._preallocating = self._ahead > 0  # a file that is synced: see PREALLOCATE
             try:
                 os.fdatasync(self._fd)
             except OSError as exc:

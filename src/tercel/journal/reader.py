@@ -152,7 +152,6 @@ class ChunkReader:
 
 _PREFIX = rec.PREFIX.unpack_from
 _HEAD = struct.Struct("<IIBQqq").unpack_from  # prefix and ADD fields: an ADD's first 33 bytes
-_HEAD_SIZE = rec.PREFIX_SIZE + rec.ADD_FIELDS_SIZE
 _FIXED = {op: size for op, size in rec.FIXED_LENGTHS.items() if op != rec.OP_RESUME}
 
 
@@ -170,7 +169,7 @@ def read_adds(
     """
     end = len(buf)
     head, fixed, crc32_ = _HEAD, _FIXED, rec.crc32
-    op_add, p, h, fields = rec.OP_ADD, rec.PREFIX_SIZE, _HEAD_SIZE, rec.ADD_FIELDS_SIZE
+    op_add, p, h, fields = rec.OP_ADD, rec.PREFIX_SIZE, rec.ADD_HEAD_SIZE, rec.ADD_FIELDS_SIZE
     got = 0
     while pos + h <= end:
         # Past a short record these fields are the next record's bytes: only used for an ADD.

@@ -31,7 +31,14 @@ VERSION: Final = 2
 a record prefix of eight zero bytes ends the records, and only zeros may follow it."""
 VERSIONS: Final = (1, VERSION)
 """Versions replay reads. Files of an older version are read, never appended to."""
-FILE_HEADER: Final = MAGIC + bytes([VERSION, 0, 0, 0])
+
+
+def file_header(version: int) -> bytes:
+    """The 8 bytes that start a file of format ``version``."""
+    return MAGIC + bytes([version, 0, 0, 0])
+
+
+FILE_HEADER: Final = file_header(VERSION)
 HEADER_SIZE: Final = len(FILE_HEADER)
 
 
@@ -78,6 +85,8 @@ PREFIX: Final[struct.Struct] = _PREFIX
 ADD_FIELDS: Final[struct.Struct] = _ADD
 PREFIX_SIZE: Final[int] = _PREFIX.size
 ADD_FIELDS_SIZE: Final[int] = _ADD.size
+ADD_HEAD_SIZE: Final[int] = PREFIX_SIZE + ADD_FIELDS_SIZE
+"""Bytes of an ADD record before its payload."""
 MAX_BODY: Final = ADD_FIELDS_SIZE + MAX_PAYLOAD
 
 
