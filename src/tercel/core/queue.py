@@ -35,6 +35,12 @@ MAINTAIN_EVERY = 15
 empty), not on every one: a check costs a call and a size sum, and 16 records more or less
 never matter against limits counted in megabytes."""
 
+NO_LIMIT = 2**62 - 1
+"""An unset size or count limit as :meth:`PersistentQueue.add` compares it. The config's
+``UNLIMITED`` (2**63 - 1, Kestrel's Long.MaxValue) does not fit mypyc's unboxed ints (below
+2**62), and every add compares three limits: boxed, those comparisons measured ~800
+instructions per add (callgrind). 2**62 - 1 bytes or items is no limit in practice either."""
+
 
 class QItem:
     """An item: its per-queue id, add time and expiry (epoch ms, 0 = none), payload, and
@@ -72,7 +78,7 @@ class PersistentQueue:
         on_expired: Callable[[PersistentQueue, QItem], None] | None = None,
     ) -> None:
         self.name = name
-        self.config = config
+        self.config = config  # the setter below also sets the limits add() compares
         self.log = log
         self.clock = clock
         self.on_expired = on_expired
@@ -154,6 +160,18 @@ class PersistentQueue:
             for item in self._items:
                 self._cap(item)
 
+    @property
+    def config(self) -> QueueConfig:
+        """This queue's settings; assigning them also updates the limits :meth:`add` reads."""
+        return self._config
+
+    @config.setter
+    def config(self, config: QueueConfig) -> None:
+        self._config = config
+        self._max_items = min(config.max_items, NO_LIMIT)
+        self._max_size = min(config.max_size, NO_LIMIT)
+        self._max_item_size = min(config.max_item_size, NO_LIMIT)
+
     def _cap(self, item: QItem) -> None:
         cap = item.add_time + self.config.max_age  # type: ignore[operator]
         if not item.expiry or item.expiry > cap:
@@ -186,20 +204,22 @@ class PersistentQueue:
         cfg = self.config
         if self.closed:
             return False
-        if len(data) > cfg.max_item_size:
+        if len(data) > self._max_item_size:
             raise ItemTooLarge()
         if now is None:
             now = self.clock.now_ms()
         items = self._items
         if items and items[0].expiry and items[0].expiry < now:
             self._discard_expired(now, cfg.max_expire_sweep)
+        max_items = self._max_items
+        max_size = self._max_size
         if (
-            len(items) + self.disk_items >= cfg.max_items
-            or self.mem_bytes + self.disk_bytes >= cfg.max_size
+            len(items) + self.disk_items >= max_items
+            or self.mem_bytes + self.disk_bytes >= max_size
         ):
             if not cfg.discard_old_when_full:
                 return False
-            while len(self) and (len(self) >= cfg.max_items or self.bytes >= cfg.max_size):
+            while len(self) and (len(self) >= max_items or self.bytes >= max_size):
                 if not items:
                     self._refill()
                 self._pop_head()

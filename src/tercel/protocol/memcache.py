@@ -88,6 +88,12 @@ _new_set: Final = cast(Callable[[type[Set], tuple[object, ...]], Set], tuple.__n
 Python-level ``__new__`` (see :mod:`tercel.protocol.commands`)."""
 
 
+def _crlf_at(buf: bytes, i: int) -> bool:
+    """True when ``buf`` holds ``\\r\\n`` at ``i`` (compiled, two indexings: no 2-byte slice
+    object per set)."""
+    return i + 1 < len(buf) and buf[i] == 13 and buf[i + 1] == 10
+
+
 def _queue(token: bytes) -> str:
     """The queue name in ``token``, checked; names seen before skip the regex and decode."""
     name = _NAMES.get(token)
@@ -302,7 +308,7 @@ class MemcacheServerCodec:
                 start = self._pos
                 end = start + size
                 buf = self._buf
-                if buf[end : end + 2] == b"\r\n":  # the whole payload is here: the common case
+                if _crlf_at(buf, end):  # the whole payload is here: the common case
                     self._pos = end + 2
                     name, flag, expiry, noreply = outcome
                     return _new_set(Set, (name, flag, expiry, buf[start:end], noreply))
