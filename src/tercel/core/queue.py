@@ -21,21 +21,21 @@ from __future__ import annotations
 import builtins
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from tercel.clock import Clock
 from tercel.config import QueueConfig
 from tercel.core.log import ItemReader, Position, QueueLog
 from tercel.errors import ItemTooLarge, JournalError
 
-XID_LIMIT = 2**32
+XID_LIMIT: Final = 2**32
 
-MAINTAIN_EVERY = 15
+MAINTAIN_EVERY: Final = 15
 """The journal rules are checked every 16 adds and removals (and whenever the queue runs
 empty), not on every one: a check costs a call and a size sum, and 16 records more or less
 never matter against limits counted in megabytes."""
 
-NO_LIMIT = 2**62 - 1
+NO_LIMIT: Final = 2**62 - 1
 """An unset size or count limit as :meth:`PersistentQueue.add` compares it. The config's
 ``UNLIMITED`` (2**63 - 1, Kestrel's Long.MaxValue) does not fit mypyc's unboxed ints (below
 2**62), and every add compares three limits: boxed, those comparisons measured ~800

@@ -31,7 +31,7 @@ import mmap
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn, Protocol
+from typing import Final, NoReturn, Protocol
 
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal import records as rec
@@ -162,7 +162,7 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> No
         view = view[n:]
 
 
-IOV_MAX = 1024
+IOV_MAX: Final = 1024
 """The most pieces one ``pwritev`` takes (Linux's ``UIO_MAXIOV``)."""
 
 

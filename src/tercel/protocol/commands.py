@@ -11,7 +11,7 @@ Times on the wire are kept in the wire's units: ``Get.timeout`` in ms, ``Set.exp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 
 class Get(NamedTuple):
@@ -38,6 +38,13 @@ class Set(NamedTuple):
     exptime: int
     data: bytes
     noreply: bool = False
+
+
+GET_CLASS: Final = Get
+SET_CLASS: Final = Set
+"""The two named-tuple classes again, for compiled code: a named tuple is not a native class, so
+compiled code finds ``Get`` or ``Set`` in its module's namespace (a dict lookup, ~130
+instructions) at every use, and a ``Final`` alias is a C static instead."""
 
 
 @dataclass(slots=True)

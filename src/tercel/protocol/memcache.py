@@ -23,6 +23,8 @@ from typing import Final, cast
 from tercel.errors import ProtocolError
 from tercel.names import valid_name_bytes
 from tercel.protocol.commands import (
+    GET_CLASS,
+    SET_CLASS,
     Ack,
     Command,
     Confirm,
@@ -47,7 +49,7 @@ MAX_VALUE: Final = 64 * 1024 * 1024
 MAX_ID_LINE: Final = 1024 * 1024
 """The line limit of ``ack``, ``release`` and ``renew``, whose lines list lease ids."""
 MAX_LEASE_ID: Final = 64
-_ID_COMMANDS = (b"ack ", b"release ", b"renew ")
+_ID_COMMANDS: Final = (b"ack ", b"release ", b"renew ")
 
 
 class NeedData(enum.Enum):
@@ -58,7 +60,7 @@ class NeedData(enum.Enum):
 
 NEED_DATA: Final = NeedData.NEED_DATA
 
-_SIMPLE = {
+_SIMPLE: Final = {
     b"version": "version",
     b"shutdown": "shutdown",
     b"reload": "reload",
@@ -68,16 +70,18 @@ _SIMPLE = {
     b"quit": "quit",
     b"features": "features",
 }
-_UNSUPPORTED_STORAGE = frozenset((b"add", b"replace", b"append", b"prepend", b"cas"))
+_UNSUPPORTED_STORAGE: Final = frozenset((b"add", b"replace", b"append", b"prepend", b"cas"))
 
 
-_NAMES: dict[bytes, str] = {}
-_NAMES_MAX = 65536
-_PLAIN_GETS: dict[bytes, Get] = {}
+# Module-level names are Final so that compiled code holds them in C statics; any other
+# global is a dict lookup in the module's namespace at every use (~130 instructions).
+_NAMES: Final[dict[bytes, str]] = {}
+_NAMES_MAX: Final = 65536
+_PLAIN_GETS: Final[dict[bytes, Get]] = {}
 """The ``get <name>`` commands (no options) of names seen before."""
-_SIZES: dict[bytes, int] = {}
+_SIZES: Final[dict[bytes, int]] = {}
 """Payload sizes seen before (clients repeat a few): one dict hit instead of two calls."""
-_SIZES_MAX = 4096
+_SIZES_MAX: Final = 4096
 
 _SetFields = tuple[str, int, int, bool]
 """A set's queue, flags, exptime and noreply, parsed before its payload is there."""
@@ -118,7 +122,7 @@ def _int(token: bytes, what: str) -> int:
 def parse_get_key(key: bytes, cas: bool = False) -> Get:
     """Split ``queue/opt/opt...`` into a :class:`Get`; reject unknown or illegal options."""
     if b"/" not in key:
-        return _new_get(Get, (key, _queue(key), None, False, False, False, False, cas))
+        return _new_get(GET_CLASS, (key, _queue(key), None, False, False, False, False, cas))
     head, *opts = key.split(b"/")
     name = _queue(head)
     timeout: int | None = None
@@ -141,7 +145,7 @@ def parse_get_key(key: bytes, cas: bool = False) -> Get:
         raise ProtocolError("peek and abort cannot be combined with open or close")
     if peek and abort:
         raise ProtocolError("peek and abort cannot be combined")
-    return _new_get(Get, (key, name, timeout, open_, close, abort, peek, cas))
+    return _new_get(GET_CLASS, (key, name, timeout, open_, close, abort, peek, cas))
 
 
 class MemcacheServerCodec:
@@ -219,7 +223,7 @@ class MemcacheServerCodec:
             name = _NAMES.get(key)
             if name is None:
                 return parse_get_key(key)
-            get = _new_get(Get, (key, name, None, False, False, False, False, False))
+            get = _new_get(GET_CLASS, (key, name, None, False, False, False, False, False))
             if len(_PLAIN_GETS) >= _NAMES_MAX:
                 _PLAIN_GETS.clear()
             _PLAIN_GETS[key] = get
@@ -311,7 +315,7 @@ class MemcacheServerCodec:
                 if _crlf_at(buf, end):  # the whole payload is here: the common case
                     self._pos = end + 2
                     name, flag, expiry, noreply = outcome
-                    return _new_set(Set, (name, flag, expiry, buf[start:end], noreply))
+                    return _new_set(SET_CLASS, (name, flag, expiry, buf[start:end], noreply))
         self._pending = (tokens, size, outcome)
         return self._payload()
 
@@ -332,7 +336,7 @@ class MemcacheServerCodec:
         self._pos = end + 2
         if isinstance(outcome, tuple):
             name, flag, expiry, noreply = outcome
-            return _new_set(Set, (name, flag, expiry, self._buf[start:end], noreply))
+            return _new_set(SET_CLASS, (name, flag, expiry, self._buf[start:end], noreply))
         if outcome is None:
             return Unknown(tokens[0])
         raise outcome
@@ -396,7 +400,7 @@ def _confirm(tokens: list[bytes]) -> Confirm:
     return Confirm(_queue(tokens[1]), _count(tokens[2], "count"))
 
 
-_EXTENSIONS: dict[bytes, Callable[[list[bytes]], Command]] = {
+_EXTENSIONS: Final[dict[bytes, Callable[[list[bytes]], Command]]] = {
     b"lease": _lease,
     b"ack": _ack,
     b"release": _release,

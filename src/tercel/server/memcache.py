@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from tercel.clock import Clock
 from tercel.core.collection import QueueCollection
@@ -29,6 +29,8 @@ from tercel.errors import (
 )
 from tercel.protocol import memcache as mc
 from tercel.protocol.commands import (
+    GET_CLASS,
+    SET_CLASS,
     Delete,
     DumpStats,
     Flush,
@@ -204,9 +206,9 @@ class MemcacheConnection:
                 cmd = codec.next_command()
                 if cmd is NEED_DATA:
                     break
-                if type(cmd) is Set:
+                if type(cmd) is SET_CLASS:
                     handle_set(self, cmd)
-                elif type(cmd) is Get:
+                elif type(cmd) is GET_CLASS:
                     handle_get(self, cmd)
                 else:
                     HANDLERS[type(cmd)](self, cmd)
@@ -467,7 +469,7 @@ def _flush_all_expired(conn: MemcacheConnection) -> None:
     conn.out.append(mc.number(conn.server.collection.flush_all_expired()))
 
 
-SIMPLE: dict[str, Callable[[MemcacheConnection], None]] = {
+SIMPLE: Final[dict[str, Callable[[MemcacheConnection], None]]] = {
     "version": _version,
     "quit": _quit,
     "shutdown": _shutdown,
@@ -478,7 +480,7 @@ SIMPLE: dict[str, Callable[[MemcacheConnection], None]] = {
     "features": ext.features,
 }
 
-HANDLERS: dict[type, Callable[[MemcacheConnection, Any], None]] = {
+HANDLERS: Final[dict[type, Callable[[MemcacheConnection, Any], None]]] = {
     Get: handle_get,
     Set: handle_set,
     Delete: handle_delete,
