@@ -42,6 +42,10 @@ class ServerDef:
     durability: str  # none | periodic | durable
     opts: tuple[str, ...] = ()
     note: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment variables of the server process."""
+    optional: bool = False
+    """Not in the default ``--servers`` list (a variant for comparisons, named to run it)."""
 
     @property
     def is_tercel(self) -> bool:
@@ -60,6 +64,16 @@ SERVERS: dict[str, ServerDef] = {
         ServerDef("tercel-nosync", "tercel", "mc", "none", ("false",)),
         ServerDef("tercel-50ms", "tercel", "mc", "periodic", ('"50ms"',)),
         ServerDef("tercel-sync", "tercel", "mc", "durable", ("true",)),
+        ServerDef(
+            "tercel-sync-loop",
+            "tercel",
+            "mc",
+            "durable",
+            ("true",),
+            note="TERCEL_NO_AIO=1: group fsync on the event loop, not through native AIO",
+            env=(("TERCEL_NO_AIO", "1"),),
+            optional=True,
+        ),
     )
 }
 
@@ -67,8 +81,8 @@ PEER_TARGETS: dict[str, tuple[str, ...]] = {
     "memcached": ("tercel-nosync", "tercel-50ms"),
     "redis-everysec": ("tercel-nosync", "tercel-50ms"),
     "beanstalkd": ("tercel-nosync", "tercel-50ms"),
-    "redis-always": ("tercel-sync",),
-    "beanstalkd-f0": ("tercel-sync",),
+    "redis-always": ("tercel-sync", "tercel-sync-loop"),
+    "beanstalkd-f0": ("tercel-sync", "tercel-sync-loop"),
 }
 """For each peer, the tercel configurations whose paired ratio against it is reported: the same
 durability class, plus memcached as the protocol-speed ceiling for the Kestrel-like mode. Issue 7
@@ -118,12 +132,15 @@ def tercel_command() -> list[str] | None:
     return [str(exe)]
 
 
-def _env() -> dict[str, str] | None:
-    """The server's environment: PYTHONPATH points at the tercel snapshot when there is one."""
-    if _snapshot is None:
+def _env(d: ServerDef | None = None) -> dict[str, str] | None:
+    """A tercel server's environment: PYTHONPATH points at the tercel snapshot when there is
+    one, plus the variables of ``d``."""
+    extra = dict(d.env) if d is not None else {}
+    if _snapshot is None and not extra:
         return None
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(_snapshot) + os.pathsep + env.get("PYTHONPATH", "")
+    env = dict(os.environ, **extra)
+    if _snapshot is not None:
+        env["PYTHONPATH"] = str(_snapshot) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
@@ -311,7 +328,7 @@ def start(
             stdout=logf,
             stderr=subprocess.STDOUT,
             cwd=cell,
-            env=_env() if d.kind == "tercel" else None,
+            env=_env(d) if d.kind == "tercel" else None,
         )
     r = Running(d, proc, port, data, cell, log)
     deadline = time.monotonic() + timeout

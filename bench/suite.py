@@ -53,7 +53,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument(
         "--servers",
-        default=",".join(servers.SERVERS),
+        default=",".join(n for n, d in servers.SERVERS.items() if not d.optional),
         help=f"comma list of: {', '.join(servers.SERVERS)}",
     )
     ap.add_argument("--sizes", default="1024,64", help="item sizes in bytes")

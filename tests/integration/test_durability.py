@@ -180,9 +180,12 @@ def stat_lines(conn: Raw) -> dict[bytes, bytes]:
     return out
 
 
-def test_sync_journal_true_survives_kill(data_dir: Path) -> None:
+@pytest.mark.parametrize("fsync", ["aio", "inline"])
+def test_sync_journal_true_survives_kill(data_dir: Path, fsync: str) -> None:
+    """Both group-fsync paths: native AIO, and on the loop (where AIO is missing)."""
     config = "[queues]\nsync_journal = true\n[queues.plain]\nsync_journal = false\n"
-    with ServerProcess(data_dir, config) as srv:
+    env = {"TERCEL_NO_AIO": "1"} if fsync == "inline" else None
+    with ServerProcess(data_dir, config, env=env) as srv:
         conn = Raw(srv.connect())
         conn.call(set_cmd("plain", b"p"), b"STORED\r\n")
         assert stat_lines(conn)[b"journal_fsyncs"] == b"0"

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import select
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from journal.recorder import Recorder
 from tercel.journal import FileJournal
+from tercel.server.aio import open_aio
 from tercel.server.commit import Committer
 
 
@@ -28,10 +34,34 @@ class Conn:
         self.failed = True
 
 
-def run_passes(tmp_path: Path, modes: dict[str, int | None], body: Callable[..., None]) -> None:
-    """Run ``body(committer, journals)`` on a real loop, then one more pass for the callback."""
+@pytest.fixture
+def fsync_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Group fsyncs through native AIO, or on the loop (the path taken without AIO, forced
+    here by ``TERCEL_NO_AIO``)."""
+    if request.param == "inline":
+        monkeypatch.setenv("TERCEL_NO_AIO", "1")
+    return str(request.param)
 
-    async def main() -> None:
+
+both_paths = pytest.mark.parametrize("fsync_path", ["aio", "inline"], indirect=True)
+
+
+async def settle(committer: Committer) -> None:
+    """Run the loop until nothing is buffered, held or being synced (an AIO fsync ends on a
+    kernel worker: its eventfd wakes the loop)."""
+    deadline = time.monotonic() + 10
+    while committer.busy:
+        assert time.monotonic() < deadline, "the committer never settled"
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0)
+
+
+def run_passes(
+    tmp_path: Path, modes: dict[str, int | None], body: Callable[..., None]
+) -> Committer:
+    """Run ``body(committer, journals)`` on a real loop, then the loop until it settles."""
+
+    async def main() -> Committer:
         loop = asyncio.get_running_loop()
         committer = Committer(loop, modes.__getitem__)
         journals = {}
@@ -41,17 +71,21 @@ def run_passes(tmp_path: Path, modes: dict[str, int | None], body: Callable[...,
             journals[name] = j
         try:
             body(committer, journals)
-            for _ in range(3):
-                await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            await settle(committer)
         finally:
             for j in journals.values():
                 j.close()
             committer.close()
+        return committer
 
-    asyncio.run(main())
+    return asyncio.run(main())
 
 
-def test_sync_queue_reply_waits_for_write_and_fsync_of_its_pass(tmp_path: Path) -> None:
+@both_paths
+def test_sync_queue_reply_waits_for_write_and_fsync_of_its_pass(
+    tmp_path: Path, fsync_path: str
+) -> None:
     conns: list[Conn] = []
 
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
@@ -73,7 +107,8 @@ def test_sync_queue_reply_waits_for_write_and_fsync_of_its_pass(tmp_path: Path) 
     assert not any(c.failed for c in conns)
 
 
-def test_group_counters_and_unsynced_queues(tmp_path: Path) -> None:
+@both_paths
+def test_group_counters_and_unsynced_queues(tmp_path: Path, fsync_path: str) -> None:
     counters: list[tuple[int, int]] = []
     conns: list[Conn] = []
 
@@ -92,9 +127,8 @@ def test_group_counters_and_unsynced_queues(tmp_path: Path) -> None:
     assert counters == [(0, 0)]
 
 
-def test_each_pass_that_writes_a_sync_queue_is_one_fsync(tmp_path: Path) -> None:
-    seen: list[tuple[int, int]] = []
-
+@both_paths
+def test_each_pass_that_writes_a_sync_queue_is_one_fsync(tmp_path: Path, fsync_path: str) -> None:
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
         loop = asyncio.get_running_loop()
 
@@ -102,16 +136,18 @@ def test_each_pass_that_writes_a_sync_queue_is_one_fsync(tmp_path: Path) -> None
             for i in range(n):
                 journals["s"].add(i + 1, 0, 0, b"x")
                 committer.hold(Conn(journals["s"]), b"STORED\r\n")
-            loop.call_soon(lambda: seen.append((committer.fsyncs, committer.fsync_waits)))
 
         one_pass(4)
         loop.call_soon(one_pass, 2)
 
-    run_passes(tmp_path, {"s": 0}, body)
-    assert seen[-1] == (2, 6)
+    committer = run_passes(tmp_path, {"s": 0}, body)
+    assert (committer.fsyncs, committer.fsync_waits) == (2, 6)
 
 
-def test_failed_group_fsync_drops_the_group_and_fails_the_journal(tmp_path: Path) -> None:
+@both_paths
+def test_failed_group_fsync_drops_the_group_and_fails_the_journal(
+    tmp_path: Path, fsync_path: str
+) -> None:
     conns: list[Conn] = []
     errors: list[int] = []
 
@@ -132,3 +168,86 @@ def test_failed_group_fsync_drops_the_group_and_fails_the_journal(tmp_path: Path
     run_passes(tmp_path, {"s": 0}, body)
     assert all(c.failed and not c.released for c in conns)
     assert errors == [1]
+
+
+@both_paths
+def test_replies_held_during_a_group_fsync_follow_it_in_order(
+    tmp_path: Path, fsync_path: str
+) -> None:
+    released: list[tuple[bytes, int]] = []  # reply, group fsyncs done when it went out
+    seen_syncing: list[bool] = []
+
+    def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
+        class Counting(Conn):
+            def release(self, data: bytes) -> None:
+                released.append((data, committer.fsyncs))
+
+        conn = Counting(journals["s"])
+        journals["s"].add(1, 0, 0, b"x" * 100)
+        committer.hold(conn, b"1")  # queues the committer's pass
+
+        def next_pass() -> None:  # runs after the committer's pass
+            seen_syncing.append(committer.syncing)
+            journals["s"].add(2, 0, 0, b"y")
+            committer.hold(conn, b"2")
+            committer.hold(conn, b"3")  # a reply with no record of its own: waits all the same
+
+        asyncio.get_running_loop().call_soon(next_pass)
+
+    committer = run_passes(tmp_path, {"s": 0}, body)
+    assert released == [(b"1", 1), (b"2", 2), (b"3", 2)]
+    assert committer.fsyncs == 2
+    # Through AIO the loop went on while the kernel synced group 1; inline it waited.
+    assert seen_syncing == [fsync_path == "aio"]
+
+
+def test_a_failed_aio_fsync_fails_its_group_and_the_journal(tmp_path: Path) -> None:
+    conns: list[Conn] = []
+
+    def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
+        journals["s"].add(1, 0, 0, b"x")
+        for _ in range(2):
+            conns.append(Conn(journals["s"]))
+            committer.hold(conns[-1], b"STORED\r\n")
+
+        def inject() -> None:
+            # The disk cannot be made to fail here: hand the committer the completion an I/O
+            # error would produce, before the real one arrives.
+            assert committer.syncing
+            committer._collect([(0, -errno.EIO)])
+
+        asyncio.get_running_loop().call_soon(inject)
+
+    committer = run_passes(tmp_path, {"s": 0}, body)
+    assert all(c.failed and not c.released for c in conns)
+    assert committer.write_errors == 1
+    assert conns[0].journal.failed
+
+
+def test_aio_fdatasync_completes_on_the_eventfd(tmp_path: Path) -> None:
+    aio = open_aio()
+    if aio is None:
+        pytest.skip("no native AIO on this system")
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    r, w = os.pipe()
+    try:
+        os.write(fd, b"data")
+        aio.fdatasync(fd, 7)
+        os.close(fd)  # the kernel holds its own reference to the file
+        fd = -1
+        ready, _, _ = select.select([aio.eventfd], [], [], 10)
+        assert ready
+        results = aio.reap()
+        while aio.in_flight:  # pragma: no cover - the event came in pieces
+            select.select([aio.eventfd], [], [], 10)
+            results += aio.reap()
+        assert results == [(7, 0)]
+        with pytest.raises(OSError) as info:
+            aio.fdatasync(r, 8)  # a pipe has no fsync: refused at submission
+        assert info.value.errno == errno.EINVAL
+        assert aio.in_flight == 0
+    finally:
+        for x in (fd, r, w):
+            if x >= 0:
+                os.close(x)
+        aio.close()

@@ -555,13 +555,26 @@ class FileJournal:
         :class:`JournalWriteError`: after a failed fsync the kernel may have dropped the dirty
         pages, so a later fsync could report success for bytes that never reached the disk.
         """
+        fd = self.begin_sync()
+        if fd >= 0:
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                self._fail("fsync", exc)
+
+    def begin_sync(self) -> int:
+        """Count every byte written so far as synced, and return the descriptor whose
+        fdatasync makes that true (-1: the journal is closed). For an fsync run by someone
+        else (native AIO); its failure must be reported with :meth:`sync_failed`."""
         if self._fd >= 0:
             self._unsynced = False
             self._preallocating = self._ahead > 0  # a file that is synced: see PREALLOCATE
-            try:
-                os.fdatasync(self._fd)
-            except OSError as exc:
-                self._fail("fsync", exc)
+        return self._fd
+
+    def sync_failed(self, exc: OSError) -> NoReturn:
+        """An fsync begun with :meth:`begin_sync` failed: as :meth:`sync` does, mark the
+        journal failed and raise :class:`JournalWriteError`."""
+        self._fail("fsync", exc)
 
     @property
     def needs_sync(self) -> bool:

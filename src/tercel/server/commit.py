@@ -2,22 +2,26 @@
 
 How a loop pass goes. Handlers append records to journal buffers; the first append to a
 clean journal registers it here (``journal_dirty``), and a connection that has replies while
-any journal is dirty hands them here (``hold``) instead of writing them. One callback, queued
-with ``call_soon`` by the first registration, then runs at the start of the next pass, before
-any new I/O callback: it writes every dirty journal with one ``write`` each, and only then
-sends the held replies. So ``STORED`` always follows the record's ``write``, and 32
-connections in one pass cost one write, not 32 (Redis's ``aof_buf``/``beforeSleep``).
+any journal is dirty, or while a group fsync runs, hands them here (``hold``) instead of
+writing them. One callback, queued with ``call_soon`` by the first registration, then runs at
+the start of the next pass, before any new I/O callback: it writes every dirty journal with
+one ``write`` each, and only then sends the held replies. So ``STORED`` always follows the
+record's ``write``, and 32 connections in one pass cost one write, not 32 (Redis's
+``aof_buf``/``beforeSleep``).
 
-Queues with ``sync_journal = true`` add a step: after the writes, the same callback runs one
-``fdatasync`` per such journal, on the loop, and only then releases the replies (group commit,
-as Redis's ``appendfsync always`` does in ``beforeSleep``). While the fsync blocks the loop,
-clients' next requests pile up in their sockets and the next pass reads them all: they form
-the next group. An fsync in a worker thread was measured slower on every count (see
-docs/benchmarks.md): the GIL hand-off back to the loop and a loop pass per arriving request
-cost more than the parallelism won, and groups came out smaller. Every reply held in a pass
-waits for that pass's fsync, so replies never overtake each other. Queues with
-``sync_journal = "<period>"`` are fsynced by a timer at most once per period while writes are
-pending, in a worker thread, without holding replies (Kestrel's PeriodicSyncStorage).
+Queues with ``sync_journal = true`` add a step: the replies wait for a *group fsync*, one
+``fdatasync`` per such journal written since the last group. Where Linux native AIO is there
+(:mod:`tercel.server.aio`), the group fsync is submitted to the kernel and the loop goes on
+serving: the passes that run meanwhile write their records and hold their replies, which form
+the next group, started as soon as this one completes. So the disk's time overlaps the
+parsing of the next requests (Redis's ``appendfsync always`` blocks its loop in ``beforeSleep``
+instead). Without AIO the fsync runs on the loop, after the pass's writes and before its
+replies (an fsync in a *worker thread* was measured slower: the GIL hand-off back to the loop
+cost more than the overlap won; docs/benchmarks.md). Either way every reply held while a group
+is being synced waits for the group after it, so a connection's replies never overtake each
+other. Queues with ``sync_journal = "<period>"`` are fsynced by a timer at most once per
+period while writes are pending, in a worker thread, without holding replies (Kestrel's
+PeriodicSyncStorage).
 
 If a write or fsync fails, the connections whose replies depended on it are closed without
 those replies: nothing is acknowledged that is not in the journal.
@@ -26,12 +30,14 @@ those replies: nothing is acknowledged that is not in the journal.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from tercel.errors import JournalWriteError
 from tercel.journal import FileJournal
+from tercel.server.aio import open_aio
 
 
 class Holder(Protocol):
@@ -52,6 +58,21 @@ reply) or a period in ms. Called once per written journal per loop pass, so the 
 a compiled method (``QueueCollection.sync_mode``), not an interpreted one."""
 
 
+def _sync_all(journals: list[FileJournal]) -> JournalWriteError | None:
+    """fdatasync each journal; the first failure (the journal logged it) or None."""
+    for journal in journals:
+        try:
+            journal.sync()
+        except JournalWriteError as exc:
+            return exc
+    return None
+
+
+_Group = tuple[list[FileJournal], list[tuple[Holder, bytes]], JournalWriteError | None]
+"""The group fsync running through AIO: its journals (the AIO tag is the index), the replies
+waiting for it, and the first failure."""
+
+
 class Committer:
     """Owner of every journal's writes (see the module docstring)."""
 
@@ -62,6 +83,14 @@ class Committer:
         self.dirty: list[FileJournal] = []
         """Journals with buffered records this pass (read by connections; only we change it)."""
         self._held: list[tuple[Holder, bytes]] = []
+        self._to_sync: dict[FileJournal, None] = {}
+        self._waiting: list[tuple[Holder, bytes]] = []
+        self.syncing = False
+        """True while a group fsync runs (through AIO): every reply waits behind it."""
+        self._group: _Group = ([], [], None)
+        self._aio = open_aio()
+        if self._aio is not None:
+            loop.add_reader(self._aio.eventfd, self._aio_done)
         self._scheduled = False
         self._periodic: dict[FileJournal, asyncio.TimerHandle] = {}
         self.fsyncs = 0
@@ -70,6 +99,11 @@ class Committer:
         """Reply writes released after a group fsync (one per connection per pass):
         ``fsync_waits / fsyncs`` is the mean number of connections served by one fsync."""
         self.write_errors = 0
+
+    @property
+    def busy(self) -> bool:
+        """True while records are buffered, replies held, or a group fsync runs."""
+        return bool(self.dirty or self._held or self._waiting or self.syncing or self._scheduled)
 
     def journal_dirty(self, journal: FileJournal) -> None:
         """Called by a journal when its buffer goes from empty to not empty."""
@@ -85,13 +119,13 @@ class Committer:
             self._scheduled = True
             self._loop.call_soon(self.run)
 
-    def run(self) -> None:
-        """Write every dirty journal, fsync the ``sync_journal = true`` ones, release replies."""
+    def run(self, inline: bool = False) -> None:
+        """Write every dirty journal; the replies held wait for the next group fsync of the
+        ``sync_journal = true`` ones among them, or go out now if there is none to run."""
         self._scheduled = False
         dirty, self.dirty = self.dirty, []
         held, self._held = self._held, []
         failed = False
-        to_sync: list[FileJournal] = []
         for journal in dirty:
             try:
                 journal.write_out()
@@ -101,26 +135,84 @@ class Committer:
                 continue
             mode = self._policy(journal.name)
             if mode == 0:
-                to_sync.append(journal)
+                self._to_sync[journal] = None
             elif mode is not None and journal not in self._periodic:
                 self._periodic[journal] = self._loop.call_later(
                     mode / 1000, self._periodic_sync, journal
                 )
-        if to_sync and not failed:
-            try:
-                for journal in to_sync:
-                    journal.sync()
-            except JournalWriteError:  # logged by the journal, which now refuses writes
-                failed = True
-                self.write_errors += 1
-            else:
-                self.fsyncs += 1
-                self.fsync_waits += len(held)
         if failed:
             for conn, _ in held:
                 conn.fail()
             return
-        for conn, data in held:
+        self._waiting += held
+        if not self.syncing:
+            self._start_group(inline)
+
+    def _start_group(self, inline: bool = False) -> None:
+        """fsync the journals written since the last group, then release the replies that
+        waited for them: through AIO unless ``inline`` (start-up, shutdown) or unavailable."""
+        waiting, self._waiting = self._waiting, []
+        if not self._to_sync:
+            for conn, data in waiting:
+                conn.release(data)
+            return
+        journals = list(self._to_sync)
+        self._to_sync.clear()
+        aio = self._aio
+        if inline or aio is None:
+            self._finish(waiting, _sync_all(journals))
+            return
+        error: JournalWriteError | None = None
+        submitted: list[FileJournal] = []
+        for journal in journals:
+            fd = journal.begin_sync()
+            if fd < 0:
+                continue
+            try:
+                aio.fdatasync(fd, len(submitted))
+            except OSError:  # refused (say, too many in flight): this one on the loop
+                error = error or _sync_all([journal])
+            else:
+                submitted.append(journal)
+        if not submitted:
+            self._finish(waiting, error)
+            return
+        self.syncing = True
+        self._group = (submitted, waiting, error)
+
+    def _aio_done(self) -> None:
+        """The eventfd of the AIO context is readable: collect what completed."""
+        assert self._aio is not None
+        self._collect(self._aio.reap())
+
+    def _collect(self, results: list[tuple[int, int]]) -> None:
+        if not self.syncing:
+            return  # a late eventfd signal for a group already collected
+        journals, group, error = self._group
+        for tag, res in results:
+            if res < 0:
+                try:
+                    journals[tag].sync_failed(OSError(-res, os.strerror(-res)))
+                except JournalWriteError as exc:  # the journal logged it, refuses writes
+                    error = error or exc
+        self._group = (journals, group, error)
+        assert self._aio is not None
+        if self._aio.in_flight:
+            return
+        self.syncing = False
+        self._group = ([], [], None)
+        self._finish(group, error)
+        self._start_group()
+
+    def _finish(self, group: list[tuple[Holder, bytes]], exc: BaseException | None) -> None:
+        if exc is not None:
+            self.write_errors += 1
+            for conn, _ in group:
+                conn.fail()
+            return
+        self.fsyncs += 1
+        self.fsync_waits += len(group)
+        for conn, data in group:
             conn.release(data)
 
     def _periodic_sync(self, journal: FileJournal) -> None:
@@ -140,13 +232,21 @@ class Committer:
             self.write_errors += 1
 
     def flush_now(self) -> None:
-        """Write everything buffered (shutdown); held replies are released or failed."""
-        if self.dirty or self._held:
-            self.run()
+        """Write and sync everything buffered, before returning (start-up, shutdown): every
+        held reply is released or failed."""
+        if self.syncing:
+            assert self._aio is not None
+            self._collect(self._aio.wait_all())
+        self.run(inline=True)
 
     def close(self) -> None:
-        """Stop the timers and the fsync thread (after the journals were closed)."""
+        """Stop the timers, the fsync thread and AIO (after :meth:`flush_now` and after the
+        journals were closed)."""
         for handle in self._periodic.values():
             handle.cancel()
         self._periodic.clear()
         self._executor.shutdown(wait=True)
+        if self._aio is not None:
+            self._loop.remove_reader(self._aio.eventfd)
+            self._aio.close()
+            self._aio = None
