@@ -200,6 +200,25 @@ def test_sync_journal_true_survives_kill(data_dir: Path, fsync: str) -> None:
         assert drain(Raw(srv.connect()), "q") == [b"%d" % i for i in range(51)]
 
 
+@pytest.mark.parametrize("fsync", ["aio", "inline"])
+def test_pipelined_sync_batches_survive_kill(data_dir: Path, fsync: str) -> None:
+    """Groups big enough (64 KiB and more) to be fsynced through AIO when it is there."""
+    env = {"TERCEL_NO_AIO": "1"} if fsync == "inline" else None
+    items = [(b"%d-" % i).ljust(1024, b"x") for i in range(400)]
+    with ServerProcess(data_dir, "[queues]\nsync_journal = true\n", env=env) as srv:
+        conns = [Raw(srv.connect()) for _ in range(4)]
+        for batch in range(4):  # four connections, each pipelining 25 sets per batch
+            for c, conn in enumerate(conns):
+                start = batch * 100 + c * 25
+                conn.send(b"".join(set_cmd("q", item) for item in items[start : start + 25]))
+            for conn in conns:
+                conn.expect(b"STORED\r\n" * 25)
+        assert int(stat_lines(conns[0])[b"journal_fsyncs"]) >= 1
+        srv.kill()
+        srv.start()
+        assert sorted(drain(Raw(srv.connect()), "q")) == sorted(items)
+
+
 def test_periodic_sync_and_no_journal(data_dir: Path) -> None:
     config = '[queues]\nsync_journal = "5ms"\n[queues.mem]\njournal = false\n'
     with ServerProcess(data_dir, config) as srv:

@@ -15,7 +15,7 @@ import pytest
 from journal.recorder import Recorder
 from tercel.journal import FileJournal
 from tercel.server.aio import open_aio
-from tercel.server.commit import Committer
+from tercel.server.commit import AIO_MIN_GROUP, Committer
 
 
 class Conn:
@@ -57,13 +57,17 @@ async def settle(committer: Committer) -> None:
 
 
 def run_passes(
-    tmp_path: Path, modes: dict[str, int | None], body: Callable[..., None]
+    tmp_path: Path,
+    modes: dict[str, int | None],
+    body: Callable[..., None],
+    aio_min_group: int = 0,
 ) -> Committer:
-    """Run ``body(committer, journals)`` on a real loop, then the loop until it settles."""
+    """Run ``body(committer, journals)`` on a real loop, then the loop until it settles. Every
+    group fsync goes through AIO (when there is AIO) unless ``aio_min_group`` says otherwise."""
 
     async def main() -> Committer:
         loop = asyncio.get_running_loop()
-        committer = Committer(loop, modes.__getitem__)
+        committer = Committer(loop, modes.__getitem__, aio_min_group)
         journals = {}
         for name in modes:
             j = FileJournal(str(tmp_path), name, on_dirty=committer.journal_dirty)
@@ -199,6 +203,27 @@ def test_replies_held_during_a_group_fsync_follow_it_in_order(
     assert committer.fsyncs == 2
     # Through AIO the loop went on while the kernel synced group 1; inline it waited.
     assert seen_syncing == [fsync_path == "aio"]
+
+
+def test_small_groups_sync_on_the_loop_and_big_ones_through_aio(tmp_path: Path) -> None:
+    if open_aio() is None:
+        pytest.skip("no native AIO on this system")
+    syncing: list[bool] = []
+
+    def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
+        loop = asyncio.get_running_loop()
+
+        def one_pass(payload: bytes) -> None:
+            journals["s"].add(1, 0, 0, payload)
+            committer.hold(Conn(journals["s"]), b"STORED\r\n")
+            loop.call_soon(lambda: syncing.append(committer.syncing))  # after its group starts
+
+        one_pass(b"x" * 1000)  # under AIO_MIN_GROUP: fsynced on the loop, at once
+        loop.call_soon(one_pass, b"x" * AIO_MIN_GROUP)  # the next pass, a big group: AIO
+
+    committer = run_passes(tmp_path, {"s": 0}, body, aio_min_group=AIO_MIN_GROUP)
+    assert syncing == [False, True]
+    assert (committer.fsyncs, committer.fsync_waits) == (2, 2)
 
 
 def test_a_failed_aio_fsync_fails_its_group_and_the_journal(tmp_path: Path) -> None:

@@ -489,16 +489,16 @@ class FileJournal:
     def _xid(self, op: int, xid: int) -> None:
         self._simple(rec.xid_record(op, xid))
 
-    def write_out(self) -> None:
+    def write_out(self) -> int:
         """Hand every buffered record to the OS in one ``pwritev`` (per :data:`IOV_MAX`
-        pieces).
+        pieces); return the bytes written.
 
         On failure the file is cut back to its last complete record, the journal refuses
         every later append, and :class:`JournalWriteError` is raised.
         """
         parts = self._parts
         if not parts or self._fd < 0:
-            return
+            return 0
         size = self._pending
         self._parts = []
         self._pending = 0
@@ -517,6 +517,7 @@ class FileJournal:
             self._allocated = self._written
             if self._preallocating:
                 self._preallocate()
+        return size
 
     def _preallocate(self) -> None:
         """Write the next step of zeros past the end of the file (see :data:`PREALLOCATE`).

@@ -58,6 +58,13 @@ reply) or a period in ms. Called once per written journal per loop pass, so the 
 a compiled method (``QueueCollection.sync_mode``), not an interpreted one."""
 
 
+AIO_MIN_GROUP = 64 * 1024
+"""The bytes a group must have written to be synced through AIO; smaller ones sync on the loop.
+A small group comes from unpipelined clients: while its fsync ran on the loop, their next
+requests pile up and one pass reads them all, where an overlapped fsync would let the loop wake
+once per arriving request (measured: mixed load at depth 1, +20 % CPU per op through AIO)."""
+
+
 def _sync_all(journals: list[FileJournal]) -> JournalWriteError | None:
     """fdatasync each journal; the first failure (the journal logged it) or None."""
     for journal in journals:
@@ -76,14 +83,21 @@ waiting for it, and the first failure."""
 class Committer:
     """Owner of every journal's writes (see the module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, policy: SyncPolicy) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        policy: SyncPolicy,
+        aio_min_group: int = AIO_MIN_GROUP,
+    ) -> None:
         self._loop = loop
+        self._aio_min_group = aio_min_group
         self._policy = policy
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tercel-fsync")
         self.dirty: list[FileJournal] = []
         """Journals with buffered records this pass (read by connections; only we change it)."""
         self._held: list[tuple[Holder, bytes]] = []
         self._to_sync: dict[FileJournal, None] = {}
+        self._group_bytes = 0  # written to the journals in _to_sync
         self._waiting: list[tuple[Holder, bytes]] = []
         self.syncing = False
         """True while a group fsync runs (through AIO): every reply waits behind it."""
@@ -123,12 +137,16 @@ class Committer:
         """Write every dirty journal; the replies held wait for the next group fsync of the
         ``sync_journal = true`` ones among them, or go out now if there is none to run."""
         self._scheduled = False
+        if self.syncing:  # what this pass wrote waits in the buffers for the next group
+            self._waiting += self._held
+            self._held = []
+            return
         dirty, self.dirty = self.dirty, []
         held, self._held = self._held, []
         failed = False
         for journal in dirty:
             try:
-                journal.write_out()
+                size = journal.write_out()
             except JournalWriteError:
                 failed = True
                 self.write_errors += 1
@@ -136,6 +154,7 @@ class Committer:
             mode = self._policy(journal.name)
             if mode == 0:
                 self._to_sync[journal] = None
+                self._group_bytes += size
             elif mode is not None and journal not in self._periodic:
                 self._periodic[journal] = self._loop.call_later(
                     mode / 1000, self._periodic_sync, journal
@@ -159,7 +178,9 @@ class Committer:
         journals = list(self._to_sync)
         self._to_sync.clear()
         aio = self._aio
-        if inline or aio is None:
+        big = self._group_bytes >= self._aio_min_group
+        self._group_bytes = 0
+        if inline or aio is None or not big:
             self._finish(waiting, _sync_all(journals))
             return
         error: JournalWriteError | None = None
@@ -202,7 +223,7 @@ class Committer:
         self.syncing = False
         self._group = ([], [], None)
         self._finish(group, error)
-        self._start_group()
+        self.run()  # write what the passes since buffered, and start their group
 
     def _finish(self, group: list[tuple[Holder, bytes]], exc: BaseException | None) -> None:
         if exc is not None:
