@@ -10,16 +10,19 @@ record's ``write``, and 32 connections in one pass cost one write, not 32 (Redis
 ``aof_buf``/``beforeSleep``).
 
 Queues with ``sync_journal = true`` add a step: the replies wait for a *group fsync*, one
-``fdatasync`` per such journal written since the last group. Where Linux native AIO is there
-(:mod:`tercel.server.aio`), the group fsync is submitted to the kernel and the loop goes on
-serving: the passes that run meanwhile write their records and hold their replies, which form
-the next group, started as soon as this one completes. So the disk's time overlaps the
-parsing of the next requests (Redis's ``appendfsync always`` blocks its loop in ``beforeSleep``
-instead). Without AIO the fsync runs on the loop, after the pass's writes and before its
-replies (an fsync in a *worker thread* was measured slower: the GIL hand-off back to the loop
-cost more than the overlap won; docs/benchmarks.md). Either way every reply held while a group
-is being synced waits for the group after it, so a connection's replies never overtake each
-other. Queues with ``sync_journal = "<period>"`` are fsynced by a timer at most once per
+``fdatasync`` per such journal written since the last group. A group that wrote
+:data:`AIO_MIN_GROUP` bytes or more is submitted to the kernel through Linux native AIO
+(:mod:`tercel.server.aio`) and the loop goes on serving: the passes that run meanwhile leave
+their records in the journal buffers and hold their replies; when the fsync completes, its
+replies go out, and those records are written and form the next group. So the disk's time
+overlaps the parsing of the next requests (Redis's ``appendfsync always`` blocks its loop in
+``beforeSleep`` instead). A smaller group, and every group where AIO is missing, is fsynced on
+the loop, after the pass's writes and before its replies: small groups come from unpipelined
+clients, whose next requests then pile up and are read in one pass, where an overlapped fsync
+would wake the loop once per request (measured +20 % CPU per op). An fsync in a *worker
+thread* was measured slower than both (the GIL hand-off back to the loop; docs/benchmarks.md).
+Either way every reply held while a group is being synced waits for the group after it, so a
+connection's replies never overtake each other. Queues with ``sync_journal = "<period>"`` are fsynced by a timer at most once per
 period while writes are pending, in a worker thread, without holding replies (Kestrel's
 PeriodicSyncStorage).
 
