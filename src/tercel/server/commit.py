@@ -22,8 +22,10 @@ clients, whose next requests then pile up and are read in one pass, where an ove
 would wake the loop once per request (measured +20 % CPU per op). An fsync in a *worker
 thread* was measured slower than both (the GIL hand-off back to the loop; docs/benchmarks.md).
 Either way every reply held while a group is being synced waits for the group after it, so a
-connection's replies never overtake each other. Queues with ``sync_journal = "<period>"`` are fsynced by a timer at most once per
-period while writes are pending, in a worker thread, without holding replies (Kestrel's
+connection's replies never overtake each other.
+
+Queues with ``sync_journal = "<period>"`` are fsynced by a timer at most once per period while
+writes are pending, in a worker thread, without holding replies (Kestrel's
 PeriodicSyncStorage).
 
 If a write or fsync fails, the connections whose replies depended on it are closed without
