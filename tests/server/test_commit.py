@@ -226,6 +226,36 @@ def test_small_groups_sync_on_the_loop_and_big_ones_through_aio(tmp_path: Path) 
     assert (committer.fsyncs, committer.fsync_waits) == (2, 2)
 
 
+def test_flush_now_waits_for_the_aio_group_and_syncs_what_came_after(tmp_path: Path) -> None:
+    if open_aio() is None:
+        pytest.skip("no native AIO on this system")
+    released: list[bytes] = []
+    after: list[tuple[bool, bool]] = []
+
+    def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
+        class Noting(Conn):
+            def release(self, data: bytes) -> None:
+                released.append(data)
+
+        conn = Noting(journals["s"])
+        journals["s"].add(1, 0, 0, b"x")
+        committer.hold(conn, b"1")
+
+        def shutdown_pass() -> None:  # while group 1 syncs through AIO (threshold 0)
+            journals["s"].add(2, 0, 0, b"y")
+            committer.hold(conn, b"2")
+            syncing = committer.syncing
+            committer.flush_now()  # as Server.stop does
+            after.append((syncing, committer.busy))
+
+        asyncio.get_running_loop().call_soon(shutdown_pass)
+
+    committer = run_passes(tmp_path, {"s": 0}, body)
+    assert after == [(True, False)]  # flush_now returned with nothing left in flight
+    assert released == [b"1", b"2"]
+    assert committer.fsyncs == 2
+
+
 def test_a_failed_aio_fsync_fails_its_group_and_the_journal(tmp_path: Path) -> None:
     conns: list[Conn] = []
 

@@ -211,7 +211,9 @@ class Committer:
         assert self._aio is not None
         self._collect(self._aio.reap())
 
-    def _collect(self, results: list[tuple[int, int]]) -> None:
+    def _collect(self, results: list[tuple[int, int]], inline: bool = False) -> None:
+        """Take the completions of the group's fsyncs; once all are in, release the group
+        and start the next one (``inline``: synced on the loop, for :meth:`flush_now`)."""
         if not self.syncing:
             return  # a late eventfd signal for a group already collected
         journals, group, error = self._group
@@ -228,7 +230,7 @@ class Committer:
         self.syncing = False
         self._group = ([], [], None)
         self._finish(group, error)
-        self.run()  # write what the passes since buffered, and start their group
+        self.run(inline)  # write what the passes since buffered, and start their group
 
     def _finish(self, group: list[tuple[Holder, bytes]], exc: BaseException | None) -> None:
         if exc is not None:
@@ -260,10 +262,11 @@ class Committer:
     def flush_now(self) -> None:
         """Write and sync everything buffered, before returning (start-up, shutdown): every
         held reply is released or failed."""
-        if self.syncing:
+        if self.syncing:  # wait for it, then write and sync what came after, on the loop
             assert self._aio is not None
-            self._collect(self._aio.wait_all())
-        self.run(inline=True)
+            self._collect(self._aio.wait_all(), inline=True)
+        else:
+            self.run(inline=True)
 
     def close(self) -> None:
         """Stop the timers, the fsync thread and AIO (after :meth:`flush_now` and after the
