@@ -8,7 +8,10 @@ Each group is one ``pwrite`` of ``--group`` bytes (a loop pass's journal records
 - ``ahead``: the journal's scheme, 1 MiB of zeros written past the end whenever the records
   reach it, their cost included;
 - ``fallocate``: ``posix_fallocate`` instead of written zeros (shown for the record: ext4
-  marks such blocks unwritten, and converting them is a metadata commit again).
+  marks such blocks unwritten, and converting them is a metadata commit again);
+- ``aio``: as ``ahead``, with the ``fdatasync`` submitted through Linux native AIO and its
+  completion awaited on the eventfd, as the server's big groups are (``tercel.server.aio``;
+  the kernel worker's CPU is not counted in the CPU column). Skipped without AIO.
 
 Run in the data directory's file system: ``python bench/fsync_ahead.py --dir tercel-data``.
 Prints wall and CPU time per group and the slowest group; nothing here is a pass/fail test.
@@ -18,13 +21,28 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import tempfile
 import time
+
+from tercel.server.aio import Aio, open_aio
 
 AHEAD = 1 << 20
 
 
-def run(path: str, mode: str, groups: int, group: int) -> tuple[float, float, float]:
+def _aio_fdatasync(aio: Aio, fd: int) -> None:
+    aio.fdatasync(fd, 0)
+    done: list[tuple[int, int]] = []
+    while not done:
+        select.select([aio.eventfd], [], [])
+        done = aio.reap()
+    if done[0][1] < 0:
+        raise OSError(-done[0][1], os.strerror(-done[0][1]))
+
+
+def run(
+    path: str, mode: str, groups: int, group: int, aio: Aio | None
+) -> tuple[float, float, float]:
     """(wall µs per group, CPU µs per group, slowest group in ms)."""
     chunk = b"x" * group
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -40,11 +58,14 @@ def run(path: str, mode: str, groups: int, group: int) -> tuple[float, float, fl
             t0 = time.perf_counter()
             os.pwrite(fd, chunk, pos)
             pos += group
-            if mode == "ahead" and pos > allocated:
+            if mode in ("ahead", "aio") and pos > allocated:
                 allocated = pos
                 os.pwrite(fd, bytes(AHEAD), allocated)
                 allocated += AHEAD
-            os.fdatasync(fd)
+            if aio is not None and mode == "aio":
+                _aio_fdatasync(aio, fd)
+            else:
+                os.fdatasync(fd)
             worst = max(worst, time.perf_counter() - t0)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     finally:
@@ -63,9 +84,11 @@ def main() -> None:
     os.makedirs(args.dir, exist_ok=True)
     path = tempfile.mktemp(prefix="fsync-ahead-", dir=args.dir)
     print(f"{args.groups} groups of {args.group} B per run, in {os.path.abspath(args.dir)}")
+    aio = open_aio()
+    modes = ("append", "ahead", "fallocate") + (("aio",) if aio is not None else ())
     for r in range(1, args.rounds + 1):
-        for mode in ("append", "ahead", "fallocate"):
-            wall, cpu, worst = run(path, mode, args.groups, args.group)
+        for mode in modes:
+            wall, cpu, worst = run(path, mode, args.groups, args.group, aio)
             print(
                 f"r{r} {mode:9s} {wall:7.1f} µs/group wall {cpu:6.1f} µs CPU"
                 f"  slowest {worst:5.1f} ms"
