@@ -34,6 +34,10 @@ _EVENT = struct.Struct("<QQqq")  # struct io_event: data, obj, res, res2
 MAX_IN_FLIGHT: Final = 256
 
 
+_long = ctypes.c_long
+"""``syscall`` is variadic: every argument is passed as a C long, as the kernel reads it."""
+
+
 class Aio:
     """One AIO context and its eventfd. Loop thread only."""
 
@@ -42,7 +46,7 @@ class Aio:
         self._libc.syscall.restype = ctypes.c_long
         self._setup, self._destroy, self._getevents, self._submit = syscalls
         self._ctx = ctypes.c_ulong(0)
-        if self._libc.syscall(self._setup, MAX_IN_FLIGHT, ctypes.byref(self._ctx)) != 0:
+        if self._call(self._setup, _long(MAX_IN_FLIGHT), ctypes.byref(self._ctx)) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"io_setup: {os.strerror(err)}")
         self.eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -52,6 +56,9 @@ class Aio:
         self._no_wait = (ctypes.c_long * 2)(0, 0)
         self.in_flight = 0
 
+    def _call(self, number: int, *args: object) -> int:
+        return int(self._libc.syscall(_long(number), *args))
+
     def fdatasync(self, fd: int, tag: int) -> None:
         """Start an fdatasync of ``fd``; its completion comes back from :meth:`reap` with
         ``tag``. Raises OSError if the kernel refuses it."""
@@ -59,7 +66,7 @@ class Aio:
             self._iocb, 0, tag, 0, 0, _IOCB_CMD_FDSYNC, 0, fd, 0, 0, 0, 0,
             _IOCB_FLAG_RESFD, self.eventfd,
         )  # fmt: skip
-        if self._libc.syscall(self._submit, self._ctx, 1, self._iocbs) != 1:
+        if self._call(self._submit, self._ctx, _long(1), self._iocbs) != 1:
             err = ctypes.get_errno()
             raise OSError(err, f"io_submit: {os.strerror(err)}")
         self.in_flight += 1
@@ -69,27 +76,25 @@ class Aio:
         eventfd. Never blocks."""
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.eventfd)
-        n = self._libc.syscall(
-            self._getevents, self._ctx, 0, MAX_IN_FLIGHT, self._events, self._no_wait
-        )
-        if n < 0:
-            err = ctypes.get_errno()
-            if err == errno.EINTR:
-                return []
-            raise OSError(err, f"io_getevents: {os.strerror(err)}")
-        return self._results(n)
+        return self._getevents_call(0, self._no_wait)
 
     def wait_all(self) -> list[tuple[int, int]]:
         """Block until every fdatasync in flight has completed; their ``(tag, result)``."""
-        n = self._libc.syscall(
-            self._getevents, self._ctx, self.in_flight, MAX_IN_FLIGHT, self._events, None
-        )
-        if n < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"io_getevents: {os.strerror(err)}")
-        return self._results(n)
+        return self._getevents_call(self.in_flight, None)
 
-    def _results(self, n: int) -> list[tuple[int, int]]:
+    def _getevents_call(self, min_nr: int, timeout: object) -> list[tuple[int, int]]:
+        """io_getevents for at least ``min_nr`` completions (``timeout`` None: wait for
+        them; zero: do not wait), retried when a signal interrupts it."""
+        while True:
+            n = self._call(
+                self._getevents, self._ctx, _long(min_nr), _long(MAX_IN_FLIGHT), self._events,
+                timeout,
+            )  # fmt: skip
+            if n >= 0:
+                break
+            err = ctypes.get_errno()
+            if err != errno.EINTR:
+                raise OSError(err, f"io_getevents: {os.strerror(err)}")
         self.in_flight -= n
         out = []
         for i in range(n):
@@ -98,7 +103,7 @@ class Aio:
         return out
 
     def close(self) -> None:
-        self._libc.syscall(self._destroy, self._ctx)
+        self._call(self._destroy, self._ctx)
         os.close(self.eventfd)
 
 
