@@ -43,6 +43,14 @@ def fsync_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     return str(request.param)
 
 
+def needs_aio() -> None:
+    """Skip where native AIO is missing (the committer then always syncs on the loop)."""
+    aio = open_aio()
+    if aio is None:
+        pytest.skip("no native AIO on this system")
+    aio.close()
+
+
 both_paths = pytest.mark.parametrize("fsync_path", ["aio", "inline"], indirect=True)
 
 
@@ -206,8 +214,7 @@ def test_replies_held_during_a_group_fsync_follow_it_in_order(
 
 
 def test_small_groups_sync_on_the_loop_and_big_ones_through_aio(tmp_path: Path) -> None:
-    if open_aio() is None:
-        pytest.skip("no native AIO on this system")
+    needs_aio()
     syncing: list[bool] = []
 
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
@@ -227,8 +234,7 @@ def test_small_groups_sync_on_the_loop_and_big_ones_through_aio(tmp_path: Path) 
 
 
 def test_flush_now_waits_for_the_aio_group_and_syncs_what_came_after(tmp_path: Path) -> None:
-    if open_aio() is None:
-        pytest.skip("no native AIO on this system")
+    needs_aio()
     released: list[bytes] = []
     after: list[tuple[bool, bool]] = []
 
