@@ -328,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, why in missing.items():
         print(f"warning: {n} unavailable: {why}", file=sys.stderr)
     runner = Runner(a)
+    meta = machine_meta(a, argv)  # the commit and tree state of the code the snapshot takes
     if not a.no_snapshot and servers.snapshot_tercel(runner.workdir):
         print("tercel: running a snapshot of src/tercel taken now", file=sys.stderr)
     if runner.client_cpu is not None:
@@ -363,7 +364,6 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(runner.workdir, ignore_errors=True)
     print(report.tables(records))
     if not a.quick and not a.no_docs:
-        meta = machine_meta(a, argv)
         meta["wall_s"] = time.monotonic() - t_start
         meta["results"] = os.path.relpath(out, BENCH.parent)
         report.write_docs(a.docs, records, meta)

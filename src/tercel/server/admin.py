@@ -71,6 +71,7 @@ _GLOBAL_COUNTERS = (
     "journal_write_errors",
     "journal_fsyncs",
     "journal_fsync_waits",
+    "journal_fsyncs_aio",
 )
 _QUEUE_COUNTERS = (
     "total_items",

@@ -117,6 +117,8 @@ class Committer:
         self.fsync_waits = 0
         """Reply writes released after a group fsync (one per connection per pass):
         ``fsync_waits / fsyncs`` is the mean number of connections served by one fsync."""
+        self.aio_fsyncs = 0
+        """Of ``fsyncs``, the groups synced through native AIO (the rest ran on the loop)."""
         self.write_errors = 0
 
     @property
@@ -229,6 +231,8 @@ class Committer:
             return
         self.syncing = False
         self._group = ([], [], None)
+        if error is None:
+            self.aio_fsyncs += 1
         self._finish(group, error)
         self.run(inline)  # write what the passes since buffered, and start their group
 

@@ -48,6 +48,7 @@ def global_lines(server: Server) -> list[tuple[str, object]]:
         ("journal_write_errors", server.committer.write_errors),
         ("journal_fsyncs", server.committer.fsyncs),
         ("journal_fsync_waits", server.committer.fsync_waits),
+        ("journal_fsyncs_aio", server.committer.aio_fsyncs),
     ]
 
 
