@@ -91,6 +91,11 @@ _DOCS = {
     "get_hit_latency_usec": "Time to answer a get that found an item, in microseconds.",
     "get_miss_latency_usec": "Time to answer a get that found none, in microseconds.",
     "delivery_latency_msec": "Time from an item's add to its removal, in milliseconds.",
+    "journal_torn_tails": "Torn journal tails cut at start-up.",
+    "journal_write_errors": "Failed journal writes and fsyncs.",
+    "journal_fsyncs": "Group fsyncs of sync_journal = true queues.",
+    "journal_fsync_waits": "Reply writes released after a group fsync.",
+    "journal_fsyncs_aio": "Group fsyncs that went through native AIO.",
 }
 
 
