@@ -171,12 +171,12 @@ class Committer:
                 conn.fail()
             return
         self._waiting += held
-        if not self.syncing:
-            self._start_group(inline)
+        self._start_group(inline)
 
     def _start_group(self, inline: bool = False) -> None:
         """fsync the journals written since the last group, then release the replies that
-        waited for them: through AIO unless ``inline`` (start-up, shutdown) or unavailable."""
+        waited for them: through AIO when the group is big enough and AIO is there, unless
+        ``inline`` (:meth:`flush_now`); otherwise on the loop, now."""
         waiting, self._waiting = self._waiting, []
         if not self._to_sync:
             for conn, data in waiting:
