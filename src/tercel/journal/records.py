@@ -121,19 +121,18 @@ def encode_add(buf: bytearray, item_id: int, add_time: int, expiry: int, data: b
     buf += data
 
 
-def _simple(op: int) -> bytes:
-    body = bytes([op])
-    return _PREFIX.pack(1, crc32(body)) + body
+def _record(body: bytes) -> bytes:
+    """The whole record of ``body``: its length and crc32, then the body."""
+    return _PREFIX.pack(len(body), crc32(body)) + body
 
 
-REMOVE_RECORD: Final = _simple(OP_REMOVE)
-FLUSH_RECORD: Final = _simple(OP_FLUSH)
+REMOVE_RECORD: Final = _record(bytes([OP_REMOVE]))
+FLUSH_RECORD: Final = _record(bytes([OP_FLUSH]))
 
 
 def xid_record(op: int, xid: int) -> bytes:
     """An OPEN, CONFIRM, ABORT or DELIVERED record for ``xid`` (or a count)."""
-    body = _XID.pack(op, xid)
-    return _PREFIX.pack(len(body), crc32(body)) + body
+    return _record(_XID.pack(op, xid))
 
 
 def encode_xid(buf: bytearray, op: int, xid: int) -> None:
@@ -143,16 +142,12 @@ def encode_xid(buf: bytearray, op: int, xid: int) -> None:
 
 def encode_snapshot(buf: bytearray, next_id: int, xid: int) -> None:
     """Append a SNAPSHOT record: replay forgets all state so far and sets the counters."""
-    body = _SNAPSHOT.pack(OP_SNAPSHOT, next_id, xid)
-    buf += _PREFIX.pack(len(body), crc32(body))
-    buf += body
+    buf += _record(_SNAPSHOT.pack(OP_SNAPSHOT, next_id, xid))
 
 
 def encode_resume(buf: bytearray, cursor: Position, taken: Position) -> None:
     """Append a RESUME record (see docs/journal_format.md: read-behind compaction)."""
-    body = _RESUME.pack(OP_RESUME, cursor[0], cursor[1], taken[0], taken[1])
-    buf += _PREFIX.pack(len(body), crc32(body))
-    buf += body
+    buf += _record(_RESUME.pack(OP_RESUME, cursor[0], cursor[1], taken[0], taken[1]))
 
 
 def decode_resume(buf: Bytes, pos: int) -> tuple[Position, Position]:

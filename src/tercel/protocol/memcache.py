@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Final, cast
+from typing import Final, TypeVar, cast
 
 from tercel.errors import ProtocolError
 from tercel.names import valid_name_bytes
@@ -83,6 +83,19 @@ _SIZES: Final[dict[bytes, int]] = {}
 """Payload sizes seen before (clients repeat a few): one dict hit instead of two calls."""
 _SIZES_MAX: Final = 4096
 
+_T = TypeVar("_T")
+
+
+def _remember(cache: dict[bytes, _T], key: bytes, value: _T, limit: int) -> _T:
+    """Store ``value`` under ``key`` in one of the caches above, emptied whenever it reaches
+    ``limit`` entries (clients use a few names and sizes; a client inventing new ones cannot
+    grow it without bound); return ``value``."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 _SetFields = tuple[str, int, int, bool]
 """A set's queue, flags, exptime and noreply, parsed before its payload is there."""
 
@@ -104,9 +117,7 @@ def _queue(token: bytes) -> str:
     if name is None:
         if not valid_name_bytes(token):
             raise ProtocolError("bad queue name")
-        if len(_NAMES) >= _NAMES_MAX:
-            _NAMES.clear()
-        name = _NAMES[token] = token.decode("ascii")
+        name = _remember(_NAMES, token, token.decode("ascii"), _NAMES_MAX)
     return name
 
 
@@ -224,10 +235,7 @@ class MemcacheServerCodec:
             if name is None:
                 return parse_get_key(key)
             get = _new_get(GET_CLASS, (key, name, None, False, False, False, False, False))
-            if len(_PLAIN_GETS) >= _NAMES_MAX:
-                _PLAIN_GETS.clear()
-            _PLAIN_GETS[key] = get
-            return get
+            return _remember(_PLAIN_GETS, key, get, _NAMES_MAX)
         return self._dispatch(tokens)
 
     def _long_line_ok(self, end: int) -> bool:
@@ -290,10 +298,7 @@ class MemcacheServerCodec:
         elif not size_token.isdigit():
             raise ProtocolError("bad data chunk size", close=True)
         else:
-            size = int(size_token)
-            if len(_SIZES) >= _SIZES_MAX:
-                _SIZES.clear()
-            _SIZES[size_token] = size
+            size = _remember(_SIZES, size_token, int(size_token), _SIZES_MAX)
         if size > self._max_value:
             raise ProtocolError("object too large for cache", close=True)
         outcome: _SetFields | ProtocolError | None = None  # None: answered as unknown
