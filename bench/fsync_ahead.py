@@ -11,7 +11,13 @@ Each group is one ``pwrite`` of ``--group`` bytes (a loop pass's journal records
   marks such blocks unwritten, and converting them is a metadata commit again);
 - ``aio``: as ``ahead``, with the ``fdatasync`` submitted through Linux native AIO and its
   completion awaited on the eventfd, as the server's big groups are (``tercel.server.aio``;
-  the kernel worker's CPU is not counted in the CPU column). Skipped without AIO.
+  the kernel worker's CPU is not counted in the CPU column). Skipped without AIO;
+- ``aio-busy``: as ``aio``, but the process stays busy while the fsync runs, as the server's
+  loop does under load: passes of 100 µs of work, each ending with a look at the eventfd;
+- ``aio-yield``: as ``aio-busy``, each pass ending with ``sched_yield()`` as the committer's do
+  while a group is in flight. The kernel worker that runs an AIO fsync is bound to the CPU
+  that submitted it; a busy process on that CPU delays it by up to a scheduler slice. Run
+  pinned to one CPU (``taskset -c 1``) to see it as the pinned benchmark server does.
 
 Run in the data directory's file system: ``python bench/fsync_ahead.py --dir tercel-data``.
 Prints wall and CPU time per group and the slowest group; nothing here is a pass/fail test.
@@ -30,11 +36,23 @@ from tercel.server.aio import Aio, open_aio
 AHEAD = 1 << 20
 
 
-def _aio_fdatasync(aio: Aio, fd: int) -> None:
+PASS = 100e-6
+
+
+def _aio_fdatasync(aio: Aio, fd: int, mode: str) -> None:
     aio.fdatasync(fd, 0)
     done: list[tuple[int, int]] = []
     while not done:
-        select.select([aio.eventfd], [], [])
+        if mode == "aio":
+            select.select([aio.eventfd], [], [])
+        else:  # a loop pass of work, then a look at the eventfd
+            end = time.perf_counter() + PASS
+            while time.perf_counter() < end:
+                pass
+            if mode == "aio-yield":
+                os.sched_yield()
+            if not select.select([aio.eventfd], [], [], 0)[0]:
+                continue
         done = aio.reap()
     if done[0][1] < 0:
         raise OSError(-done[0][1], os.strerror(-done[0][1]))
@@ -58,12 +76,12 @@ def run(
             t0 = time.perf_counter()
             os.pwrite(fd, chunk, pos)
             pos += group
-            if mode in ("ahead", "aio") and pos > allocated:
+            if mode != "append" and mode != "fallocate" and pos > allocated:
                 allocated = pos
                 os.pwrite(fd, bytes(AHEAD), allocated)
                 allocated += AHEAD
-            if aio is not None and mode == "aio":
-                _aio_fdatasync(aio, fd)
+            if aio is not None and mode.startswith("aio"):
+                _aio_fdatasync(aio, fd, mode)
             else:
                 os.fdatasync(fd)
             worst = max(worst, time.perf_counter() - t0)
@@ -85,7 +103,9 @@ def main() -> None:
     path = tempfile.mktemp(prefix="fsync-ahead-", dir=args.dir)
     print(f"{args.groups} groups of {args.group} B per run, in {os.path.abspath(args.dir)}")
     aio = open_aio()
-    modes = ("append", "ahead", "fallocate") + (("aio",) if aio is not None else ())
+    modes = ("append", "ahead", "fallocate")
+    if aio is not None:
+        modes += ("aio", "aio-busy", "aio-yield")
     for r in range(1, args.rounds + 1):
         for mode in modes:
             wall, cpu, worst = run(path, mode, args.groups, args.group, aio)

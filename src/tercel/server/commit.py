@@ -16,13 +16,17 @@ Queues with ``sync_journal = true`` add a step: the replies wait for a *group fs
 their records in the journal buffers and hold their replies; when the fsync completes, its
 replies go out, and those records are written and form the next group. So the disk's time
 overlaps the parsing of the next requests (Redis's ``appendfsync always`` blocks its loop in
-``beforeSleep`` instead). A smaller group, and every group where AIO is missing, is fsynced on
-the loop, after the pass's writes and before its replies: small groups come from unpipelined
-clients, whose next requests then pile up and are read in one pass, where an overlapped fsync
-would wake the loop once per request (measured +20 % CPU per op). An fsync in a *worker
-thread* was measured slower than both (the GIL hand-off back to the loop; docs/benchmarks.md).
-Either way every reply held while a group is being synced waits for the group after it, so a
-connection's replies never overtake each other.
+``beforeSleep`` instead). The kernel runs an AIO fsync in a worker bound to the CPU that
+submitted it, which is the loop's own; a loop kept busy by those next requests held that worker
+off until the scheduler tick (~4 ms on the benchmark machine, for an fsync of ~0.3 ms), so
+every pass that runs while a group is being synced ends with ``sched_yield()``
+(``bench/fsync_ahead.py``, modes ``aio-busy`` and ``aio-yield``). A smaller group, and every
+group where AIO is missing, is fsynced on the loop, after the pass's writes and before its
+replies: small groups come from unpipelined clients, whose next requests then pile up and are
+read in one pass, where an overlapped fsync would wake the loop once per request (measured: a
+fifth more CPU per op). An fsync in a *worker thread* was measured slower than both (the GIL
+hand-off back to the loop; docs/benchmarks.md). Either way every reply held while a group is
+being synced waits for the group after it, so a connection's replies never overtake each other.
 
 Queues with ``sync_journal = "<period>"`` are fsynced by a timer at most once per period while
 writes are pending, in a worker thread, without holding replies (Kestrel's
@@ -147,6 +151,7 @@ class Committer:
         if self.syncing:  # what this pass wrote waits in the buffers for the next group
             self._waiting += self._held
             self._held = []
+            os.sched_yield()  # let the kernel worker running the fsync have the CPU (see above)
             return
         dirty, self.dirty = self.dirty, []
         held, self._held = self._held, []
