@@ -103,7 +103,7 @@ def main() -> None:
     path = tempfile.mktemp(prefix="fsync-ahead-", dir=args.dir)
     print(f"{args.groups} groups of {args.group} B per run, in {os.path.abspath(args.dir)}")
     aio = open_aio()
-    modes = ("append", "ahead", "fallocate")
+    modes: tuple[str, ...] = ("append", "ahead", "fallocate")
     if aio is not None:
         modes += ("aio", "aio-busy", "aio-yield")
     for r in range(1, args.rounds + 1):
