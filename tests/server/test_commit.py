@@ -233,6 +233,39 @@ def test_small_groups_sync_on_the_loop_and_big_ones_through_aio(tmp_path: Path) 
     assert (committer.fsyncs, committer.fsync_waits) == (2, 2)
 
 
+def _eventfds() -> int:
+    """How many eventfds this process has open (an AIO context brings one)."""
+    fds = os.listdir("/proc/self/fd")
+    return sum(_readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]" for fd in fds)
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # closed since listed
+        return ""
+
+
+def test_the_aio_context_opens_with_the_first_big_group(tmp_path: Path) -> None:
+    needs_aio()
+    counts: list[int] = []
+
+    def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
+        loop = asyncio.get_running_loop()
+
+        def one_pass(payload: bytes) -> None:
+            journals["s"].add(1, 0, 0, payload)
+            committer.hold(Conn(journals["s"]), b"STORED\r\n")
+            loop.call_soon(lambda: counts.append(_eventfds()))  # after its group starts
+
+        counts.append(_eventfds())
+        one_pass(b"x" * 1000)  # on the loop: no context needed yet
+        loop.call_soon(one_pass, b"x" * AIO_MIN_GROUP)
+
+    run_passes(tmp_path, {"s": 0}, body, aio_min_group=AIO_MIN_GROUP)
+    assert counts[1:] == [counts[0], counts[0] + 1]
+
+
 def test_flush_now_waits_for_the_aio_group_and_syncs_what_came_after(tmp_path: Path) -> None:
     needs_aio()
     released: list[bytes] = []

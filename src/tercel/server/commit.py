@@ -46,7 +46,7 @@ from typing import Protocol
 
 from tercel.errors import JournalWriteError
 from tercel.journal import FileJournal
-from tercel.server.aio import open_aio
+from tercel.server.aio import Aio, open_aio
 
 
 class Holder(Protocol):
@@ -111,9 +111,8 @@ class Committer:
         self.syncing = False
         """True while a group fsync runs (through AIO): every reply waits behind it."""
         self._group: _Group = ([], [], None)
-        self._aio = open_aio()
-        if self._aio is not None:
-            loop.add_reader(self._aio.eventfd, self._aio_done)
+        self._aio: Aio | None = None
+        self._aio_tried = False  # opened for the first big group: no sync queue, no context
         self._scheduled = False
         self._periodic: dict[FileJournal, asyncio.TimerHandle] = {}
         self.fsyncs = 0
@@ -189,10 +188,10 @@ class Committer:
             return
         journals = list(self._to_sync)
         self._to_sync.clear()
-        aio = self._aio
         big = self._group_bytes >= self._aio_min_group
         self._group_bytes = 0
-        if inline or aio is None or not big:
+        aio = self._open_aio() if big and not inline else None
+        if aio is None:
             self._finish(waiting, _sync_all(journals))
             return
         error: JournalWriteError | None = None
@@ -212,6 +211,15 @@ class Committer:
             return
         self.syncing = True
         self._group = (submitted, waiting, error)
+
+    def _open_aio(self) -> Aio | None:
+        """The AIO context, opened on first use; None where AIO is not available."""
+        if not self._aio_tried:
+            self._aio_tried = True
+            self._aio = open_aio()
+            if self._aio is not None:
+                self._loop.add_reader(self._aio.eventfd, self._aio_done)
+        return self._aio
 
     def _aio_done(self) -> None:
         """The eventfd of the AIO context is readable: collect what completed."""
@@ -284,6 +292,7 @@ class Committer:
             handle.cancel()
         self._periodic.clear()
         self._executor.shutdown(wait=True)
+        self._aio_tried = True  # never open one after this
         if self._aio is not None:
             self._loop.remove_reader(self._aio.eventfd)
             self._aio.close()
