@@ -150,7 +150,7 @@ class Committer:
         if self.syncing:  # what this pass wrote waits in the buffers for the next group
             self._waiting += self._held
             self._held = []
-            os.sched_yield()  # let the kernel worker running the fsync have the CPU (see above)
+            os.sched_yield()  # the fsync's kernel worker shares our CPU: see the module docstring
             return
         dirty, self.dirty = self.dirty, []
         held, self._held = self._held, []
