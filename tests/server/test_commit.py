@@ -213,9 +213,10 @@ def test_replies_held_during_a_group_fsync_follow_it_in_order(
     assert seen_syncing == [fsync_path == "aio"]
 
 
-def test_small_groups_sync_on_the_loop_and_big_ones_through_aio(tmp_path: Path) -> None:
-    needs_aio()
-    syncing: list[bool] = []
+def small_then_big(probe: Callable[[Committer], object], seen: list[object]) -> Callable[..., None]:
+    """A ``run_passes`` body: a pass with a group under AIO_MIN_GROUP (fsynced on the loop, at
+    once), then a pass with a big one (through AIO); ``probe(committer)`` goes into ``seen``
+    after each group has started."""
 
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
         loop = asyncio.get_running_loop()
@@ -223,11 +224,18 @@ def test_small_groups_sync_on_the_loop_and_big_ones_through_aio(tmp_path: Path) 
         def one_pass(payload: bytes) -> None:
             journals["s"].add(1, 0, 0, payload)
             committer.hold(Conn(journals["s"]), b"STORED\r\n")
-            loop.call_soon(lambda: syncing.append(committer.syncing))  # after its group starts
+            loop.call_soon(lambda: seen.append(probe(committer)))
 
-        one_pass(b"x" * 1000)  # under AIO_MIN_GROUP: fsynced on the loop, at once
-        loop.call_soon(one_pass, b"x" * AIO_MIN_GROUP)  # the next pass, a big group: AIO
+        one_pass(b"x" * 1000)
+        loop.call_soon(one_pass, b"x" * AIO_MIN_GROUP)
 
+    return body
+
+
+def test_small_groups_sync_on_the_loop_and_big_ones_through_aio(tmp_path: Path) -> None:
+    needs_aio()
+    syncing: list[object] = []
+    body = small_then_big(lambda committer: committer.syncing, syncing)
     committer = run_passes(tmp_path, {"s": 0}, body, aio_min_group=AIO_MIN_GROUP)
     assert syncing == [False, True]
     assert (committer.fsyncs, committer.fsync_waits) == (2, 2)
@@ -248,22 +256,17 @@ def _readlink(path: str) -> str:
 
 def test_the_aio_context_opens_with_the_first_big_group(tmp_path: Path) -> None:
     needs_aio()
-    counts: list[int] = []
+    counts: list[object] = []
+    passes = small_then_big(lambda _: _eventfds(), counts)
 
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
-        loop = asyncio.get_running_loop()
-
-        def one_pass(payload: bytes) -> None:
-            journals["s"].add(1, 0, 0, payload)
-            committer.hold(Conn(journals["s"]), b"STORED\r\n")
-            loop.call_soon(lambda: counts.append(_eventfds()))  # after its group starts
-
-        counts.append(_eventfds())
-        one_pass(b"x" * 1000)  # on the loop: no context needed yet
-        loop.call_soon(one_pass, b"x" * AIO_MIN_GROUP)
+        counts.append(_eventfds())  # the loop's own, before any group
+        passes(committer, journals)
 
     run_passes(tmp_path, {"s": 0}, body, aio_min_group=AIO_MIN_GROUP)
-    assert counts[1:] == [counts[0], counts[0] + 1]
+    before = counts[0]
+    assert isinstance(before, int)
+    assert counts[1:] == [before, before + 1]  # none for the small group, one for the big
 
 
 def test_flush_now_waits_for_the_aio_group_and_syncs_what_came_after(tmp_path: Path) -> None:
