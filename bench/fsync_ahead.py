@@ -76,7 +76,7 @@ def run(
             t0 = time.perf_counter()
             os.pwrite(fd, chunk, pos)
             pos += group
-            if mode != "append" and mode != "fallocate" and pos > allocated:
+            if mode not in ("append", "fallocate") and pos > allocated:
                 allocated = pos
                 os.pwrite(fd, bytes(AHEAD), allocated)
                 allocated += AHEAD

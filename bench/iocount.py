@@ -37,10 +37,10 @@ EVENTS = {
 }
 SOCKET_EVENTS = {
     f"syscalls:sys_enter_{call}": call
-    for call in ("read", "write", "writev", "epoll_wait", "pwritev", "sched_yield")
+    for call in ("read", "write", "writev", "epoll_wait", "pwritev2", "sched_yield")
 }
 """With ``--syscalls``: the calls that serve sockets and the loop (uvloop reads and writes
-sockets with read/write/writev; the journal writes with pwritev)."""
+sockets with read/write/writev; the journal writes with pwritev2)."""
 
 
 def _perf() -> str:
