@@ -103,7 +103,7 @@ class Committer:
         self._policy = policy
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tercel-fsync")
         self.dirty: list[FileJournal] = []
-        """Journals with buffered records this pass (read by connections; only we change it)."""
+        """Journals with buffered records this pass (appended to by :meth:`journal_dirty`)."""
         self._held: list[tuple[Holder, bytes]] = []
         self._to_sync: dict[FileJournal, None] = {}
         self._group_bytes = 0  # written to the journals in _to_sync
@@ -123,6 +123,12 @@ class Committer:
         self.aio_fsyncs = 0
         """Of ``fsyncs``, the groups synced through native AIO (the rest ran on the loop)."""
         self.write_errors = 0
+
+    @property
+    def holding(self) -> bool:
+        """True when a reply written now could overtake a record: records are buffered this
+        pass, or a group fsync runs. A connection then hands its replies to :meth:`hold`."""
+        return bool(self.dirty) or self.syncing
 
     @property
     def busy(self) -> bool:

@@ -240,7 +240,7 @@ class MemcacheConnection:
             data = b"".join(out)
             out.clear()
             committer = self.hub.committer
-            if committer.dirty or committer.syncing:  # replies wait for their records
+            if committer.holding:
                 committer.hold(self, data)
                 return
             self.release(data)
