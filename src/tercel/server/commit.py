@@ -1,10 +1,10 @@
 """Group commit: journal bytes reach the OS before any reply that depends on them leaves.
 
-How a loop pass goes. Handlers append records to journal buffers; the first append to a
-clean journal registers it here (``journal_dirty``), and a connection that has replies while
-any journal is dirty, or while a group fsync runs (``holding``), hands them here (``hold``)
-instead of writing them. One callback, queued with ``call_soon`` by the first registration, then runs at
-the start of the next pass, before any new I/O callback: it writes every dirty journal with
+How a loop pass goes. Handlers append records to journal buffers; the first append to a clean
+journal registers it here (``journal_dirty``), and a connection that has replies while any
+journal is dirty, or while a group fsync runs (``holding``), hands them here (``hold``) instead
+of writing them. One callback, queued with ``call_soon`` by the first registration, then runs
+at the start of the next pass, before any new I/O callback: it writes every dirty journal with
 one ``write`` each, and only then sends the held replies. So ``STORED`` always follows the
 record's ``write``, and 32 connections in one pass cost one write, not 32 (Redis's
 ``aof_buf``/``beforeSleep``).
