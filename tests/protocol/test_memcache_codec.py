@@ -561,3 +561,47 @@ def test_repeated_commands_parse_the_same_through_the_caches() -> None:
     big = mc.MemcacheServerCodec(max_value=5)  # the same size token, another codec's limit
     big.receive_data(b"set cq 0 0 5\r\nhello\r\n")
     assert big.next_command() == Set("cq", 0, 0, b"hello")
+
+
+def test_a_repeated_line_is_recognised_only_whole() -> None:
+    """The codec remembers its last get and set line; a line that merely starts like one, or
+    a repeat whose payload is still on its way, parses as it would the first time."""
+    assert parse_chunks(
+        [
+            b"get q\r\nget q\r\nget qq\r\nget q\nget q\r\n",
+            b"set q 0 0 2\r\nab\r\nset q 0 0 2\r\nc",
+            b"d\r\nset q 0 0 2\r\nefg\r\n",
+        ]
+    ) == [
+        Get(b"q", "q"),
+        Get(b"q", "q"),
+        Get(b"qq", "qq"),
+        Get(b"q", "q"),
+        Get(b"q", "q"),
+        Set("q", 0, 0, b"ab"),
+        Set("q", 0, 0, b"cd"),
+        ("error", "bad data chunk", True),
+    ]
+
+
+repeats = st.lists(st.sampled_from(range(4)), min_size=1, max_size=24)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(requests, min_size=1, max_size=4), repeats, st.data())
+def test_repeated_lines_parse_as_the_first_time(
+    pool: list[bytes], picks: list[int], data: st.DataObject
+) -> None:
+    """A stream that repeats a few requests parses, in any split, to what each request gives
+    alone (the first time a codec sees it)."""
+    reqs = [pool[i % len(pool)] for i in picks]
+    alone: list[Outcome] = []
+    for req in reqs:
+        one = parse_chunks([req])
+        alone += one
+        if any(type(o) is tuple and o[2] for o in one):
+            break  # a closing error ends the stream
+    stream = b"".join(reqs)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
+    pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    assert parse_chunks(pieces) == alone
