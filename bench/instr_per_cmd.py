@@ -7,9 +7,12 @@ a transport that drops replies) is fed 1 KiB ``set`` or ``get`` commands, 32 per
 pass, ``--per-read`` of them per ``data_received`` (1: one command per read, as at pipeline
 depth 1; 16: a pipelined client's read). Each figure is the difference of two run lengths
 divided by the extra commands, which cancels start-up and imports; the get figure has the
-cost of the sets that filled the queue taken out.
+cost of the sets that filled the queue taken out. With ``--vary`` the sets alternate between a
+1024- and a 1023-byte payload, so that no set line repeats the one before it (the codec
+recognises a repeated line without parsing it again: this is the cost when it cannot).
 
     python bench/instr_per_cmd.py --per-read 16     # installs valgrind with apt-get if missing
+    python bench/instr_per_cmd.py --per-read 16 --vary
 
 Runs on whatever ``tercel`` imports: the compiled build after ``make native``.
 """
@@ -28,6 +31,8 @@ import tempfile
 PASS = 32
 PAYLOAD = b"x" * 1024
 SET = b"set q 0 0 1024\r\n" + PAYLOAD + b"\r\n"
+SET_PAIR = SET + b"set q 0 0 1023\r\n" + PAYLOAD[:-1] + b"\r\n"
+"""Two sets whose lines differ (``--vary``)."""
 GET = b"get q\r\n"
 
 
@@ -53,7 +58,7 @@ class _Transport:
         return None
 
 
-async def _drive(which: str, passes: int, per_read: int) -> None:
+async def _drive(which: str, passes: int, per_read: int, vary: bool) -> None:
     from tercel.config import ServerConfig
     from tercel.server.app import Server
     from tercel.server.memcache import MemcacheConnection
@@ -68,21 +73,22 @@ async def _drive(which: str, passes: int, per_read: int) -> None:
         conn.data_received(SET)  # create the queue
         await asyncio.sleep(0)
 
-        async def feed(command: bytes) -> None:
+        async def feed(command: bytes, per_command: int = 1) -> None:
             for _ in range(passes):
                 for _ in range(PASS // per_read):
-                    conn.data_received(command * per_read)
+                    conn.data_received(command * (per_read // per_command))
                 await asyncio.sleep(0)
 
+        sets = (SET_PAIR, 2) if vary else (SET, 1)
         if which == "get":
-            await feed(SET)  # the items the gets take
-        await feed(SET if which == "set" else GET)
+            await feed(*sets)  # the items the gets take
+        await (feed(*sets) if which == "set" else feed(GET))
         await server.stop()
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def _count(which: str, passes: int, per_read: int) -> int:
+def _count(which: str, passes: int, per_read: int, vary: bool) -> int:
     """Instructions of one whole run under callgrind."""
     cmd = [
         "valgrind",
@@ -95,6 +101,7 @@ def _count(which: str, passes: int, per_read: int) -> int:
         str(passes),
         "--per-read",
         str(per_read),
+        *(["--vary"] if vary else []),
     ]
     env = dict(os.environ, PYTHONHASHSEED="0")
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stderr
@@ -118,20 +125,27 @@ def _ensure_valgrind() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--per-read", type=int, default=1, choices=(1, 2, 4, 8, 16, 32))
+    ap.add_argument("--vary", action="store_true", help="no set line repeats the one before")
     ap.add_argument("--child", nargs=2, metavar=("OP", "PASSES"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.vary and args.per_read < 2:
+        ap.error("--vary feeds sets in pairs: --per-read 2 or more")
     if args.child:
         import uvloop
 
-        uvloop.run(_drive(args.child[0], int(args.child[1]), args.per_read))
+        uvloop.run(_drive(args.child[0], int(args.child[1]), args.per_read, args.vary))
         return
     _ensure_valgrind()
     short, long = 100, 400
     extra = (long - short) * PASS
-    per_set = (_count("set", long, args.per_read) - _count("set", short, args.per_read)) // extra
-    get_runs = _count("get", long, args.per_read) - _count("get", short, args.per_read)
-    per_get = get_runs // extra - per_set
-    print(f"{args.per_read} per read: set {per_set} instr/cmd, get {per_get} instr/cmd")
+
+    def count(which: str, passes: int) -> int:
+        return _count(which, passes, args.per_read, args.vary)
+
+    per_set = (count("set", long) - count("set", short)) // extra
+    per_get = (count("get", long) - count("get", short)) // extra - per_set
+    vary = ", set lines varied" if args.vary else ""
+    print(f"{args.per_read} per read{vary}: set {per_set} instr/cmd, get {per_get} instr/cmd")
 
 
 if __name__ == "__main__":

@@ -605,3 +605,12 @@ def test_repeated_lines_parse_as_the_first_time(
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
     pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert parse_chunks(pieces) == alone
+
+
+def test_a_long_line_is_parsed_each_time_not_remembered() -> None:
+    """Lines of 512 bytes or more (padded numbers) parse as usual and are not kept."""
+    line = b"get q/t=" + b"0" * 600 + b"5\r\n"
+    codec = mc.MemcacheServerCodec()
+    codec.receive_data(line * 2)
+    assert [codec.next_command() for _ in range(2)] == [Get(line[4:-2], "q", timeout=5)] * 2
+    assert codec._get_line == b"\n"  # the memo still holds nothing

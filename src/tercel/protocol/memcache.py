@@ -96,6 +96,10 @@ def _remember(cache: dict[bytes, _T], key: bytes, value: _T, limit: int) -> _T:
     return value
 
 
+_MEMO_LINE: Final = 512
+"""The longest line a codec remembers for repeats (a name is at most 200 bytes: a longer line
+is padded numbers, not worth keeping per connection)."""
+
 _SetFields = tuple[str, int, int, bool]
 """A set's queue, flags, exptime and noreply, parsed before its payload is there."""
 
@@ -259,15 +263,16 @@ class MemcacheServerCodec:
         cmd = tokens[0]
         if cmd == b"set":
             size, fields = self._storage_line(tokens)
-            if isinstance(fields, tuple):
+            if isinstance(fields, tuple) and nl - pos < _MEMO_LINE:
                 self._set_line = buf[pos : nl + 1]
                 self._set_size = size
                 self._set_fields = fields
             return self._storage_body(cmd, size, fields)
         if cmd == b"get" and len(tokens) == 2:
             get = self._plain_get(tokens[1])
-            self._get_line = buf[pos : nl + 1]
-            self._get_cmd = get  # commands are immutable: the same object serves every repeat
+            if nl - pos < _MEMO_LINE:
+                self._get_line = buf[pos : nl + 1]
+                self._get_cmd = get  # commands are immutable: one object serves every repeat
             return get
         return self._dispatch(tokens)
 
