@@ -81,6 +81,23 @@ def test_read_behind_keeps_a_window_and_returns_everything_in_order(store: Store
     q.close()
 
 
+def test_read_behind_compacts_once_eight_windows_are_consumed(tmp_path: Path) -> None:
+    """Rule 4: the window is rewritten once per eight windows drained, not sooner."""
+    q = build(tmp_path, max_memory_size=1000, max_journal_size=1000)
+    for i in range(600):
+        q.add(payload(i))
+    removed = 0
+    while q.log.compactions == 0:
+        assert q.remove() is not None
+        removed += 1
+    # Eight 1000-byte windows are 60 records of 133 bytes. The reader runs a window (10 items)
+    # ahead of the removes, only whole files (8 records) count, and the rules are checked every
+    # 16 operations: the first compaction comes after 50-74 removes (at two windows: 5-29).
+    assert 45 <= removed <= 80
+    assert drain(q) == [payload(i) for i in range(removed, 600)]
+    q.close()
+
+
 def test_disk_use_tracks_live_data_while_draining_in_read_behind(tmp_path: Path) -> None:
     q = build(tmp_path, max_memory_size=2000, max_journal_size=5000)
     for i in range(2000):

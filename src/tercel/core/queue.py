@@ -35,6 +35,13 @@ MAINTAIN_EVERY: Final = 15
 empty), not on every one: a check costs a call and a size sum, and 16 records more or less
 never matter against limits counted in megabytes."""
 
+READ_BEHIND_COMPACT_WINDOWS: Final = 8
+"""In read-behind, the consumed files are compacted once they weigh this many memory windows:
+the snapshot rewrites the window, so its extra writes are 1/8 of what drains. At 2 the rewrite
+took 29 % of the server's CPU samples in a 2 GB drain (docs/benchmarks.md, session 7); 8 is also
+Kestrel's default proportion (a pack of the 128 MB window each time the journal passes 1 GB).
+``max_journal_size_absolute`` bounds the disk that consumed files may hold meanwhile."""
+
 NO_LIMIT: Final = 2**62 - 1
 """An unset size or count limit as :meth:`PersistentQueue.add` compares it. The config's
 ``UNLIMITED`` (2**63 - 1, Kestrel's Long.MaxValue) does not fit mypyc's unboxed ints (below
@@ -443,8 +450,9 @@ class PersistentQueue:
            compact;
         3. log over ``max_journal_size_absolute``: compact what can be;
         in read-behind: rotate files at ``max_journal_size``, and compact the files wholly
-        before the read position once they outweigh both ``max_journal_size`` and twice the
-        memory window. Sizes count every file of the log, not only the current one.
+        before the read position once they outweigh both ``max_journal_size`` and
+        ``READ_BEHIND_COMPACT_WINDOWS`` memory windows. Sizes count every file of the log, not
+        only the current one.
         """
         log = self.log
         cfg = self.config
@@ -457,7 +465,8 @@ class PersistentQueue:
             cursor = self._reader.position if self._reader is not None else self._cursor
             assert cursor is not None
             consumed = log.size_before(cursor[0])
-            if consumed > max(cfg.max_journal_size, 2 * self.mem_bytes) or (
+            window = READ_BEHIND_COMPACT_WINDOWS * self.mem_bytes
+            if consumed > max(cfg.max_journal_size, window) or (
                 size > cfg.max_journal_size_absolute and consumed
             ):
                 self._compact(cursor)
