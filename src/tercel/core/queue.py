@@ -465,8 +465,8 @@ class PersistentQueue:
             cursor = self._reader.position if self._reader is not None else self._cursor
             assert cursor is not None
             consumed = log.size_before(cursor[0])
-            window = READ_BEHIND_COMPACT_WINDOWS * self.mem_bytes
-            if consumed > max(cfg.max_journal_size, window) or (
+            windows = READ_BEHIND_COMPACT_WINDOWS * self.mem_bytes
+            if consumed > max(cfg.max_journal_size, windows) or (
                 size > cfg.max_journal_size_absolute and consumed
             ):
                 self._compact(cursor)
