@@ -236,16 +236,10 @@ class MemcacheServerCodec:
                 return NEED_DATA  # the common end of a batch: everything read was parsed
         else:
             first = buf[pos]
-            if first == 103:  # g
-                line = self._get_line
-                if buf[pos : pos + len(line)] == line:
-                    self._pos = pos + len(line)
-                    return self._get_cmd
-            elif first == 115:  # s
-                line = self._set_line
-                if buf[pos : pos + len(line)] == line:
-                    self._pos = pos + len(line)
-                    return self._storage_body(b"set", self._set_size, self._set_fields)
+            if first == 103 and self._repeats(self._get_line):  # g
+                return self._get_cmd
+            if first == 115 and self._repeats(self._set_line):  # s
+                return self._storage_body(b"set", self._set_size, self._set_fields)
         nl = buf.find(b"\n", pos)
         if nl < 0:
             if self._later:
@@ -275,6 +269,15 @@ class MemcacheServerCodec:
                 self._get_cmd = get  # commands are immutable: one object serves every repeat
             return get
         return self._dispatch(tokens)
+
+    def _repeats(self, line: bytes) -> bool:
+        """True, with ``line`` consumed, when the unparsed bytes start with ``line``."""
+        pos = self._pos
+        end = pos + len(line)
+        if self._buf[pos:end] != line:
+            return False
+        self._pos = end
+        return True
 
     @staticmethod
     def _plain_get(key: bytes) -> Get:
