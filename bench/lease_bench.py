@@ -14,6 +14,7 @@ import argparse
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 
 from tercel.client import Client
 from tercel.protocol.commands import Ack, Get, Lease
@@ -81,10 +82,11 @@ def main() -> None:
     config = "[queues]\nsync_journal = true\n" if args.sync else None
     with tempfile.TemporaryDirectory() as tmp, ServerProcess(tmp, config) as srv:
         results = {}
-        for name, drain in (
+        drains: list[tuple[str, Callable[[Conn], int]]] = [
             (f"lease batch={args.batch} + ack", lambda c: drain_leases(c, "lb", args.batch)),
             ("get /close/open round trips", lambda c: drain_close_open(c, "co")),
-        ):
+        ]
+        for name, drain in drains:
             queue = "lb" if name.startswith("lease") else "co"
             fill(srv.address, queue, args.items, args.size)
             conn = Conn(srv.address)

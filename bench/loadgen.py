@@ -563,8 +563,9 @@ def fill(
     extra = [0, 0, 0]
     while state:
         for key, _ in sel.select(30):
-            s = key.fileobj
-            assert isinstance(s, socket.socket)
+            fobj = key.fileobj
+            assert isinstance(fobj, socket.socket)
+            s = fobj
             st = state[s]
             data = s.recv(RECV_SIZE)
             if not data:

@@ -56,8 +56,9 @@ def _consumer_main(
         extra = [0, 0, 0]
         while not stop.value:
             for key, _ in sel.select(0.05):
-                s = key.fileobj
-                assert isinstance(s, socket.socket)
+                fobj = key.fileobj
+                assert isinstance(fobj, socket.socket)
+                s = fobj
                 data = s.recv(1 << 16)
                 now = time.monotonic_ns()
                 if not data:

@@ -2,7 +2,8 @@
 
 Contract:
 - :func:`tables` returns one Markdown table per cell key, in first-seen order. Each row is one
-  server: medians over rounds of ops/s, p50/p99 latency, server CPU µs/op and peak RSS, plus
+  server: medians over rounds of ops/s, p50/p99/p99.9 latency, server and load-generator CPU
+  µs/op, peak RSS and noise (CPU used by neither, per second), plus
   for each peer the paired ratio tercel/peer (throughput and CPU per op), computed within each
   round and reported as ``median [min-max]``. Only records with ``status == "ok"`` count.
 - Replay cells report seconds to the first dequeue after restart (lower is better) instead of
@@ -60,6 +61,16 @@ def cpu_us_per_op(rec: dict[str, Any]) -> float | None:
     return float(cpu) * 1e6 / ops
 
 
+def _client_us_per_op(rec: dict[str, Any]) -> float | None:
+    """The load generator's CPU µs per op of one record (it shares the machine with the
+    server), or None when not measured."""
+    cpu = rec.get("client_cpu_s")
+    ops = rec.get("ops") or 0
+    if cpu is None or not ops:
+        return None
+    return float(cpu) * 1e6 / ops
+
+
 def _paired(recs: list[dict[str, Any]], target: str, peer: str, metric: str) -> list[float]:
     """Per-round ratios target/peer of ``metric`` where both ran cleanly in that round."""
     by_round: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
@@ -97,7 +108,8 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
         "| server | class | first dequeue after restart | listening after | fill | on disk "
         "| peak RSS after replay | errors | tercel / peer (time) |"
         if replay
-        else "| server | class | ops/s | p50 | p99 | server CPU µs/op | peak RSS | errors | noise "
+        else "| server | class | ops/s | p50 | p99 | p99.9 | server CPU µs/op | client CPU µs/op "
+        "| peak RSS | errors | noise "
         f"| tercel / peer ({ratio_label}) | tercel / peer (CPU/op) |"
     )
     lines = [f"### {key}", ""]
@@ -140,16 +152,19 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
         rate = _median([r["ops_per_s"] for r in ok]) or 0.0
         p50 = _median([r["p50_us"] for r in ok])
         p99 = _median([r["p99_us"] for r in ok])
+        p999 = _median([r["p999_us"] for r in ok if r.get("p999_us") is not None])
         cpu = _median([c for c in (cpu_us_per_op(r) for r in ok) if c is not None])
         cpu_s = f"{cpu:.1f}" if cpu is not None else "-"
+        client = _median([c for c in (_client_us_per_op(r) for r in ok) if c is not None])
+        client_s = f"{client:.1f}" if client is not None else "-"
         noise = _median(
             [r["other_cpu_s"] / r["elapsed_s"] for r in ok if r.get("other_cpu_s") is not None]
         )
         noise_s = f"{noise:.0%}" if noise is not None else "-"
         lines.append(
-            f"| {name} | {cls} | {_fmt_rate(rate)} | {_fmt_us(p50)} | {_fmt_us(p99)} | {cpu_s} "
-            f"| {rss_s} | {errs} | {noise_s} | {'; '.join(ratios_ops) or '-'} "
-            f"| {'; '.join(ratios_cpu) or '-'} |"
+            f"| {name} | {cls} | {_fmt_rate(rate)} | {_fmt_us(p50)} | {_fmt_us(p99)} "
+            f"| {_fmt_us(p999)} | {cpu_s} | {client_s} | {rss_s} | {errs} | {noise_s} "
+            f"| {'; '.join(ratios_ops) or '-'} | {'; '.join(ratios_cpu) or '-'} |"
         )
     return [*lines, ""]
 

@@ -1,0 +1,51 @@
+"""The benchmark suite still runs: a few-second smoke run against tercel alone.
+
+The suite itself (``make bench``) is never part of pass/fail; this only checks that its tools
+(load generator, server control, report) work end to end, so they do not rot between the
+benchmark runs. No figure is asserted, only that every run finished cleanly and the report
+has the columns docs/benchmarks.md is made of.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def test_quick_suite_runs_cleanly_against_tercel(tmp_path: Path) -> None:
+    out = tmp_path / "quick.jsonl"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "suite.py"),
+            "--quick",
+            "--servers",
+            "tercel-nosync,tercel-sync",
+            "--scenarios",
+            "enqueue,mixed,dequeue",
+            "--no-docs",
+            "--out",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["scenario"] for r in records} == {"enqueue", "mixed", "dequeue"}
+    for r in records:
+        assert r["status"] == "ok", r
+        assert r["errors"] == 0, r  # misses are allowed: a quick dequeue may drain its fill
+        assert r["ops"] > 0 and r["server_cpu_s"] > 0 and r["client_cpu_s"] > 0, r
+        assert r["p50_us"] <= r["p99_us"] <= r["p999_us"], r
+    header = (
+        "| server | class | ops/s | p50 | p99 | p99.9 | server CPU µs/op | client CPU µs/op "
+        "| peak RSS | errors | noise |"
+    )
+    assert header in proc.stdout
