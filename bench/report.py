@@ -61,6 +61,16 @@ def cpu_us_per_op(rec: dict[str, Any]) -> float | None:
     return float(cpu) * 1e6 / ops
 
 
+def noise_share(rec: dict[str, Any]) -> float | None:
+    """The CPU that neither the server nor the load generator used during a run's measured
+    window, as a share of one CPU (0.25 = a quarter of a CPU), or None when not measured."""
+    other = rec.get("other_cpu_s")
+    elapsed = rec.get("elapsed_s")
+    if other is None or not elapsed:
+        return None
+    return float(other) / float(elapsed)
+
+
 def _client_us_per_op(rec: dict[str, Any]) -> float | None:
     """The load generator's CPU µs per op of one record (it shares the machine with the
     server), or None when not measured."""
@@ -157,9 +167,7 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
         cpu_s = f"{cpu:.1f}" if cpu is not None else "-"
         client = _median([c for c in (_client_us_per_op(r) for r in ok) if c is not None])
         client_s = f"{client:.1f}" if client is not None else "-"
-        noise = _median(
-            [r["other_cpu_s"] / r["elapsed_s"] for r in ok if r.get("other_cpu_s") is not None]
-        )
+        noise = _median([n for n in (noise_share(r) for r in ok) if n is not None])
         noise_s = f"{noise:.0%}" if noise is not None else "-"
         lines.append(
             f"| {name} | {cls} | {_fmt_rate(rate)} | {_fmt_us(p50)} | {_fmt_us(p99)} "

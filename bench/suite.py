@@ -5,6 +5,9 @@ Contract:
   order that rotates every round; every run gets a fresh server and data dir (:mod:`servers`).
 - The server is pinned to ``--server-cpu`` and this process plus its load workers to
   ``--client-cpu`` (pinning is skipped on a single-CPU machine or with -1).
+- A clean run during which other processes used more than ``--rerun-noisy`` of a CPU is run
+  again, at most ``--max-reruns`` times; the quietest attempt counts and the others are kept
+  in the results with status "noisy".
 - Each run appends one JSON line to the results file; at the end the Markdown tables
   (:mod:`report`) go to stdout, and, unless ``--quick`` or ``--no-docs``, to docs/benchmarks.md.
 - Exit status 0 means every planned run happened and reported zero errors; 1 otherwise.
@@ -87,6 +90,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=96,
         help="dequeue: largest backlog per segment, below tercel's memory window",
     )
+    ap.add_argument(
+        "--rerun-noisy",
+        type=float,
+        default=0.25,
+        help="run a server's cell again when other processes used more than this share of "
+        "a CPU during it",
+    )
+    ap.add_argument("--max-reruns", type=int, default=2, help="reruns per run (0 = never)")
     ap.add_argument("--server-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="JSON-lines results file")
@@ -289,7 +300,7 @@ def machine_meta(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 
 def _progress(i: int, total: int, rec: dict[str, Any]) -> str:
-    if rec["status"] != "ok":
+    if rec["status"] not in ("ok", "noisy"):
         detail = rec.get("reason") or "; ".join(rec.get("error_samples") or [])
         return f"[{i}/{total}] r{rec['round']} {rec['cell']:<28} {rec['server']:<15} " + (
             f"{rec['status'].upper()}: {str(detail)[:150]}"
@@ -302,6 +313,10 @@ def _progress(i: int, total: int, rec: dict[str, Any]) -> str:
             f"{rec['ops_per_s']:>9.0f} ops/s  p99 {rec['p99_us']:>8.0f} µs  "
             f"cpu {cpu if cpu is not None else float('nan'):5.1f} µs/op"
         )
+    noise = report.noise_share(rec)
+    if noise is not None:
+        again = "  (noisy: run again)" if rec["status"] == "noisy" else ""
+        what += f"  noise {noise:4.0%}{again}"
     return f"[{i}/{total}] r{rec['round']} {rec['cell']:<28} {rec['server']:<15} {what}"
 
 
@@ -351,12 +366,13 @@ def main(argv: list[str] | None = None) -> int:
                 k = (rnd - 1) % len(names) if names else 0
                 for name in names[k:] + names[:k] or [""]:
                     i += 1
-                    rec = _one(runner, cell, name, missing, a)
-                    rec.update(run=run_id, round=rnd)
-                    records.append(rec)
-                    f.write(json.dumps(rec) + "\n")
-                    f.flush()
-                    print(_progress(i, total, rec), file=sys.stderr)
+                    rec: dict[str, Any] = {}
+                    for rec in _attempts(runner, cell, name, missing, a):
+                        rec.update(run=run_id, round=rnd)
+                        records.append(rec)
+                        f.write(json.dumps(rec) + "\n")
+                        f.flush()
+                        print(_progress(i, total, rec), file=sys.stderr)
                     if rec["status"] == "error" or (
                         rec["status"] == "unavailable" and name and not a.allow_missing
                     ):
@@ -373,6 +389,35 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 1 if failed else 0
+
+
+def _attempts(
+    runner: Runner,
+    cell: scenarios.Cell,
+    name: str,
+    missing: dict[str, str],
+    a: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    """One server in one cell, run again while the host was busy: a clean run whose noise
+    (:func:`report.noise_share`) is above ``--rerun-noisy`` is repeated, at most
+    ``--max-reruns`` times. Of the clean attempts the quietest keeps status "ok" and comes
+    last; the others get status "noisy" (kept in the results, left out of the tables)."""
+    runs = [_one(runner, cell, name, missing, a)]
+    while len(runs) <= a.max_reruns and _too_noisy(runs[-1], a.rerun_noisy):
+        runs.append(_one(runner, cell, name, missing, a))
+    clean = [r for r in runs if r["status"] == "ok"]
+    if len(runs) == 1 or not clean:
+        return runs
+    best = min(clean, key=lambda r: report.noise_share(r) or 0.0)
+    for r in clean:
+        if r is not best:
+            r["status"] = "noisy"
+    return [*(r for r in runs if r is not best), best]
+
+
+def _too_noisy(rec: dict[str, Any], limit: float) -> bool:
+    noise = report.noise_share(rec)
+    return rec["status"] == "ok" and noise is not None and noise > limit
 
 
 def _one(

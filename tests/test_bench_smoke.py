@@ -3,7 +3,8 @@
 The suite itself (``make bench``) is never part of pass/fail; this only checks that its tools
 (load generator, server control, report) work end to end, so they do not rot between the
 benchmark runs. No figure is asserted, only that every run finished cleanly and the report
-has the columns docs/benchmarks.md is made of.
+has the columns docs/benchmarks.md is made of. A busy host's runs are run again
+(``--rerun-noisy``); forcing every run to count as noisy checks which attempt is kept.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -28,6 +30,8 @@ def test_quick_suite_runs_cleanly_against_tercel(tmp_path: Path) -> None:
             "--scenarios",
             "enqueue,mixed,dequeue",
             "--no-docs",
+            "--rerun-noisy=-1",  # every run counts as noisy: each is run exactly twice
+            "--max-reruns=1",
             "--out",
             str(out),
         ],
@@ -39,8 +43,14 @@ def test_quick_suite_runs_cleanly_against_tercel(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["scenario"] for r in records} == {"enqueue", "mixed", "dequeue"}
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in records:
-        assert r["status"] == "ok", r
+        runs.setdefault((r["cell"], r["server"]), []).append(r)
+    for attempts in runs.values():  # the quieter attempt counts, and is written last
+        assert [r["status"] for r in attempts] == ["noisy", "ok"], attempts
+        noise = [r["other_cpu_s"] / r["elapsed_s"] for r in attempts]
+        assert noise[1] <= noise[0]
+    for r in records:
         assert r["errors"] == 0, r  # misses are allowed: a quick dequeue may drain its fill
         assert r["ops"] > 0 and r["server_cpu_s"] > 0 and r["client_cpu_s"] > 0, r
         assert r["p50_us"] <= r["p99_us"] <= r["p999_us"], r
