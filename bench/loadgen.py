@@ -78,6 +78,7 @@ class LoadResult:
     client_cpu_s: float = 0.0
     server_cpu_s: float | None = None
     other_cpu_s: float | None = None
+    kernel_cpu_s: float | None = None
     error_samples: list[str] = field(default_factory=list)
     lat: array[int] = field(default_factory=lambda: array("q"), repr=False)
     weight: array[int] = field(default_factory=lambda: array("l"), repr=False)
@@ -107,6 +108,8 @@ def merge_results(parts: list[LoadResult]) -> LoadResult:
             cpu = (cpu or 0.0) + p.server_cpu_s
         if p.other_cpu_s is not None:
             out.other_cpu_s = (out.other_cpu_s or 0.0) + p.other_cpu_s
+        if p.kernel_cpu_s is not None:
+            out.kernel_cpu_s = (out.kernel_cpu_s or 0.0) + p.kernel_cpu_s
     out.server_cpu_s = cpu
     out.error_samples = out.error_samples[:5]
     out.ops_per_s = out.ops / out.elapsed_s if out.elapsed_s > 0 else 0.0
@@ -462,9 +465,10 @@ def run_load(spec: LoadSpec, server_pid: int | None = None) -> LoadResult:
     times[1] = t_end
     go.set()
     cpu_before: float | None = None
+    kernel_before = 0.0
     if server_pid is not None:
         time.sleep(max(0.0, (t_meas - time.monotonic_ns()) / 1e9))
-        cpu_before = procstat.cpu_seconds(server_pid)
+        cpu_before, kernel_before = procstat.tree_and_kernel_seconds(server_pid)
     busy_before = procstat.system_busy_seconds()
     lat = array("q")
     weight = array("l")
@@ -489,8 +493,10 @@ def run_load(spec: LoadSpec, server_pid: int | None = None) -> LoadResult:
             res.error_samples.append("queue ran dry during warm-up: prefill more")
     busy = procstat.system_busy_seconds() - busy_before
     if cpu_before is not None and server_pid is not None:
-        res.server_cpu_s = procstat.cpu_seconds(server_pid) - cpu_before
-        res.other_cpu_s = max(0.0, busy - res.server_cpu_s - res.client_cpu_s)
+        cpu_after, kernel_after = procstat.tree_and_kernel_seconds(server_pid)
+        res.server_cpu_s = cpu_after - cpu_before
+        res.kernel_cpu_s = kernel_after - kernel_before
+        res.other_cpu_s = max(0.0, busy - res.server_cpu_s - res.client_cpu_s - res.kernel_cpu_s)
     for w in workers:
         w.join(timeout=5)
         if w.is_alive():
