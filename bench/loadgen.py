@@ -79,6 +79,7 @@ class LoadResult:
     server_cpu_s: float | None = None
     other_cpu_s: float | None = None
     kernel_cpu_s: float | None = None
+    steal_cpu_s: float | None = None
     error_samples: list[str] = field(default_factory=list)
     lat: array[int] = field(default_factory=lambda: array("q"), repr=False)
     weight: array[int] = field(default_factory=lambda: array("l"), repr=False)
@@ -110,6 +111,8 @@ def merge_results(parts: list[LoadResult]) -> LoadResult:
             out.other_cpu_s = (out.other_cpu_s or 0.0) + p.other_cpu_s
         if p.kernel_cpu_s is not None:
             out.kernel_cpu_s = (out.kernel_cpu_s or 0.0) + p.kernel_cpu_s
+        if p.steal_cpu_s is not None:
+            out.steal_cpu_s = (out.steal_cpu_s or 0.0) + p.steal_cpu_s
     out.server_cpu_s = cpu
     out.error_samples = out.error_samples[:5]
     out.ops_per_s = out.ops / out.elapsed_s if out.elapsed_s > 0 else 0.0
@@ -470,6 +473,7 @@ def run_load(spec: LoadSpec, server_pid: int | None = None) -> LoadResult:
         time.sleep(max(0.0, (t_meas - time.monotonic_ns()) / 1e9))
         cpu_before, kernel_before = procstat.tree_and_kernel_seconds(server_pid)
     busy_before = procstat.system_busy_seconds()
+    steal_before = procstat.steal_seconds()
     lat = array("q")
     weight = array("l")
     last_done = 0
@@ -492,6 +496,7 @@ def run_load(spec: LoadSpec, server_pid: int | None = None) -> LoadResult:
             res.errors += 1
             res.error_samples.append("queue ran dry during warm-up: prefill more")
     busy = procstat.system_busy_seconds() - busy_before
+    res.steal_cpu_s = procstat.steal_seconds() - steal_before
     if cpu_before is not None and server_pid is not None:
         cpu_after, kernel_after = procstat.tree_and_kernel_seconds(server_pid)
         res.server_cpu_s = cpu_after - cpu_before

@@ -39,6 +39,18 @@ def rss_kb(pid: int) -> int:
     return _status_kb(pid, b"VmRSS:")
 
 
+def _cpu_ticks() -> list[int]:
+    """The machine-wide line of /proc/stat: user nice system idle iowait irq softirq steal."""
+    with open("/proc/stat", "rb") as f:
+        fields = f.readline().split()[1:]
+    return [int(x) for x in fields[:8]]
+
+
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor gave to other guests while our CPUs wanted to run."""
+    return _cpu_ticks()[7] / _TICK
+
+
 def system_busy_seconds() -> float:
     """CPU seconds all CPUs together have spent not idle since boot (from /proc/stat).
 
@@ -46,9 +58,7 @@ def system_busy_seconds() -> float:
     minus the kernel threads' (:func:`tree_and_kernel_seconds`), is the CPU that other processes
     took (with steal time, what the hypervisor gave to other guests): a noise indicator.
     """
-    with open("/proc/stat", "rb") as f:
-        fields = f.readline().split()[1:]
-    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+    ticks = _cpu_ticks()
     return (sum(ticks) - ticks[3] - ticks[4]) / _TICK
 
 
