@@ -115,16 +115,13 @@ def parse_mc(buf: bytearray, pos: int, extra: list[int]) -> tuple[int, int]:
     if nl < 0:
         return pos, INCOMPLETE
     c = buf[pos]
-    if c == 86:  # 'V': VALUE <key> <flags> <bytes> [<cas>]
-        sp1 = buf.find(b" ", pos + 6, nl)  # after key
-        sp2 = buf.find(b" ", sp1 + 1, nl)  # after flags
-        sp3 = buf.find(b" ", sp2 + 1, nl)
-        n = int(buf[sp2 + 1 : nl if sp3 < 0 else sp3])
+    if c == 86:  # 'V': VALUE <key> <flags> <bytes> (never a cas: no request here asks for one)
+        n = int(buf[buf.rfind(b" ", pos, nl) + 1 : nl])
         start = nl + 2
         end = start + n + 7  # data \r\n END\r\n
         if len(buf) < end:
             return pos, INCOMPLETE
-        if buf[end - 5 : end] != b"END\r\n":
+        if buf[end - 5] != 69 or buf[end - 1] != 10:  # not "END\r\n" after the data
             return end, ERR
         extra[0] = 0
         extra[1] = start
@@ -165,44 +162,34 @@ def parse_bs(buf: bytearray, pos: int, extra: list[int]) -> tuple[int, int]:
     return nl + 2, ERR
 
 
-def _redis_bulk(buf: bytearray, pos: int, extra: list[int]) -> tuple[int, int]:
-    """Parses a ``$n`` bulk string at ``pos``; ``$-1`` is MISS."""
-    nl = buf.find(b"\r\n", pos)
-    if nl < 0:
-        return pos, INCOMPLETE
-    if buf[pos] != 36:  # '$'
-        return nl + 2, ERR
-    n = int(buf[pos + 1 : nl])
-    if n < 0:
-        return nl + 2, MISS
-    start = nl + 2
-    end = start + n + 2
-    if len(buf) < end:
-        return pos, INCOMPLETE
-    extra[0] = 0
-    extra[1] = start
-    extra[2] = n
-    return end, OK
-
-
 def parse_redis(buf: bytearray, pos: int, extra: list[int]) -> tuple[int, int]:
     """Parses one RESP reply as the queue ops use them (integer, bulk, BLPOP pair, +OK)."""
     if pos >= len(buf):
         return pos, INCOMPLETE
     c = buf[pos]
-    if c == 36:  # '$' bulk (LPOP)
-        return _redis_bulk(buf, pos, extra)
     nl = buf.find(b"\r\n", pos)
     if nl < 0:
         return pos, INCOMPLETE
+    if c == 36:  # '$' bulk (LPOP; $-1 is a miss)
+        n = int(buf[pos + 1 : nl])
+        if n < 0:
+            return nl + 2, MISS
+        start = nl + 2
+        end = start + n + 2
+        if len(buf) < end:
+            return pos, INCOMPLETE
+        extra[0] = 0
+        extra[1] = start
+        extra[2] = n
+        return end, OK
     if c == 58:  # ':' integer (RPUSH)
         return nl + 2, OK
     if c == 42:  # '*' array (BLPOP): *2 key value, or *-1 on timeout
         if buf[pos + 1] == 45:
             return nl + 2, MISS
-        p, code = _redis_bulk(buf, nl + 2, extra)  # the key
+        p, code = parse_redis(buf, nl + 2, extra)  # the key, a bulk string
         if code == OK:
-            p, code = _redis_bulk(buf, p, extra)  # the value
+            p, code = parse_redis(buf, p, extra)  # the value
         if code == INCOMPLETE:
             return pos, INCOMPLETE
         return (p, OK) if code == OK else (p, ERR)
