@@ -52,9 +52,10 @@ def _ratio_text(rs: list[float]) -> str:
     return f"{med:.2f}x [{min(rs):.2f}-{max(rs):.2f}]"
 
 
-def cpu_us_per_op(rec: dict[str, Any]) -> float | None:
-    """Server CPU µs per op of one record, or None when not measured."""
-    cpu = rec.get("server_cpu_s")
+def cpu_us_per_op(rec: dict[str, Any], key: str = "server_cpu_s") -> float | None:
+    """CPU µs per op of one record: the server's, or with ``key="client_cpu_s"`` the load
+    generator's (it shares the machine with the server); None when not measured."""
+    cpu = rec.get(key)
     ops = rec.get("ops") or 0
     if cpu is None or not ops:
         return None
@@ -69,16 +70,6 @@ def noise_share(rec: dict[str, Any]) -> float | None:
     if other is None or not elapsed:
         return None
     return float(other) / float(elapsed)
-
-
-def _client_us_per_op(rec: dict[str, Any]) -> float | None:
-    """The load generator's CPU µs per op of one record (it shares the machine with the
-    server), or None when not measured."""
-    cpu = rec.get("client_cpu_s")
-    ops = rec.get("ops") or 0
-    if cpu is None or not ops:
-        return None
-    return float(cpu) * 1e6 / ops
 
 
 def _paired(recs: list[dict[str, Any]], target: str, peer: str, metric: str) -> list[float]:
@@ -165,7 +156,9 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
         p999 = _median([r["p999_us"] for r in ok if r.get("p999_us") is not None])
         cpu = _median([c for c in (cpu_us_per_op(r) for r in ok) if c is not None])
         cpu_s = f"{cpu:.1f}" if cpu is not None else "-"
-        client = _median([c for c in (_client_us_per_op(r) for r in ok) if c is not None])
+        client = _median(
+            [c for c in (cpu_us_per_op(r, "client_cpu_s") for r in ok) if c is not None]
+        )
         client_s = f"{client:.1f}" if client is not None else "-"
         noise = _median([n for n in (noise_share(r) for r in ok) if n is not None])
         noise_s = f"{noise:.0%}" if noise is not None else "-"
