@@ -53,8 +53,9 @@ def test_hot_classes_compile_as_native_classes() -> None:
 
 def test_queued_items_are_outside_the_cyclic_gc() -> None:
     """Every full collection visits every tracked object: queued items must not be among them
-    (``QItem`` is ``acyclic`` when compiled; with 2 M 64-byte items in memory a full collection
-    took ~150 ms). In pure Python every instance is tracked, so only the compiled run checks."""
+    (``QItem`` is ``acyclic`` when compiled; with a million 64-byte items in memory a full
+    collection took ~150 ms). In pure Python every instance is tracked, so only the compiled run
+    checks."""
     import gc
 
     from tercel.core.queue import QItem
