@@ -472,8 +472,7 @@ def run_load(spec: LoadSpec, server_pid: int | None = None) -> LoadResult:
     if server_pid is not None:
         time.sleep(max(0.0, (t_meas - time.monotonic_ns()) / 1e9))
         cpu_before, kernel_before = procstat.tree_and_kernel_seconds(server_pid)
-    busy_before = procstat.system_busy_seconds()
-    steal_before = procstat.steal_seconds()
+    busy_before, steal_before = procstat.machine_seconds()
     lat = array("q")
     weight = array("l")
     last_done = 0
@@ -495,8 +494,9 @@ def run_load(spec: LoadSpec, server_pid: int | None = None) -> LoadResult:
             res.dry_in_warmup = True
             res.errors += 1
             res.error_samples.append("queue ran dry during warm-up: prefill more")
-    busy = procstat.system_busy_seconds() - busy_before
-    res.steal_cpu_s = procstat.steal_seconds() - steal_before
+    busy, steal = procstat.machine_seconds()
+    busy -= busy_before
+    res.steal_cpu_s = steal - steal_before
     if cpu_before is not None and server_pid is not None:
         cpu_after, kernel_after = procstat.tree_and_kernel_seconds(server_pid)
         res.server_cpu_s = cpu_after - cpu_before

@@ -162,7 +162,7 @@ def run_many_clients(
         if kind != "ready":
             errors.append(str(payload))
     produced = 0
-    cpu0 = procstat.cpu_seconds(server_pid) if server_pid else None
+    cpu0 = procstat.tree_and_kernel_seconds(server_pid)[0] if server_pid else None
     t0 = time.monotonic()
     if not errors:
         try:
@@ -174,7 +174,9 @@ def run_many_clients(
     while count.value < produced and time.monotonic() < deadline:
         time.sleep(0.01)
     server_cpu = (
-        procstat.cpu_seconds(server_pid) - cpu0 if server_pid and cpu0 is not None else None
+        procstat.tree_and_kernel_seconds(server_pid)[0] - cpu0
+        if server_pid and cpu0 is not None
+        else None
     )
     stop.value = 1
     seqs = array("q")

@@ -1,8 +1,8 @@
-"""Reads a process's CPU time and memory from /proc (Linux only).
+"""Reads CPU time and memory from /proc (Linux only).
 
-Contract: every function takes a live pid and raises ``OSError`` if the process is gone.
-CPU time covers every thread of the process (utime + stime), in seconds, with the kernel's
-clock-tick resolution (usually 10 ms).
+Contract: a function that takes a pid raises ``OSError`` if the process is gone. CPU time is
+utime + stime over every thread, in seconds, with the kernel's clock-tick resolution (usually
+10 ms).
 """
 
 from __future__ import annotations
@@ -10,15 +10,6 @@ from __future__ import annotations
 import os
 
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (all threads) in seconds."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        raw = f.read()
-    # The command name is in parentheses and may contain spaces: split after the last ')'.
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def _status_kb(pid: int, key: bytes) -> int:
@@ -39,27 +30,18 @@ def rss_kb(pid: int) -> int:
     return _status_kb(pid, b"VmRSS:")
 
 
-def _cpu_ticks() -> list[int]:
-    """The machine-wide line of /proc/stat: user nice system idle iowait irq softirq steal."""
+def machine_seconds() -> tuple[float, float]:
+    """CPU seconds since boot of all CPUs together, from one read of /proc/stat: the time not
+    idle, and of it the *steal* (the hypervisor ran other guests while our CPU wanted to run).
+
+    The busy difference over a window, minus the server's and the load generator's own CPU
+    time and minus the kernel threads' (:func:`tree_and_kernel_seconds`), is the CPU that
+    other processes (or, through steal, other guests) took: a noise indicator.
+    """
     with open("/proc/stat", "rb") as f:
         fields = f.readline().split()[1:]
-    return [int(x) for x in fields[:8]]
-
-
-def steal_seconds() -> float:
-    """CPU seconds the hypervisor gave to other guests while our CPUs wanted to run."""
-    return _cpu_ticks()[7] / _TICK
-
-
-def system_busy_seconds() -> float:
-    """CPU seconds all CPUs together have spent not idle since boot (from /proc/stat).
-
-    The difference over a window, minus the server's and the load generator's own CPU time and
-    minus the kernel threads' (:func:`tree_and_kernel_seconds`), is the CPU that other processes
-    took (with steal time, what the hypervisor gave to other guests): a noise indicator.
-    """
-    ticks = _cpu_ticks()
-    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK
+    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK, ticks[7] / _TICK
 
 
 _PF_KTHREAD = 0x00200000
