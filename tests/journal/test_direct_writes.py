@@ -176,3 +176,22 @@ def test_a_failed_direct_write_fails_the_journal_and_keeps_what_was_durable(
     assert (tmp_path / "q").stat().st_size == kept  # cut back to the last complete record
     j.close()
     assert replayed(tmp_path) == [b"kept"]
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_records_a_reader_wrote_out_are_synced_by_the_next_durable_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    if not direct:
+        monkeypatch.setenv("TERCEL_NO_DIRECT", "1")
+    j = held(tmp_path)
+    start = j.position()
+    j.add(1, 0, 0, b"read back before the group commit")
+    reader = j.reader(start)
+    assert reader.next_add() == (1, 0, 0, b"read back before the group commit")
+    reader.close()
+    assert j.needs_sync  # the reader wrote the buffer out through the page cache
+    assert j.write_durably() == 0  # nothing left to write ...
+    assert not j.needs_sync  # ... and what the reader wrote is synced
+    j.close()
+    assert replayed(tmp_path) == [b"read back before the group commit"]

@@ -575,11 +575,16 @@ class FileJournal:
         record, the journal refuses every later append, and :class:`JournalWriteError` is
         raised.
         """
-        if not self._parts or self._fd < 0:
+        if self._fd < 0:
             return 0
-        if self._unsynced or not (self._direct_fd >= 0 or self._open_direct()):
+        if (
+            self._unsynced  # (a reader may have written the buffer out: AddReader.next_add)
+            or not self._parts
+            or not (self._direct_fd >= 0 or self._open_direct())
+        ):
             size = self.write_out()
-            self.sync()
+            if self._unsynced:
+                self.sync()
             return size
         parts, size = self._parts, self._pending
         start = self._written - self._written % DIRECT_BLOCK
