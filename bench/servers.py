@@ -70,20 +70,8 @@ SERVERS: dict[str, ServerDef] = {
             "mc",
             "durable",
             ("true",),
-            note="TERCEL_NO_AIO=1: every group made durable on the event loop (a direct "
-            "write), none through native AIO",
+            note="TERCEL_NO_AIO=1: group fsync on the event loop, not through native AIO",
             env=(("TERCEL_NO_AIO", "1"),),
-            optional=True,
-        ),
-        ServerDef(
-            "tercel-sync-fdatasync",
-            "tercel",
-            "mc",
-            "durable",
-            ("true",),
-            note="TERCEL_NO_DIRECT=1: small groups written through the page cache and "
-            "fdatasynced (as before session 9), not with one direct write",
-            env=(("TERCEL_NO_DIRECT", "1"),),
             optional=True,
         ),
     )
@@ -93,8 +81,8 @@ PEER_TARGETS: dict[str, tuple[str, ...]] = {
     "memcached": ("tercel-nosync", "tercel-50ms"),
     "redis-everysec": ("tercel-nosync", "tercel-50ms"),
     "beanstalkd": ("tercel-nosync", "tercel-50ms"),
-    "redis-always": ("tercel-sync", "tercel-sync-loop", "tercel-sync-fdatasync"),
-    "beanstalkd-f0": ("tercel-sync", "tercel-sync-loop", "tercel-sync-fdatasync"),
+    "redis-always": ("tercel-sync", "tercel-sync-loop"),
+    "beanstalkd-f0": ("tercel-sync", "tercel-sync-loop"),
 }
 """For each peer, the tercel configurations whose paired ratio against it is reported: the same
 durability class, plus memcached as the protocol-speed ceiling for the Kestrel-like mode. Issue 7

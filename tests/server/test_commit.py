@@ -36,14 +36,10 @@ class Conn:
 
 @pytest.fixture
 def fsync_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """How a group is made durable: an fdatasync through native AIO ("aio"); on the loop, a
-    direct write ("direct", the path of small groups, and of every group without AIO, forced
-    here by ``TERCEL_NO_AIO``); or on the loop, a write and an fdatasync ("inline": also
-    without ``O_DIRECT``, forced by ``TERCEL_NO_DIRECT``)."""
-    if request.param in ("direct", "inline"):
-        monkeypatch.setenv("TERCEL_NO_AIO", "1")
+    """Group fsyncs through native AIO, or on the loop (the path taken without AIO, forced
+    here by ``TERCEL_NO_AIO``)."""
     if request.param == "inline":
-        monkeypatch.setenv("TERCEL_NO_DIRECT", "1")
+        monkeypatch.setenv("TERCEL_NO_AIO", "1")
     return str(request.param)
 
 
@@ -55,7 +51,7 @@ def needs_aio() -> None:
     aio.close()
 
 
-all_paths = pytest.mark.parametrize("fsync_path", ["aio", "direct", "inline"], indirect=True)
+both_paths = pytest.mark.parametrize("fsync_path", ["aio", "inline"], indirect=True)
 
 
 async def settle(committer: Committer) -> None:
@@ -98,7 +94,7 @@ def run_passes(
     return asyncio.run(main())
 
 
-@all_paths
+@both_paths
 def test_sync_queue_reply_waits_for_write_and_fsync_of_its_pass(
     tmp_path: Path, fsync_path: str
 ) -> None:
@@ -123,7 +119,7 @@ def test_sync_queue_reply_waits_for_write_and_fsync_of_its_pass(
     assert not any(c.failed for c in conns)
 
 
-@all_paths
+@both_paths
 def test_group_counters_and_unsynced_queues(tmp_path: Path, fsync_path: str) -> None:
     counters: list[tuple[int, int]] = []
     conns: list[Conn] = []
@@ -143,7 +139,7 @@ def test_group_counters_and_unsynced_queues(tmp_path: Path, fsync_path: str) -> 
     assert counters == [(0, 0)]
 
 
-@all_paths
+@both_paths
 def test_each_pass_that_writes_a_sync_queue_is_one_fsync(tmp_path: Path, fsync_path: str) -> None:
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
         loop = asyncio.get_running_loop()
@@ -160,7 +156,7 @@ def test_each_pass_that_writes_a_sync_queue_is_one_fsync(tmp_path: Path, fsync_p
     assert (committer.fsyncs, committer.fsync_waits) == (2, 6)
 
 
-@all_paths
+@both_paths
 def test_failed_group_fsync_drops_the_group_and_fails_the_journal(
     tmp_path: Path, fsync_path: str
 ) -> None:
@@ -171,9 +167,7 @@ def test_failed_group_fsync_drops_the_group_and_fails_the_journal(
         j = journals["s"]
         j.add(1, 0, 0, b"x")
         r, w = os.pipe()
-        # The write goes into the pipe and fdatasync on it fails (EINVAL); a direct write
-        # fails reading the block it rewrites from it (ESPIPE).
-        os.dup2(w, j._fd)
+        os.dup2(w, j._fd)  # the write goes into the pipe; fdatasync on it fails (EINVAL)
         os.close(w)
         for _ in range(2):
             conn = Conn(j)
@@ -188,7 +182,7 @@ def test_failed_group_fsync_drops_the_group_and_fails_the_journal(
     assert errors == [1]
 
 
-@all_paths
+@both_paths
 def test_replies_held_during_a_group_fsync_follow_it_in_order(
     tmp_path: Path, fsync_path: str
 ) -> None:

@@ -26,7 +26,6 @@ on worker threads and touch only their own file descriptors.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import mmap
 import os
@@ -58,31 +57,6 @@ PREALLOCATE_FIRST = 64 << 10
 """The first step ahead in a file. Each step doubles up to :data:`PREALLOCATE`, so a queue that
 writes little keeps little zeroed space on disk, and a busy one extends once per MiB."""
 _ZEROS = memoryview(bytes(PREALLOCATE))
-
-DIRECT_BLOCK: Final = 4096
-"""The alignment of a direct durable write (:meth:`FileJournal.write_durably`): its file
-offset, its length and its buffer's address are multiples of this. 4 KiB is the physical
-block size of common disks and a multiple of every logical block size Linux accepts for
-``O_DIRECT``; a device that wants more refuses the write, and the journal falls back."""
-_O_DIRECT: Final = getattr(os, "O_DIRECT", 0)
-_RWF_DSYNC: Final = getattr(os, "RWF_DSYNC", 0)
-_direct_zeros: mmap.mmap | None = None
-
-
-def _aligned_zeros() -> mmap.mmap:
-    """:data:`PREALLOCATE` zero bytes at a page-aligned address (for direct writes ahead)."""
-    global _direct_zeros
-    if _direct_zeros is None:
-        _direct_zeros = mmap.mmap(-1, PREALLOCATE)  # anonymous: zero-filled, page-aligned
-    return _direct_zeros
-
-
-def direct_writes_enabled() -> bool:
-    """False where direct durable writes are not available (no ``O_DIRECT`` or
-    ``RWF_DSYNC``), or are turned off with ``TERCEL_NO_DIRECT`` in the environment (to
-    measure or test the fallback: a buffered write and an ``fdatasync``)."""
-    return bool(_O_DIRECT and _RWF_DSYNC) and not os.environ.get("TERCEL_NO_DIRECT")
-
 
 FAILPOINTS = (
     "compact_before_write",
@@ -249,11 +223,6 @@ class FileJournal:
         self._allocated = 0  # bytes of the current file, zeros written ahead included
         self._preallocating = False  # set by the first sync of the current file
         self._ahead = PREALLOCATE_FIRST  # the next step of zeros written ahead; 0: none
-        self._direct_fd = -1  # the current file opened with O_DIRECT, for write_durably
-        self._direct = direct_writes_enabled()  # False once the file system refused it
-        self._tail: bytes | None = None  # the current file from its last DIRECT_BLOCK
-        # boundary to its end, as the last direct write left it; None: read it from the file
-        self._dbuf: mmap.mmap | None = None  # page-aligned staging buffer of direct writes
         self._older: dict[int, int] = {}  # seq -> size of each older file
         self._older_total = 0
         self._size_before_cache: tuple[tuple[int, int, int], int] = ((0, 0, 0), 0)
@@ -469,7 +438,6 @@ class FileJournal:
             _write_all(self._fd, rec.FILE_HEADER, 0)
             size = rec.HEADER_SIZE
         self._written = self._allocated = size
-        self._tail = None
         self._preallocating = False
         self._ahead = PREALLOCATE_FIRST
         return rec.header_version(os.pread(self._fd, rec.HEADER_SIZE, 0))
@@ -537,132 +505,27 @@ class FileJournal:
         try:
             _write_parts(self._fd, parts, size, self._written)
         except OSError as exc:
-            self._cut_failed_write()
+            try:  # no partial record stays behind
+                os.ftruncate(self._fd, self._written)
+                self._allocated = self._written
+            except OSError:
+                log.exception("journal %s: could not cut back a failed write", self.path)
             self._fail("write", exc)
         self._written += size
         self._unsynced = True
-        self._tail = None
         if self._written > self._allocated:
             self._allocated = self._written
             if self._preallocating:
                 self._preallocate()
         return size
 
-    def _cut_failed_write(self) -> None:
-        """After a failed write: cut the file back to its last complete record, so no part
-        of a record stays behind (the zeros ahead go with it)."""
-        try:
-            os.ftruncate(self._fd, self._written)
-            self._allocated = self._written
-        except OSError:
-            log.exception("journal %s: could not cut back a failed write", self.path)
-
-    def write_durably(self) -> int:
-        """Write every buffered record and make it durable before returning, as
-        :meth:`write_out` followed by :meth:`sync`; return the bytes of records written.
-
-        Where the file system allows it, this is one direct write (``O_DIRECT``, with
-        ``RWF_DSYNC``): the records, preceded by the bytes of the file since its last
-        :data:`DIRECT_BLOCK` boundary (rewritten unchanged) and followed by zeros up to the
-        next boundary, go from an aligned buffer to the disk without the page cache's
-        writeback (measured about 40 % less CPU and 17 % less time than ``pwritev`` plus
-        ``fdatasync``, docs/benchmarks.md). The zeros after the records are the format's
-        zeros written ahead. Otherwise, and whenever bytes written through the page cache
-        are not synced yet (which a direct write would not cover), it is :meth:`write_out`
-        and :meth:`sync`.
-
-        On failure, as with :meth:`write_out`, the file is cut back to its last complete
-        record, the journal refuses every later append, and :class:`JournalWriteError` is
-        raised.
-        """
-        if self._fd < 0:
-            return 0
-        if (
-            self._unsynced  # (a reader may have written the buffer out: AddReader.next_add)
-            or not self._parts
-            or not (self._direct_fd >= 0 or self._open_direct())
-        ):
-            size = self.write_out()
-            if self._unsynced:
-                self.sync()
-            return size
-        parts, size = self._parts, self._pending
-        start = self._written - self._written % DIRECT_BLOCK
-        try:
-            tail = self._tail
-            if tail is None:
-                tail = os.pread(self._fd, self._written - start, start)
-            used = len(tail) + size
-            length = -(-used // DIRECT_BLOCK) * DIRECT_BLOCK
-            buf = self._direct_buffer(length)
-            buf.seek(0)
-            buf.write(tail)
-            for part in parts:
-                buf.write(part)
-            buf.write(_ZEROS[: length - used])
-            with memoryview(buf) as view:
-                written = os.pwritev(self._direct_fd, [view[:length]], start, _RWF_DSYNC)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:  # alignment or flag refused: buffered from now on
-                log.info("journal %s: direct writes refused (%s); using fdatasync", self.path, exc)
-                self._close_direct()
-                self._direct = False
-                return self.write_durably()
-            self._parts, self._pending = [], 0
-            self._cut_failed_write()
-            self._fail("write", exc)
-        self._parts, self._pending = [], 0
-        if written != length:  # a direct write is not cut short but by a device error
-            self._cut_failed_write()
-            self._fail("write", OSError(errno.EIO, f"short direct write ({written} of {length})"))
-        self._written += size
-        keep = self._written % DIRECT_BLOCK
-        self._tail = buf[used - keep : used]
-        self._preallocating = self._ahead > 0  # a file that is synced: see PREALLOCATE
-        end = start + length
-        if end > self._allocated:
-            self._allocated = end
-            if self._preallocating:
-                self._preallocate(direct=True)
-        return size
-
-    def _open_direct(self) -> bool:
-        """Open the current file for direct writes; False (and never again) if refused."""
-        if not self._direct:
-            return False
-        try:
-            self._direct_fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC | _O_DIRECT)
-        except OSError as exc:  # a file system without O_DIRECT (EINVAL)
-            log.info("journal %s: no direct writes (%s); using fdatasync", self.path, exc)
-            self._direct = False
-            return False
-        return True
-
-    def _close_direct(self) -> None:
-        if self._direct_fd >= 0:
-            os.close(self._direct_fd)
-            self._direct_fd = -1
-
-    def _direct_buffer(self, length: int) -> mmap.mmap:
-        """The staging buffer of direct writes, grown (to a power of two) to ``length``."""
-        buf = self._dbuf
-        if buf is None or len(buf) < length:
-            if buf is not None:
-                buf.close()
-            buf = self._dbuf = mmap.mmap(-1, max(1 << (length - 1).bit_length(), 1 << 16))
-        return buf
-
-    def _preallocate(self, direct: bool = False) -> None:
+    def _preallocate(self) -> None:
         """Write the next step of zeros past the end of the file (see :data:`PREALLOCATE`).
         Best effort: on failure this file goes on without (the next record write reports a
         full disk); the next file tries again."""
         step = self._ahead
         try:
-            if direct:  # after a direct write, at a DIRECT_BLOCK boundary: bypass the cache
-                with memoryview(_aligned_zeros()) as zeros:
-                    _write_all(self._direct_fd, zeros[:step], self._allocated)
-            else:
-                _write_all(self._fd, _ZEROS[:step], self._allocated)
+            _write_all(self._fd, _ZEROS[:step], self._allocated)
         except OSError as exc:
             log.warning("journal %s: stopped writing space ahead: %s", self.path, exc)
             self._preallocating = False
@@ -715,11 +578,6 @@ class FileJournal:
         self._fail("fsync", exc)
 
     @property
-    def pending(self) -> int:
-        """Bytes of records buffered, not yet handed to the OS."""
-        return self._pending
-
-    @property
     def needs_sync(self) -> bool:
         """True when bytes were written since the last :meth:`sync`."""
         return self._unsynced
@@ -757,7 +615,6 @@ class FileJournal:
         os.fdatasync(self._fd)
         os.close(self._fd)
         self._fd = -1
-        self._close_direct()
         old = self._seq
         os.rename(self.path, f"{self.path}.{old}")
         self._older[old] = self._written
@@ -856,10 +713,6 @@ class FileJournal:
         finally:
             os.close(self._fd)
             self._fd = -1
-            self._close_direct()
-            if self._dbuf is not None:
-                self._dbuf.close()
-                self._dbuf = None
 
     def sync_done(self) -> None:
         """Called by the sync owner on the loop thread when a worker's :meth:`sync` ended."""

@@ -160,26 +160,15 @@ class Committer:
             return
         dirty, self.dirty = self.dirty, []
         held, self._held = self._held, []
-        plan = [(journal, self._policy(journal.name)) for journal in dirty]
-        durable = 0  # bytes this pass writes to sync_journal = true journals
-        for journal, mode in plan:
-            if mode == 0:
-                durable += journal.pending
-        big = durable + self._group_bytes >= self._aio_min_group and not inline
-        aio = self._open_aio() if big else None
         failed = False
-        wrote_durably = False
-        for journal, mode in plan:
+        for journal in dirty:
             try:
-                if mode == 0 and aio is None:  # a small group: written and synced now
-                    journal.write_durably()
-                    wrote_durably = True
-                    continue
                 size = journal.write_out()
             except JournalWriteError:
                 failed = True
                 self.write_errors += 1
                 continue
+            mode = self._policy(journal.name)
             if mode == 0:
                 self._to_sync[journal] = None
                 self._group_bytes += size
@@ -192,18 +181,14 @@ class Committer:
                 conn.fail()
             return
         self._waiting += held
-        self._start_group(inline, wrote_durably)
+        self._start_group(inline)
 
-    def _start_group(self, inline: bool = False, wrote_durably: bool = False) -> None:
+    def _start_group(self, inline: bool = False) -> None:
         """fsync the journals written since the last group, then release the replies that
         waited for them: through AIO when the group is big enough and AIO is there, unless
-        ``inline`` (:meth:`flush_now`); otherwise on the loop, now. ``wrote_durably``: this
-        pass's small group is already on disk (:meth:`FileJournal.write_durably`)."""
+        ``inline`` (:meth:`flush_now`); otherwise on the loop, now."""
         waiting, self._waiting = self._waiting, []
         if not self._to_sync:
-            if wrote_durably:
-                self.fsyncs += 1
-                self.fsync_waits += len(waiting)
             for conn, data in waiting:
                 conn.release(data)
             return
