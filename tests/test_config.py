@@ -258,6 +258,14 @@ def test_load_bad_toml(tmp_path: Path) -> None:
     assert str(path) in str(info.value)
 
 
+def test_load_a_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b"[queues.caf\xe9]\nmax_items = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
 def test_load_invalid_value(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text('[queues.jobs]\nmax_size = "lots"\n')

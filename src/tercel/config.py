@@ -350,6 +350,6 @@ def load_config(path: str | Path) -> ServerConfig:
             data = tomllib.load(fh)
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # not TOML, or not UTF-8
         raise ConfigError(f"{path}: {exc}") from exc
     return parse_config(data, str(path))

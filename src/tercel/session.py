@@ -9,12 +9,15 @@ new queue of the same name. Synchronous; the caller owns timers and sockets.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 
 from tercel.core.collection import QueueCollection
 from tercel.core.queue import PersistentQueue, QItem
-from tercel.errors import OpenReadError
+from tercel.errors import JournalError, OpenReadError
+
+log = logging.getLogger(__name__)
 
 Delivery = Callable[[int, QItem | None], None]
 """Called once with ``(xid, item)`` when a blocked read is served, or ``(0, None)`` on timeout."""
@@ -180,4 +183,9 @@ class Session:
             self.pending.cancel()
         entries, self._open = self._open, {}
         for queue, xids in entries.values():
-            queue.abort_many(list(xids))
+            try:
+                queue.abort_many(list(xids))
+            except JournalError as exc:  # that queue's journal failed; the others go on
+                log.error(
+                    "open reads of %s not returned (they return at restart): %s", queue.name, exc
+                )

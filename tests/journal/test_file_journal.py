@@ -500,6 +500,46 @@ def test_a_partial_write_is_cut_back_to_the_last_record(tmp_path: Path) -> None:
     assert report.truncations == []
 
 
+def test_a_rotation_that_cannot_rename_fails_the_journal_and_loses_nothing(
+    tmp_path: Path, journal: FileJournal
+) -> None:
+    journal.add(1, 1, 0, b"kept")
+    (tmp_path / "q.1").mkdir()  # the name rotation renames to is taken: EISDIR
+    with pytest.raises(JournalWriteError):
+        journal.rotate()
+    assert journal.failed
+    with pytest.raises(JournalWriteError):
+        journal.add(2, 2, 0, b"refused")  # nothing more is accepted without a file
+    journal.close()
+    (tmp_path / "q.1").rmdir()
+    _, sink, _ = replay(tmp_path)
+    assert sink.events == [("add", 1, 1, 0, b"kept")]
+
+
+def test_a_rotation_whose_new_file_gets_no_header_fails_the_journal(
+    tmp_path: Path, journal: FileJournal
+) -> None:
+    journal.add(1, 1, 0, b"kept")
+    # A file size limit below the header's 8 bytes: the old file is renamed, the new one
+    # stays empty, and the journal must not go on as if it had a file.
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4, hard))
+    try:
+        with pytest.raises(JournalWriteError):
+            journal.rotate()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert journal.failed
+    with pytest.raises(JournalWriteError):
+        journal.add(2, 2, 0, b"refused")
+    journal.close()
+    assert (tmp_path / "q").stat().st_size < rec.HEADER_SIZE  # what got through of it
+    _, sink, _ = replay(tmp_path)  # the old file; the torn header is cut (a torn tail)
+    assert sink.events == [("add", 1, 1, 0, b"kept")]
+
+
 # ---- the RAM twins -------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from journal.recorder import Recorder
+from tercel.errors import JournalWriteError
 from tercel.journal import FileJournal
 from tercel.server.aio import open_aio
 from tercel.server.commit import AIO_MIN_GROUP, Committer
@@ -319,6 +320,58 @@ def test_a_failed_aio_fsync_fails_its_group_and_the_journal(tmp_path: Path) -> N
     assert all(c.failed and not c.released for c in conns)
     assert committer.write_errors == 1
     assert conns[0].journal.failed
+
+
+def test_a_write_failing_after_an_aio_group_fails_the_replies_that_waited(
+    tmp_path: Path,
+) -> None:
+    needs_aio()
+    conns: list[Conn] = []
+    seen_syncing: list[bool] = []
+
+    def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
+        j = journals["s"]
+        j.add(1, 0, 0, b"x" * 100)
+        conns.append(Conn(j))
+        committer.hold(conns[0], b"STORED\r\n")  # group 1, synced through AIO
+
+        def next_pass() -> None:  # runs while group 1 is in flight
+            seen_syncing.append(committer.syncing)
+            j.add(2, 0, 0, b"y")
+            conns.append(Conn(j))
+            committer.hold(conns[1], b"STORED\r\n")  # waits behind group 1
+            r, w = os.pipe()  # ... and its record's write, after group 1, will fail
+            os.dup2(w, j._fd)
+            os.close(w)
+            os.close(r)
+
+        asyncio.get_running_loop().call_soon(next_pass)
+
+    committer = run_passes(tmp_path, {"s": 0}, body)
+    assert seen_syncing == [True]
+    assert conns[0].released and not conns[0].failed  # group 1 was written and synced
+    assert conns[1].failed and not conns[1].released
+    assert committer.write_errors == 1
+
+
+def test_a_write_that_failed_earlier_in_the_pass_fails_its_held_replies(tmp_path: Path) -> None:
+    conns: list[Conn] = []
+
+    def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
+        j = journals["s"]
+        j.add(1, 0, 0, b"x")
+        conns.append(Conn(j))
+        committer.hold(conns[0], b"STORED\r\n")
+        r, w = os.pipe()
+        os.dup2(w, j._fd)
+        os.close(w)
+        os.close(r)
+        with pytest.raises(JournalWriteError):  # as a rotation or a read-behind reader does
+            j.write_out()
+
+    committer = run_passes(tmp_path, {"s": None}, body)
+    assert conns[0].failed and not conns[0].released
+    assert committer.write_errors == 1
 
 
 def test_aio_fdatasync_completes_on_the_eventfd(tmp_path: Path) -> None:

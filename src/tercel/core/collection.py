@@ -20,7 +20,7 @@ from tercel.config import QueueConfig, ServerConfig
 from tercel.core.log import QueueLog
 from tercel.core.queue import PersistentQueue, QItem
 from tercel.core.stats import GlobalStats
-from tercel.errors import BadQueueName, ItemTooLarge
+from tercel.errors import BadQueueName, ItemTooLarge, JournalError
 from tercel.names import fanout_parent, valid_name
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,13 @@ class QueueCollection:
     def flush_all_expired(self) -> int:
         """Expire what is due in every queue; the total count."""
         now = self.clock.now_ms()
-        return sum(q.flush_expired(now) for q in self)
+        total = 0
+        for q in self:
+            try:
+                total += q.flush_expired(now)
+            except JournalError as exc:  # that queue's journal failed; the others go on
+                log.error("expiry of %s stopped: %s", q.name, exc)
+        return total
 
     def delete_expired_queues(self, now: int | None = None) -> list[str]:
         """Delete every queue with ``max_queue_age`` that is older than that and idle: no
@@ -241,9 +247,13 @@ class QueueCollection:
             q.reconfigure(config.queue_config(q.name))
 
     def close(self) -> None:
-        """Close every queue's log (after which nothing may be written)."""
+        """Close every queue's log (after which nothing may be written); a log that fails
+        to close is logged and the others are still closed."""
         for q in self:
-            q.close()
+            try:
+                q.close()
+            except (JournalError, OSError) as exc:
+                log.error("closing the journal of %s failed: %s", q.name, exc)
 
     @property
     def total_bytes(self) -> int:

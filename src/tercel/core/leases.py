@@ -14,11 +14,14 @@ Same contract as the rest of the core: synchronous, one thread, no timers. The c
 from __future__ import annotations
 
 import heapq
+import logging
 import secrets
 from collections.abc import Iterable
 
 from tercel.core.queue import PersistentQueue, QItem
-from tercel.errors import TooManyLeases
+from tercel.errors import JournalError, TooManyLeases
+
+log = logging.getLogger(__name__)
 
 
 class Lease:
@@ -140,7 +143,10 @@ class LeaseTable:
         for queue, group in by_queue.items():
             for lease in group:
                 self._drop(lease)
-            n += queue.abort_many([lease.xid for lease in group])
+            try:
+                n += queue.abort_many([lease.xid for lease in group])
+            except JournalError as exc:  # that queue's journal failed; the others go on
+                log.error("leases of %s not returned (they return at restart): %s", queue.name, exc)
         return n
 
     def renew(

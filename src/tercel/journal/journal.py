@@ -432,15 +432,21 @@ class FileJournal:
     def _open(self) -> int | None:
         """Open the current file for appends (after replay, which cut any zeros at its end);
         return its format version."""
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        size = os.fstat(self._fd).st_size
-        if size == 0:
-            _write_all(self._fd, rec.FILE_HEADER, 0)
-            size = rec.HEADER_SIZE
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # the descriptor is the journal's only once the file has its header
+            size = os.fstat(fd).st_size
+            if size == 0:
+                _write_all(fd, rec.FILE_HEADER, 0)
+                size = rec.HEADER_SIZE
+            version = rec.header_version(os.pread(fd, rec.HEADER_SIZE, 0))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
         self._written = self._allocated = size
         self._preallocating = False
         self._ahead = PREALLOCATE_FIRST
-        return rec.header_version(os.pread(self._fd, rec.HEADER_SIZE, 0))
+        return version
 
     def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
         """Journal an item entering the tail of the queue."""
@@ -607,22 +613,30 @@ class FileJournal:
 
     def rotate(self) -> bool:
         """Close the current file as ``<name>.<seq>`` and start a new one. False if a sync
-        is running (try again later)."""
+        is running (try again later).
+
+        If a step fails (a full disk, a name taken), the journal is marked failed, as after a
+        failed write, and :class:`JournalWriteError` is raised: every later append raises, so
+        nothing is acknowledged that has no file to go to. What was written stays readable at
+        the next start (the old file under one of its two names)."""
         if self._fd < 0 or self.syncing or self._failed is not None:
             return False
         self.write_out()
-        self._cut_ahead()
-        os.fdatasync(self._fd)
-        os.close(self._fd)
-        self._fd = -1
-        old = self._seq
-        os.rename(self.path, f"{self.path}.{old}")
-        self._older[old] = self._written
-        self._older_total += self._written
-        self._seq = old + 1
-        self._unsynced = False
-        self._open()
-        fsync_dir(self.data_dir)
+        try:
+            self._cut_ahead()
+            os.fdatasync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            old = self._seq
+            os.rename(self.path, f"{self.path}.{old}")
+            self._older[old] = self._written
+            self._older_total += self._written
+            self._seq = old + 1
+            self._unsynced = False
+            self._open()
+            fsync_dir(self.data_dir)
+        except OSError as exc:
+            self._fail("rotation", exc)
         self.rotations += 1
         return True
 

@@ -125,11 +125,18 @@ def _queue(token: bytes) -> str:
     return name
 
 
+MAX_DIGITS: Final = 18
+"""The most significant digits a number on the wire may have (leading zeros are free): every
+value then fits in 63 bits (below 10**18), so a timeout or an expiry can never overflow a
+float or a timer (Kestrel reads these as 32- or 64-bit integers and refuses longer ones too)."""
+
+
 def _int(token: bytes, what: str) -> int:
-    """A decimal integer with an optional leading minus: ``int()`` alone would also take
-    ``+5``, ``1_000`` and surrounding whitespace, which memcached does not."""
+    """A decimal integer below 10**18 (:data:`MAX_DIGITS`), with an optional leading minus:
+    ``int()`` alone would also take ``+5``, ``1_000`` and surrounding whitespace, which
+    memcached does not."""
     digits = token[1:] if token[:1] == b"-" else token
-    if not digits.isdigit():
+    if not digits.isdigit() or len(digits.lstrip(b"0")) > MAX_DIGITS:
         raise ProtocolError(f"bad {what}")
     return int(token)
 

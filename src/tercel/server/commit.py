@@ -168,6 +168,10 @@ class Committer:
                 failed = True
                 self.write_errors += 1
                 continue
+            if journal.failed:  # a write earlier in this pass failed (a rotation, a reader
+                failed = True  # writing the buffer out): it took records replies wait for
+                self.write_errors += 1
+                continue
             mode = self._policy(journal.name)
             if mode == 0:
                 self._to_sync[journal] = None
@@ -176,8 +180,9 @@ class Committer:
                 self._periodic[journal] = self._loop.call_later(
                     mode / 1000, self._periodic_sync, journal
                 )
-        if failed:
-            for conn, _ in held:
+        if failed:  # also the replies that waited behind a group: their records were here
+            waiting, self._waiting = self._waiting, []
+            for conn, _ in waiting + held:
                 conn.fail()
             return
         self._waiting += held

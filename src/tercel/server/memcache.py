@@ -145,6 +145,7 @@ class MemcacheConnection:
         self.closing = False
         self.last_active = 0.0
         self._write_paused = False
+        self._held = 0  # batches of replies the committer holds for this connection
 
     # ---- asyncio callbacks ----------------------------------------------------------------
 
@@ -170,8 +171,13 @@ class MemcacheConnection:
             self.transport.pause_reading()
 
     def eof_received(self) -> bool | None:
-        """The client closed its side: close ours too (asyncio.Protocol's default)."""
-        return None
+        """The client closed its side: close ours once the replies it is owed are out (some
+        may wait for the group commit). A blocked read is cancelled, as on a close."""
+        if self.blocked is not None:
+            return None  # asyncio.Protocol's default: the transport closes now
+        self.closing = True
+        self._flush()
+        return True  # keep the transport open until the flush closes it
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -242,19 +248,26 @@ class MemcacheConnection:
             committer = self.hub.committer
             if committer.holding:
                 committer.hold(self, data)
+                self._held += 1
                 return
-            self.release(data)
-        elif self.closing and self.transport is not None:
-            self.transport.close()
+            self._write(data)
+        elif self.closing and self.transport is not None and not self._held:
+            self.transport.close()  # (with replies held, the last one's release closes)
 
     def release(self, data: bytes) -> None:
-        """Write replies (called directly, or by the committer once they are journaled)."""
+        """Write replies the committer held, now that what they acknowledge is journaled."""
+        self._held -= 1
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        """Write replies; once closing, close after the last batch (none held any more), so
+        replies to requests sent before ``quit`` or a half-close still go out."""
         transport = self.transport
-        if transport is None:
+        if transport is None or transport.is_closing():  # closed, or aborted by fail()
             return
         self.hub.bytes_written += len(data)
         transport.write(data)
-        if self.closing:
+        if self.closing and not self._held:
             transport.close()
 
     def fail(self) -> None:
