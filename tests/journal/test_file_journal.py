@@ -540,6 +540,20 @@ def test_a_rotation_whose_new_file_gets_no_header_fails_the_journal(
     assert sink.events == [("add", 1, 1, 0, b"kept")]
 
 
+def test_a_torn_record_whose_payload_holds_a_record_is_still_a_torn_tail(
+    tmp_path: Path, journal: FileJournal
+) -> None:
+    journal.add(1, 1, 0, b"acknowledged")
+    good = journal.current_size
+    journal.add(2, 2, 0, b"x" * 100 + rec.REMOVE_RECORD + b"y" * 65536)  # a journal as data
+    journal.close()
+    with open(tmp_path / "q", "r+b") as fh:
+        fh.truncate(good + 4096)  # only the first 4 KiB of the last write reached the disk
+    _, sink, report = replay(tmp_path)
+    assert sink.events == [("add", 1, 1, 0, b"acknowledged")]
+    assert [t.offset for t in report.truncations] == [good]
+
+
 # ---- the RAM twins -------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ Python object at all. The queue also decides when the log should rotate or compa
 from __future__ import annotations
 
 import builtins
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Final, Protocol
@@ -29,6 +30,8 @@ from tercel.clock import Clock
 from tercel.config import QueueConfig
 from tercel.core.log import ItemReader, Position, QueueLog
 from tercel.errors import ItemTooLarge, JournalError
+
+_log = logging.getLogger(__name__)  # (self.log is the queue's journal)
 
 XID_LIMIT: Final = 2**32
 
@@ -70,6 +73,13 @@ class QItem:
         self.expiry = expiry
         self.data = data
         self.deliveries = 0
+
+
+def _frozen(item: QItem) -> QItem:
+    """A copy of ``item`` as it is now."""
+    copy = QItem(item.id, item.add_time, item.expiry, item.data)
+    copy.deliveries = item.deliveries
+    return copy
 
 
 class Waiter(Protocol):
@@ -317,7 +327,10 @@ class PersistentQueue:
         item.deliveries += 1
         self._last_removed_add_time = item.add_time
         if self.disk_items and self._low():
-            self._refill()
+            try:
+                self._refill()
+            except JournalError as exc:  # the item is taken all the same; the next read
+                _log.error("queue %s: reading items back failed: %s", self.name, exc)  # raises
         self._ops += 1
         if not self._ops & MAINTAIN_EVERY or not self._items:
             self.maintain_log()
@@ -501,8 +514,10 @@ class PersistentQueue:
         return self._compact(cursor)
 
     def _compact(self, cursor: Position | None) -> bool:
-        open_items = list(self._open.items())
-        items = list(self._items)
+        # The snapshot is written off the loop: it gets the items as they are now, not the
+        # live objects (their delivery counts and expiries change meanwhile).
+        open_items = [(xid, _frozen(item)) for xid, item in self._open.items()]
+        items = [_frozen(item) for item in self._items]
         if not self.log.compact(self._next_id, self._xid, open_items, items, cursor):
             return False
         if cursor is None:

@@ -45,7 +45,9 @@ TORN_SCAN = 1 << 20
 the bad record is a torn tail (nothing valid after it) rather than damage (valid data after
 it, which must never be cut away). The whole rest of the file is searched when it is shorter;
 a longer rest is a torn tail only if the bad record claims to run past the end of the file
-(a large record cut short) and its first MiB holds nothing valid."""
+(a large record cut short) and its first MiB holds nothing valid. After a record that claims to
+run past the end, "valid" means a run of records reaching the end of the data: the cut record's
+own payload may hold record bytes (a journal stored as an item)."""
 
 PREALLOCATE = 1 << 20
 """The most zeros a journal that is fsynced writes ahead of its records at a time (format
@@ -233,6 +235,7 @@ class FileJournal:
         self._unsynced = False
         self.compacting = False
         """True while a snapshot is being written in the background."""
+        self._erased = False
         self.replay_position: rec.Position = (1, 0)
         """During :meth:`replay`, where the record being applied starts."""
         self.rotations = 0
@@ -690,7 +693,7 @@ class FileJournal:
         self, tmp: str, target: int, obsolete: list[int], exc: BaseException | None
     ) -> None:
         self.compacting = False
-        if exc is not None or self._fd < 0:
+        if exc is not None or self._fd < 0 or self._erased:
             if exc is not None:
                 log.error("journal %s: compaction failed: %s", self.path, exc)
             if os.path.exists(tmp):
@@ -736,7 +739,9 @@ class FileJournal:
             self.close()
 
     def erase(self) -> None:
-        """Close and delete every file of this journal."""
+        """Close and delete every file of this journal (a compaction still running is thrown
+        away when it ends, not switched over)."""
+        self._erased = True
         self._parts.clear()
         self._pending = 0
         self.close()
@@ -824,11 +829,15 @@ class AddReader:
         Raises :class:`JournalCorrupt` when a record cannot be read.
         """
         journal = self._journal
-        flushed = False
+        flushed = reread = False
         while True:
             try:
                 span = self._reader.next()
             except rec.BadRecord as bad:
+                if not reread:  # buffered before the file changed under it (replay cut a
+                    reread = True  # torn tail this reader had read, and records followed)
+                    self._reader.drop_buffer()
+                    continue
                 raise JournalCorrupt(bad.reason, self._reader.path, bad.offset) from None
             if span is None:
                 nxt = journal._next_seq(self._seq)
@@ -890,9 +899,23 @@ def _valid_data_after(path: str, bad: int) -> bool:
                 return True
         if end - bad > TORN_SCAN and claimed_end <= end:
             return True  # a long rest after a record that claims to fit: not a torn write
-        return any(
-            rec.looks_like_record(buf, pos) for pos in range(bad + 1, min(end, bad + TORN_SCAN))
-        )
+        scan = range(bad + 1, min(end, bad + TORN_SCAN))
+        if claimed_end <= end:
+            return any(rec.looks_like_record(buf, pos) for pos in scan)
+        # The bad record claims to run past the data: a record cut short, whose own payload
+        # may hold record bytes (a journal stored as an item). Only a run of records that
+        # goes on to the end of the data shows damage before it.
+        return any(_records_up_to(buf, pos, end) for pos in scan)
+
+
+def _records_up_to(buf: mmap.mmap, pos: int, end: int) -> bool:
+    """True when valid records follow one another from ``pos`` to exactly ``end``."""
+    while pos < end:
+        try:
+            pos = rec.check_record(buf, pos)
+        except rec.BadRecord:
+            return False
+    return pos == end
 
 
 def _data_end(buf: mmap.mmap) -> int:

@@ -126,10 +126,15 @@ class ChunkReader:
         read."""
         if self._buf[self._pos + 4 : self._pos + 8] != b"\0\0\0\0":
             return False
+        self.drop_buffer()
+        return True
+
+    def drop_buffer(self) -> None:
+        """Forget what is buffered past the read position: the next read comes from the file
+        (for bytes that may have changed since they were read)."""
         self._base += self._pos
         self._buf = b""
         self._pos = 0
-        return True
 
     def check_end(self) -> None:
         """After :meth:`next` returned None: raise :class:`~tercel.journal.records.BadRecord`
