@@ -269,3 +269,30 @@ def test_cancel_after_a_new_wait_leaves_the_new_one(w: World) -> None:
     first.cancel()  # a stale handle must not forget the session's current wait
     assert w.s.pending is second
     assert w.qc.get_or_create("a").waiters == 1
+
+
+@pytest.mark.parametrize("limit", [None, 2])
+def test_dead_lettering_into_the_queue_s_own_parent_moves_the_item_once(
+    limit: int | None,
+) -> None:
+    """``a+b`` dead-letters into ``a``, its fanout parent: the copy fans back into ``a+b``
+    while blocked readers wait there (a review found the item stored twice, or, with
+    ``max_items``, an IndexError that closed the connection)."""
+    clock = ManualClock(T0)
+    child: dict[str, object] = {"max_deliveries": 1, "dead_letter_queue": "a"}
+    if limit is not None:
+        child["max_items"] = limit
+    config = parse_config({"queues": {"a+b": child}})
+    qc = QueueCollection(config, lambda name, cfg: MemoryJournal(), clock)
+    qc.get_or_create("a+b")  # the child exists, so adds to a fan out to it
+    qc.add("a+b", b"X", None, T0)
+    reader = Session(qc, 10)
+    got = reader.fetch("a+b", "open", T0)
+    assert got is not None
+    delivered: list[bytes] = []
+    waiters = [Session(qc, 10) for _ in range(2)]
+    for s in waiters:
+        assert s.wait("a+b", "open", lambda xid, item: delivered.append(item.data)) is not None
+    assert reader.abort_oldest("a+b")  # X is back at the head, past max_deliveries
+    assert items(qc.get_or_create("a")) == [b"X"]  # dead-lettered once
+    assert len(delivered) <= 1

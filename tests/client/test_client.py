@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from conftest import Raw
 from tercel.client import AsyncClient, Client
 from tercel.errors import (
     ClientTimeout,
@@ -249,3 +253,63 @@ def test_cli_verbs(server: ServerProcess, qname: str) -> None:
         check=False,
     )
     assert bad.returncode == 1 and b"cannot connect" in bad.stderr
+
+
+def test_a_pooled_connection_the_server_closed_is_not_a_failure(tmp_path: Path) -> None:
+    """The server closes idle connections (``client_timeout``); the next call opens a new
+    one instead of setting the healthy server aside."""
+    config = '[server]\nclient_timeout = "200ms"\n'
+    with ServerProcess(tmp_path / "d", config) as srv, Client(srv.address, retry_after=30) as c:
+        c.put("q", b"1")
+        stats = Raw(srv.connect())
+        deadline = time.monotonic() + 10
+        while _curr_connections(stats) > 1:  # the pooled connection was closed
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        c.put("q", b"2")  # no TransportError, no NoServerAvailable
+        assert c.get("q") == b"1"
+
+
+def test_a_put_that_timed_out_is_not_sent_to_another_server(tmp_path: Path) -> None:
+    """A timeout means the server may have stored the item: sending it elsewhere would
+    store it twice. The timeout is raised instead."""
+    with ServerProcess(tmp_path / "a") as a, ServerProcess(tmp_path / "b") as b:
+        assert a.proc is not None
+        with Client([a.address, b.address], timeout=0.3) as c:
+            os.kill(a.proc.pid, signal.SIGSTOP)  # a hangs: connects, never answers
+            try:
+                timeouts = 0
+                for i in range(6):
+                    try:
+                        c.put("q", b"%d" % i)
+                    except ClientTimeout:
+                        timeouts += 1
+            finally:
+                os.kill(a.proc.pid, signal.SIGCONT)
+            assert timeouts >= 1
+            assert _items(b) == 6 - timeouts  # the ones that timed out were not sent to b
+            deadline = time.monotonic() + 10
+            while _items(a) < timeouts:  # ... they are stored on a, late
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert _items(a) == timeouts
+
+
+def _curr_connections(conn: Raw) -> int:
+    conn.send(b"stats\r\n")
+    n = 0
+    while (line := conn.read_line()) != b"END\r\n":
+        if line.split()[1] == b"curr_connections":
+            n = int(line.split()[2])
+    return n
+
+
+def _items(srv: ServerProcess) -> int:
+    conn = Raw(srv.connect())
+    conn.send(b"stats\r\n")
+    n = 0
+    while (line := conn.read_line()) != b"END\r\n":
+        if line.split()[1] == b"queue_q_items":
+            n = int(line.split()[2])
+    conn.close()
+    return n

@@ -144,6 +144,25 @@ def test_crash_between_fsync_and_ack_loses_nothing_and_duplicates_nothing(
         f.close()
 
 
+def test_leases_that_ran_out_before_the_ack_are_not_staged_twice(tmp_path: Path) -> None:
+    """``ack`` answers ``ACKED n`` with n below the count when leases ran out first (a slow
+    round on another server): those items come back, and must be dropped, not staged again."""
+    with ServerProcess(tmp_path / "d") as srv, Client(srv.address) as c:
+        c.put_many("q", [b"x%d" % i for i in range(5)])
+        log = StagingLog(str(tmp_path / "stage"))
+        log.ensure()
+        f = Fetcher(opts([srv.address], tmp_path / "stage", leaseBatch=10), log)
+        leased = c.lease("q", 5, None, lease_time=0.2)
+        writer = SegmentWriter(log.root, 0)
+        writer.append(to_batch(leased, time.time()))  # staged ...
+        writer.finish()
+        time.sleep(0.5)  # ... and the leases ran out before the ack
+        f._ack(srv.address, leased)  # ACKED 0: no error, but nothing was acked
+        end, _ = f.fetch(log.end_from(0), 1000, wait_first=False)
+        assert end == 5 and f.dropped == 5  # the redelivered items were not staged again
+        f.close()
+
+
 def test_fetch_skips_a_dead_server_and_fails_only_after_max_unavailable(
     tmp_path: Path,
 ) -> None:

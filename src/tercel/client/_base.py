@@ -7,7 +7,11 @@ turns their replies into the result (or raises). The two clients differ only in 
 the bytes. Cluster policy (Kestrel's clients did the same): every operation goes to a randomly
 chosen healthy server; a server whose connection fails is set aside for ``retry_after``
 seconds, doubling per consecutive failure up to ``max_retry_after``, then tried again; reads
-that may wait rotate across the servers in slices of ``rotate_interval`` seconds.
+that may wait rotate across the servers in slices of ``rotate_interval`` seconds. An operation
+whose connection fails is tried on the next healthy server, but one that timed out is not (the
+server may have carried it out: a ``put`` sent again would store its items twice), and the
+timeout is raised. A pooled connection the server closed while idle (its ``client_timeout``,
+a restart) is dropped before use, not counted as the server failing.
 """
 
 from __future__ import annotations

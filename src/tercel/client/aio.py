@@ -124,8 +124,11 @@ class AsyncClient(b.ClientBase[_Connection]):
 
     async def _checkout(self, server: ServerState) -> _Connection:
         pool = self._pools[server.address]
-        if pool:
-            return pool.pop()
+        while pool:  # a pooled connection the server closed meanwhile is no sign of trouble
+            conn = pool.pop()
+            if not (conn.reader.at_eof() or conn.writer.is_closing()):
+                return conn
+            conn.close()
         try:
             return await _Connection.open(server, self.connect_timeout)
         except TransportError:
@@ -158,10 +161,13 @@ class AsyncClient(b.ClientBase[_Connection]):
         return await self._run_on(await self._checkout(server), op)
 
     async def _any(self, op: Op[T]) -> T:
+        """As :meth:`tercel.client.Client._any`: a timeout is not tried elsewhere."""
         error: TransportError | None = None
         for server in self.cluster.healthy():
             try:
                 return await self._run(op, server)
+            except ClientTimeout:
+                raise
             except TransportError as exc:
                 error = exc
         assert error is not None

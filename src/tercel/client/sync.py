@@ -8,6 +8,7 @@ where that is safe.
 
 from __future__ import annotations
 
+import select
 import socket
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -38,6 +39,14 @@ class _Connection:
             raise TransportError(f"cannot connect: {exc}", server.address) from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.codec = MemcacheClientCodec()
+
+    def dropped(self) -> bool:
+        """True when this idle connection cannot be used again: the server closed it (its
+        ``client_timeout``, a restart), or sent something no request asked for. A look at
+        the socket that neither reads nor waits."""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        return bool(poller.poll(0))  # readable while idle: EOF, a reset, or stray bytes
 
     def call(self, commands: Iterable[Command], timeout: float) -> list[Reply]:
         codec = self.codec
@@ -119,10 +128,15 @@ class Client(b.ClientBase[_Connection]):
     # ---- connections ----------------------------------------------------------------------
 
     def _checkout(self, server: ServerState) -> _Connection:
-        with self._lock:
-            pool = self._pools[server.address]
-            if pool:
-                return pool.pop()
+        while True:  # a pooled connection the server closed meanwhile is no sign of trouble
+            with self._lock:
+                pool = self._pools[server.address]
+                conn = pool.pop() if pool else None
+            if conn is None:
+                break
+            if not conn.dropped():
+                return conn
+            conn.close()
         try:
             return _Connection(server, self.connect_timeout)
         except TransportError:
@@ -157,11 +171,15 @@ class Client(b.ClientBase[_Connection]):
         return self._run_on(self._checkout(server), op)
 
     def _any(self, op: Op[T]) -> T:
-        """Run ``op`` on a random healthy server, trying the next one if a connection fails."""
+        """Run ``op`` on a random healthy server, trying the next one if a connection fails.
+        A timeout is not tried elsewhere: the server may have carried the request out (a
+        ``put`` sent again would store its items twice)."""
         error: TransportError | None = None
         for server in self.cluster.healthy():
             try:
                 return self._run(op, server)
+            except ClientTimeout:
+                raise
             except TransportError as exc:
                 error = exc
         assert error is not None

@@ -147,6 +147,8 @@ class LeaseTable:
                 n += queue.abort_many([lease.xid for lease in group])
             except JournalError as exc:  # that queue's journal failed; the others go on
                 log.error("leases of %s not returned (they return at restart): %s", queue.name, exc)
+            except Exception:  # a bug in one queue must not strand the others' leases
+                log.exception("leases of %s not returned", queue.name)
         return n
 
     def renew(

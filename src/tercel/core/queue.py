@@ -316,9 +316,16 @@ class PersistentQueue:
 
     def _dead_letter(self, item: QItem) -> None:
         # The copy is added to the dead-letter queue before the REMOVE is written here, so a
-        # crash in between duplicates the item rather than losing it.
+        # crash in between duplicates the item rather than losing it. That add may lead back
+        # into this queue (the dead-letter queue is its fanout parent, or an alias naming
+        # it): blocked readers are not served until the head is popped, or a nested read
+        # would dead-letter the same head again.
         if self.on_dead_letter is not None:
-            self.on_dead_letter(self, item)
+            waiters, self._waiters = self._waiters, {}
+            try:
+                self.on_dead_letter(self, item)
+            finally:
+                self._waiters = waiters
         self._pop_head()
         self.dead_lettered += 1
 

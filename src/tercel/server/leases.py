@@ -59,8 +59,10 @@ class LeaseService:
 
     def _expire(self) -> None:
         self._timer = None
-        self.table.expire(self.server.clock.now_ms())
-        self.arm()
+        try:
+            self.table.expire(self.server.clock.now_ms())
+        finally:
+            self.arm()  # whatever happened, the leases still open keep their timer
 
     def close(self) -> None:
         """Stop the timer (shutdown: the journal returns leased items at the next start)."""

@@ -146,6 +146,7 @@ class MemcacheConnection:
         self.last_active = 0.0
         self._write_paused = False
         self._held = 0  # batches of replies the committer holds for this connection
+        self._shut = False  # the transport was closed or aborted here: write nothing more
 
     # ---- asyncio callbacks ----------------------------------------------------------------
 
@@ -263,16 +264,18 @@ class MemcacheConnection:
         """Write replies; once closing, close after the last batch (none held any more), so
         replies to requests sent before ``quit`` or a half-close still go out."""
         transport = self.transport
-        if transport is None or transport.is_closing():  # closed, or aborted by fail()
+        if transport is None or self._shut:
             return
         self.hub.bytes_written += len(data)
         transport.write(data)
         if self.closing and not self._held:
+            self._shut = True
             transport.close()
 
     def fail(self) -> None:
         """Drop the connection without the replies whose records could not be written."""
         self.closing = True
+        self._shut = True
         if self.transport is not None:
             self.transport.abort()
 

@@ -202,14 +202,24 @@ class Fetcher:
         return kept
 
     def _ack(self, server: str, items: list[Leased]) -> None:
-        """Ack staged items; if the server cannot be reached they may come back later, so
-        they become suspects (dropped when redelivered)."""
+        """Ack staged items. Those that may come back (the server could not be reached, or
+        some leases ran out first: ``ACKED`` counts fewer) become suspects, dropped when
+        redelivered."""
         try:
-            self.clients[server].ack(items)
+            acked = self.clients[server].ack(items)
         except ClientError as exc:
             log.warning(
                 "tercel source: ack of %d item(s) on %s failed: %s", len(items), server, exc
             )
+            acked = -1
+        if acked < len(items):  # which ones ran out the reply does not say: all are suspect
+            if acked >= 0:
+                log.warning(
+                    "tercel source: %d of %d lease(s) on %s ran out before the ack",
+                    len(items) - acked,
+                    len(items),
+                    server,
+                )
             self.suspects.update((i.server, i.queue, i.id) for i in items)
 
     def _maybe_pause(self) -> None:
