@@ -79,6 +79,23 @@ class Raw:
         self.sock.close()
 
 
+def set_cmd(q: str, data: bytes) -> bytes:
+    """A plain memcache ``set`` of ``data`` to queue ``q``."""
+    return b"set %s 0 0 %d\r\n%s\r\n" % (q.encode(), len(data), data)
+
+
+def drain(conn: Raw, q: str) -> list[bytes]:
+    """Every item left in ``q``, in order (plain gets)."""
+    out = []
+    while True:
+        conn.send(b"get %s\r\n" % q.encode())
+        line = conn.read_line()
+        if line == b"END\r\n":
+            return out
+        out.append(conn.read_exact(int(line.split()[3])))
+        conn.expect(b"\r\nEND\r\n")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One real server per test module (queues are named per test, so tests do not meet)."""

@@ -9,26 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw
+from conftest import Raw, drain, set_cmd
 from tercel.journal.journal import PREALLOCATE, PREALLOCATE_FIRST
 from tercel.testing import ServerProcess, ServerStartError
-
-
-def set_cmd(q: str, data: bytes) -> bytes:
-    return b"set %s 0 0 %d\r\n%s\r\n" % (q.encode(), len(data), data)
-
-
-def drain(conn: Raw, q: str) -> list[bytes]:
-    """Every item left in ``q``, in order (plain gets)."""
-    out = []
-    while True:
-        conn.send(b"get %s\r\n" % q.encode())
-        line = conn.read_line()
-        if line == b"END\r\n":
-            return out
-        size = int(line.split()[3])
-        out.append(conn.read_exact(size))
-        conn.expect(b"\r\nEND\r\n")
 
 
 def test_restart_keeps_items_and_order(data_dir: Path) -> None:

@@ -15,12 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw
+from conftest import Raw, drain, set_cmd
 from tercel.testing import ServerProcess
-
-
-def set_cmd(q: str, data: bytes) -> bytes:
-    return b"set %s 0 0 %d\r\n%s\r\n" % (q.encode(), len(data), data)
 
 
 def limit_file_size(srv: ServerProcess, size: int) -> None:
@@ -46,17 +42,6 @@ def stat(conn: Raw, name: bytes) -> int:
             value = int(line.split()[2])
     assert value is not None
     return value
-
-
-def drain(conn: Raw, q: str) -> list[bytes]:
-    out = []
-    while True:
-        conn.send(b"get %s\r\n" % q.encode())
-        line = conn.read_line()
-        if line == b"END\r\n":
-            return out
-        out.append(conn.read_exact(int(line.split()[3])))
-        conn.expect(b"\r\nEND\r\n")
 
 
 def test_a_write_failing_inside_a_rotation_acknowledges_nothing_it_lost(data_dir: Path) -> None:

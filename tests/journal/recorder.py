@@ -1,8 +1,28 @@
-"""A RecordSink that writes down every call (shared by the journal tests)."""
+"""A RecordSink that writes down every call, and a file size limit (shared by the journal
+tests)."""
 
 from __future__ import annotations
 
+import contextlib
+import resource
+import signal
+from collections.abc import Iterator
+
 Event = tuple[object, ...]
+
+
+@contextlib.contextmanager
+def file_size_limit(size: int) -> Iterator[None]:
+    """No file of this process may grow past ``size`` bytes meanwhile: a write that would
+    gets as far as the limit, then fails with EFBIG (as on a full disk)."""
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
 
 
 class Recorder:

@@ -7,15 +7,13 @@ what is on disk; MemoryJournal must behave like the file journal for the same ap
 from __future__ import annotations
 
 import os
-import resource
-import signal
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 from zlib import crc32
 
 import pytest
-from recorder import Event, Recorder
+from recorder import Event, Recorder, file_size_limit
 
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal import FileJournal, MemoryJournal, NullJournal, list_queue_names
@@ -484,15 +482,8 @@ def test_a_partial_write_is_cut_back_to_the_last_record(tmp_path: Path) -> None:
     good = (tmp_path / "q").stat().st_size
     j.add(2, 2, 0, b"y" * 5000)
     # A file size limit lets part of the write through, then fails with EFBIG.
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (good + 1000, hard))
-    try:
-        with pytest.raises(JournalWriteError):
-            j.write_out()
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, old_handler)
+    with file_size_limit(good + 1000), pytest.raises(JournalWriteError):
+        j.write_out()
     assert (tmp_path / "q").stat().st_size == good
     j.close()
     _, sink, report = replay(tmp_path)
@@ -522,15 +513,8 @@ def test_a_rotation_whose_new_file_gets_no_header_fails_the_journal(
     journal.add(1, 1, 0, b"kept")
     # A file size limit below the header's 8 bytes: the old file is renamed, the new one
     # stays empty, and the journal must not go on as if it had a file.
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (4, hard))
-    try:
-        with pytest.raises(JournalWriteError):
-            journal.rotate()
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, old_handler)
+    with file_size_limit(4), pytest.raises(JournalWriteError):
+        journal.rotate()
     assert journal.failed
     with pytest.raises(JournalWriteError):
         journal.add(2, 2, 0, b"refused")

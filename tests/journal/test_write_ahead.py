@@ -9,13 +9,11 @@ from damage when zeros follow it.
 
 from __future__ import annotations
 
-import resource
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
-from recorder import Recorder
+from recorder import Recorder, file_size_limit
 
 from tercel import journal_tool
 from tercel.config import QueueConfig
@@ -217,15 +215,9 @@ def test_a_failed_step_ahead_leaves_the_journal_appending_without(tmp_path: Path
     j.add(1, 1, 0, b"a")
     j.sync()
     # A file size limit lets the record through and refuses the zeros after it (EFBIG).
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (j.current_size + 1000, hard))
-    try:
+    with file_size_limit(j.current_size + 1000):
         j.add(2, 2, 0, b"b")
         j.add(3, 3, 0, b"c")
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, old_handler)
     assert not j.failed
     assert (tmp_path / "q").stat().st_size == j.current_size  # no part of a step left
     j.sync()
