@@ -313,3 +313,19 @@ def _items(srv: ServerProcess) -> int:
             n = int(line.split()[2])
     conn.close()
     return n
+
+
+def test_a_waiting_read_with_a_short_timeout_asks_every_server(tmp_path: Path) -> None:
+    """The item is on one of three servers: a read whose timeout is shorter than a rotation
+    slice (or zero) still asks each of them once."""
+    with (
+        ServerProcess(tmp_path / "a") as a,
+        ServerProcess(tmp_path / "b") as b,
+        ServerProcess(tmp_path / "c") as c,
+        Client([a.address, b.address, c.address]) as client,
+        Client(c.address) as only_c,
+    ):
+        for timeout in (0, 0.05, 0.2):
+            for _ in range(5):
+                only_c.put("q", b"x")
+                assert client.get("q", timeout=timeout) == b"x"

@@ -405,18 +405,20 @@ def slices(total: float | None, interval: float, servers: int) -> Iterable[float
     """How long each attempt of a rotating read may wait on one server.
 
     ``total`` None: one pass over the servers without waiting. Otherwise slices of at most
-    ``interval`` (the whole wait when there is a single server) until ``total`` is used up;
-    the caller stops early when it gets an item. Uses the monotonic clock.
+    ``interval`` (the whole wait when there is a single server) until ``total`` is used up,
+    and at least one attempt per server (those past the deadline do not wait), so a short
+    timeout still asks every server; the caller stops early when it gets an item. Uses the
+    monotonic clock.
     """
     if total is None:
         yield from [0.0] * servers
         return
     deadline = time.monotonic() + total
     step = total if servers == 1 else interval
-    first = True
+    attempts = 0
     while True:
         left = deadline - time.monotonic()
-        if left <= 0 and not first:
+        if left <= 0 and attempts >= max(servers, 1):
             return
-        first = False
+        attempts += 1
         yield max(0.0, min(step, left))
