@@ -8,10 +8,11 @@ the bytes. Cluster policy (Kestrel's clients did the same): every operation goes
 chosen healthy server; a server whose connection fails is set aside for ``retry_after``
 seconds, doubling per consecutive failure up to ``max_retry_after``, then tried again; reads
 that may wait rotate across the servers in slices of ``rotate_interval`` seconds. An operation
-whose connection fails is tried on the next healthy server, but one that timed out is not (the
-server may have carried it out: a ``put`` sent again would store its items twice), and the
-timeout is raised. A pooled connection the server closed while idle (its ``client_timeout``,
-a restart) is dropped before use, not counted as the server failing.
+whose connection fails is tried on the next healthy server, but one that timed out after it was
+sent is not (the server may have carried it out: a ``put`` sent again would store its items
+twice), and the timeout is raised; a connect that times out is tried elsewhere. A pooled
+connection the server closed while idle (its ``client_timeout``, a restart) is dropped before
+use, not counted as the server failing.
 """
 
 from __future__ import annotations

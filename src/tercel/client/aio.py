@@ -48,6 +48,11 @@ class _Connection:
             raise TransportError(f"cannot connect: {exc}", server.address) from None
         return cls(server, reader, writer)
 
+    def dropped(self) -> bool:
+        """True when the server closed this idle connection (its ``client_timeout``, a
+        restart): the loop saw the end of the stream while it sat in the pool."""
+        return self.reader.at_eof() or self.writer.is_closing()
+
     async def call(self, commands: Iterable[Command], timeout: float) -> list[Reply]:
         codec = self.codec
         replies: list[Reply] = []
@@ -126,7 +131,7 @@ class AsyncClient(b.ClientBase[_Connection]):
         pool = self._pools[server.address]
         while pool:  # a pooled connection the server closed meanwhile is no sign of trouble
             conn = pool.pop()
-            if not (conn.reader.at_eof() or conn.writer.is_closing()):
+            if not conn.dropped():
                 return conn
             conn.close()
         try:
@@ -165,7 +170,12 @@ class AsyncClient(b.ClientBase[_Connection]):
         error: TransportError | None = None
         for server in self.cluster.healthy():
             try:
-                return await self._run(op, server)
+                conn = await self._checkout(server)
+            except TransportError as exc:  # nothing was sent (a connect timeout too)
+                error = exc
+                continue
+            try:
+                return await self._run_on(conn, op)
             except ClientTimeout:
                 raise
             except TransportError as exc:

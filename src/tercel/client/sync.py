@@ -177,7 +177,12 @@ class Client(b.ClientBase[_Connection]):
         error: TransportError | None = None
         for server in self.cluster.healthy():
             try:
-                return self._run(op, server)
+                conn = self._checkout(server)
+            except TransportError as exc:  # nothing was sent (a connect timeout too)
+                error = exc
+                continue
+            try:
+                return self._run_on(conn, op)
             except ClientTimeout:
                 raise
             except TransportError as exc:
