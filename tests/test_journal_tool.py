@@ -63,3 +63,16 @@ def test_compact_keeps_the_items_and_drops_history(tmp_path: Path) -> None:
     q.replay()
     assert [q.remove().data for _ in range(3)] == [b"item2", b"item3", b"item4"]  # type: ignore[union-attr]
     q.close()
+
+
+def test_check_and_dump_take_a_queue_and_refuse_a_missing_one(tmp_path: Path) -> None:
+    make(tmp_path)
+    out = tool("check", str(tmp_path), "q")
+    assert out.returncode == 0 and out.stdout == f"{tmp_path / 'q'}: ok, 8 records\n"
+    for verb in ("check", "dump", "salvage", "compact"):
+        missing = tool(verb, str(tmp_path), "nosuch")
+        assert missing.returncode == 2
+        assert missing.stderr == f"nosuch: no such queue in {tmp_path}\n"
+        assert not (tmp_path / "nosuch").exists()
+    bad = tool("salvage", str(tmp_path), "../q")
+    assert bad.returncode == 2 and "not a valid queue name" in bad.stderr

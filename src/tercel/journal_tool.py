@@ -1,9 +1,12 @@
-"""``tercel journal dump|check|compact``: look at and repair journals offline.
+"""``tercel journal dump|check|compact|salvage``: look at and repair journals offline.
 
 ``dump`` prints every record (like Kestrel's qdump), ``check`` verifies every checksum and
 reports the first bad offset per file, ``compact`` replays a queue and rewrites its history
-into one snapshot. Each shows a progress bar on large journals and exits non-zero when a
-journal is corrupt. ``compact`` refuses to run while a server holds the data directory.
+into one snapshot, ``salvage`` cuts the damaged spans out of a queue's files and keeps every
+valid record around them (:mod:`tercel.journal.salvage`). Each shows a progress bar on large
+journals and exits non-zero when a journal is corrupt. ``compact`` and ``salvage`` refuse to
+run while a server holds the data directory. Exit codes: 0 fine, 1 a journal is corrupt (or
+was), 2 a usage error: not a directory, no such queue, an invalid name, the directory in use.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tercel.journal import list_queue_names
 from tercel.journal import records as rec
 from tercel.journal.journal import journal_files
 from tercel.journal.reader import ChunkReader
+from tercel.names import valid_name
 
 if TYPE_CHECKING:  # the rest is imported when used: `tercel serve` starts without it
     from tqdm import tqdm
@@ -38,10 +42,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     dump.add_argument("--payload", action="store_true", help="print payloads as escaped text")
     check = verbs.add_parser("check", help="verify every record; non-zero exit on corruption")
     check.add_argument("dir")
+    check.add_argument("queue", nargs="?")
     compact = verbs.add_parser("compact", help="compact journals (server must be stopped)")
     compact.add_argument("dir")
     compact.add_argument("queue", nargs="?")
     compact.add_argument("--config", help="the server's config (for per-queue settings)")
+    salvage = verbs.add_parser(
+        "salvage", help="cut damaged spans, keep every valid record (server must be stopped)"
+    )
+    salvage.add_argument("dir")
+    salvage.add_argument("queue")
+    salvage.add_argument("--dry-run", action="store_true", help="report only, change nothing")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,15 +60,44 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         print(f"{args.dir}: not a directory", file=sys.stderr)
         return 2
+    if args.queue is not None and not _exists(args.dir, args.queue):
+        return 2
     if args.verb == "dump":
         return dump(args.dir, args.queue, args.payload, sys.stdout)
     if args.verb == "check":
-        return check(args.dir, sys.stdout)
+        return check(args.dir, sys.stdout, args.queue)
+    if args.verb == "salvage":
+        return salvage(args.dir, args.queue, sys.stdout, dry_run=args.dry_run)
     return compact(args.dir, args.queue, args.config, sys.stdout)
+
+
+def _exists(data_dir: str, queue: str) -> bool:
+    """True when ``queue`` is a valid name with journal files in ``data_dir``; else says why
+    on stderr (so a typo is not an empty, successful dump)."""
+    if not valid_name(queue):
+        print(f"{queue!r}: not a valid queue name", file=sys.stderr)
+        return False
+    if not journal_files(data_dir, queue):
+        print(f"{queue}: no such queue in {data_dir}", file=sys.stderr)
+        return False
+    return True
 
 
 def _queues(data_dir: str, queue: str | None) -> list[str]:
     return [queue] if queue else list_queue_names(data_dir)
+
+
+def _lock(data_dir: str) -> int | None:
+    """Take the data directory's lock (the one a running server holds); its fd, or None
+    (and a message) when a server or another tool holds it."""
+    lock = os.open(os.path.join(data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock)
+        print(f"{data_dir} is in use by a running tercel; stop it first", file=sys.stderr)
+        return None
+    return lock
 
 
 def _bar(paths: list[str], desc: str) -> tqdm[Never]:
@@ -137,10 +177,10 @@ def _format(r: dict[str, object], payload: bool) -> str:
     return " ".join(parts)
 
 
-def check(data_dir: str, out: TextIO) -> int:
-    """Verify every record of every journal; 1 when any file is damaged."""
+def check(data_dir: str, out: TextIO, queue: str | None = None) -> int:
+    """Verify every record of every journal (or of ``queue``'s); 1 when any file is damaged."""
     status = 0
-    for name in _queues(data_dir, None):
+    for name in _queues(data_dir, queue):
         paths = journal_files(data_dir, name)
         with _bar(paths, name) as bar:
             for path in paths:
@@ -166,12 +206,8 @@ def compact(data_dir: str, queue: str | None, config_path: str | None, out: Text
     from tercel.journal import FileJournal
 
     config = load_config(config_path) if config_path else ServerConfig()
-    lock = os.open(os.path.join(data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(lock)
-        print(f"{data_dir} is in use by a running tercel; stop it first", file=sys.stderr)
+    lock = _lock(data_dir)
+    if lock is None:
         return 2
     try:
         for name in _queues(data_dir, queue):
@@ -191,3 +227,51 @@ def compact(data_dir: str, queue: str | None, config_path: str | None, out: Text
     finally:
         os.close(lock)
     return 0
+
+
+def salvage(data_dir: str, queue: str, out: TextIO, *, dry_run: bool = False) -> int:
+    """Cut the damaged spans out of ``queue``'s files, keep every valid record, report what was
+    cut; 0 when nothing was damaged, 1 when something was cut (or would be, ``dry_run``)."""
+    from tercel.journal.salvage import salvage_queue
+
+    lock = _lock(data_dir)
+    if lock is None:
+        return 2
+    try:
+        paths = journal_files(data_dir, queue)
+        with _bar(paths, queue) as bar:
+            result = salvage_queue(_with_seqs(paths), write=not dry_run)
+            bar.update(bar.total)
+    finally:
+        os.close(lock)
+    for fp in result.files:
+        kept = len(fp.keep)
+        if not fp.damaged:
+            out.write(f"{fp.path}: ok, {kept} records\n")
+            continue
+        cut = sum(c.stop - c.start for c in fp.cuts)
+        out.write(f"{fp.path}: {kept} records kept, {cut} bytes cut in {len(fp.cuts)} spans\n")
+        for c in fp.cuts:
+            what = f" (it claims to be an {c.guess})" if c.guess else ""
+            out.write(f"  cut [{c.start}, {c.stop}) {c.stop - c.start} bytes: {c.reason}{what}\n")
+    for note in result.resumes:
+        out.write(f"  moved {note}\n")
+    if result.damaged:
+        verb = "would keep" if dry_run else "kept"
+        out.write(f"{queue}: salvaged; the originals are {verb} as <file>.damaged-<ms>\n")
+        return 1
+    out.write(f"{queue}: nothing to salvage\n")
+    return 0
+
+
+def _with_seqs(paths: list[str]) -> list[tuple[int, str]]:
+    """``(seq, path)`` of a queue's files in replay order: ``<name>.<n>`` has seq n, the
+    current file one more than the newest of them (docs/journal_format.md §1)."""
+    seqs = [int(p.rsplit(".", 1)[1]) for p in paths[:-1]]
+    last = paths[-1]
+    tail = int(last.rsplit(".", 1)[1]) if "." in os.path.basename(last) else None
+    if tail is not None:
+        seqs.append(tail)
+    else:
+        seqs.append(seqs[-1] + 1 if seqs else 1)
+    return list(zip(seqs, paths, strict=True))
