@@ -125,7 +125,10 @@ def serve(args: argparse.Namespace) -> int:
             runner.run(run_server(config, args.ports_file, memcache_socket=sock))
     except JournalCorrupt as exc:
         log.error("journal is corrupt, refusing to start: %s", exc)
-        log.error("inspect it with `tercel journal check`; move the file away to start without it")
+        log.error(
+            "inspect it with `tercel journal check`; keep every valid record with "
+            "`tercel journal salvage DIR QUEUE`"
+        )
         return 3
     except ConfigError as exc:
         log.error("%s", exc)
