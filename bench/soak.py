@@ -1,0 +1,450 @@
+"""``make soak``: producers and consumers under random kill -9, then every item accounted for.
+
+One real server (``tercel serve`` on 127.0.0.1:0) with one queue per sync mode (``false``,
+``true``, ``"50ms"``), all with tiny limits (``max_memory_size`` 4 KiB, ``max_journal_size``
+16 KiB) so read-behind, rotation and compaction run all the time. Per queue, producers set
+uniquely numbered items (``<queue>|<producer>|<n>|`` and padding), and three consumers take
+them: plain ``get``, reliable reads (``get q/t=100/open`` then ``get q/close``) and leases
+(``lease`` then one ``ack`` per lease id). Every few seconds (random) the server gets SIGKILL
+and is started again on the same data directory; the clients reconnect to its new port.
+
+At the end the producers stop, the server is killed once more and restarted, every queue is
+drained with plain gets, and every item is accounted for:
+
+- **acknowledged** items (``STORED`` received) must each be delivered: a plain ``get`` whose
+  reply came, a reliable read whose ``close`` was answered, a lease whose ``ack`` said
+  ``ACKED 1``, or the final drain. *Lost* counts those never seen at all; a plain ``get``
+  interrupted by a kill may have taken one item with it (its removal is journaled before the
+  reply), so ``unexplained_lost = lost - interrupted_plain_gets`` must be 0 (as must ``lost``
+  when no plain get was interrupted). Removals do not carry the item id in the journal, so
+  which item an interrupted get took cannot be named (docs/reliability.md).
+- **duplicates** are items delivered more than once. An item whose read was never confirmed
+  (the connection died with the read open, an ack that came too late) comes back: those are
+  ``redelivered`` and allowed. An item *completed* twice (two plain gets, a confirmed read and
+  a get, ...) is a ``duplicate_completed`` and must be 0. Items never sent (``phantom``) must
+  be 0.
+- **start-up failures**: a restart that exits or does not listen; must be 0. Tracebacks in the
+  server log must be 0; ``tercel journal check`` on the final data directory must pass.
+
+Exit 0 when all of that holds, 1 otherwise; the summary is printed as JSON (and written to
+``--out``). Bounded: ``--seconds`` (default 120) of load, then the drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tercel.testing import ServerProcess, ServerStartError
+
+QUEUES = {"soak_off": "false", "soak_on": "true", "soak_50ms": '"50ms"'}
+CONFIG = """[queues]
+max_memory_size = "4KB"
+max_journal_size = "16KB"
+max_journal_overflow = 4
+"""
+
+
+def config_text() -> str:
+    per = "".join(f"[queues.{q}]\nsync_journal = {mode}\n" for q, mode in QUEUES.items())
+    return CONFIG + per
+
+
+class Dead(Exception):
+    """The connection broke (the server was killed) or answered nonsense."""
+
+
+class Conn:
+    """A blocking memcache line connection that raises Dead on any failure."""
+
+    def __init__(self, port: int) -> None:
+        try:
+            self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError as exc:
+            raise Dead(str(exc)) from None
+        self.buf = b""
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            raise Dead(str(exc)) from None
+
+    def _more(self) -> None:
+        try:
+            chunk = self.sock.recv(65536)
+        except OSError as exc:
+            raise Dead(str(exc)) from None
+        if not chunk:
+            raise Dead("closed")
+        self.buf += chunk
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            self._more()
+        out, _, self.buf = self.buf.partition(b"\r\n")
+        return out
+
+    def exact(self, n: int) -> bytes:
+        while len(self.buf) < n + 2:
+            self._more()
+        out, self.buf = self.buf[:n], self.buf[n + 2 :]
+        return out
+
+    def value(self) -> bytes | None:
+        """The payload of a get reply, None for END."""
+        head = self.line()
+        if head == b"END":
+            return None
+        parts = head.split()
+        if parts[:1] != [b"VALUE"] or len(parts) < 4:
+            raise Dead(f"unexpected {head!r}")
+        data = self.exact(int(parts[3]))
+        if self.line() != b"END":
+            raise Dead("VALUE without END")
+        return data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@dataclass
+class Ledger:
+    """What the clients saw (lists: appends are atomic under the GIL)."""
+
+    sent: list[bytes] = field(default_factory=list)
+    acked: list[bytes] = field(default_factory=list)
+    received: list[bytes] = field(default_factory=list)
+    """Every payload handed to a client, completed or not."""
+    completed: list[tuple[bytes, str]] = field(default_factory=list)
+    interrupted_plain_gets: int = 0
+    unconfirmed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Soak:
+    def __init__(self, data_dir: Path, seconds: float, seed: int) -> None:
+        self.server = ServerProcess(data_dir, config_text(), log_level="info")
+        self.seconds = seconds
+        self.rng = random.Random(seed)
+        self.port = 0
+        self.stop = threading.Event()
+        self.producing = threading.Event()
+        self.consuming = threading.Event()
+        self.ledgers = {q: Ledger() for q in QUEUES}
+        self.lock = threading.Lock()
+        self.kills = 0
+        self.start_failures: list[str] = []
+        self.restart_s: list[float] = []
+        self.journal_stats: Counter[str] = Counter()
+
+    # ---- clients ------------------------------------------------------------------------
+
+    def _connect(self) -> Conn | None:
+        while not self.stop.is_set():
+            try:
+                return Conn(self.port)
+            except Dead:
+                time.sleep(0.02)
+        return None
+
+    def _loop(
+        self, body: Callable[[Conn], None], on_dead: Callable[[], None], gate: threading.Event
+    ) -> None:
+        def gated(conn: Conn) -> None:
+            if gate.is_set():
+                body(conn)
+            else:
+                self.stop.wait(0.05)
+
+        while not self.stop.is_set():
+            conn = self._connect()
+            if conn is None:
+                return
+            try:
+                while not self.stop.is_set():
+                    gated(conn)
+            except Dead:
+                on_dead()
+            finally:
+                conn.close()
+
+    def producer(self, queue: str, pid: int) -> None:
+        ledger = self.ledgers[queue]
+        seq = iter(range(1 << 62))
+        rng = random.Random(f"{queue}{pid}")
+
+        def body(conn: Conn) -> None:
+            item = b"%s|%d|%d|" % (queue.encode(), pid, next(seq))
+            item += b"x" * rng.randrange(0, 400)
+            ledger.sent.append(item)
+            conn.send(b"set %s 0 0 %d\r\n%s\r\n" % (queue.encode(), len(item), item))
+            reply = conn.line()
+            if reply != b"STORED":
+                ledger.errors.append(f"set: {reply!r}")
+                return
+            ledger.acked.append(item)
+            if rng.random() < 0.01:  # bursts and pauses, so the backlog grows and shrinks
+                self.stop.wait(rng.uniform(0, 0.3))
+
+        self._loop(body, lambda: None, self.producing)
+
+    def plain(self, queue: str) -> None:
+        ledger = self.ledgers[queue]
+        inflight = [False]
+
+        def body(conn: Conn) -> None:
+            inflight[0] = True
+            conn.send(b"get %s/t=100\r\n" % queue.encode())
+            data = conn.value()
+            inflight[0] = False
+            if data is not None:
+                ledger.received.append(data)
+                ledger.completed.append((data, "get"))
+
+        def dead() -> None:
+            if inflight[0]:
+                with self.lock:
+                    ledger.interrupted_plain_gets += 1
+            inflight[0] = False
+
+        self._loop(body, dead, self.consuming)
+
+    def reliable(self, queue: str) -> None:
+        ledger = self.ledgers[queue]
+        holding = [False]
+
+        def body(conn: Conn) -> None:
+            conn.send(b"get %s/t=100/open\r\n" % queue.encode())
+            data = conn.value()
+            if data is None:
+                return
+            holding[0] = True
+            ledger.received.append(data)
+            conn.send(b"get %s/close\r\n" % queue.encode())
+            if conn.value() is not None:
+                raise Dead("close returned an item")
+            holding[0] = False
+            ledger.completed.append((data, "open/close"))
+
+        def dead() -> None:
+            if holding[0]:
+                with self.lock:
+                    ledger.unconfirmed += 1
+            holding[0] = False
+
+        self._loop(body, dead, self.consuming)
+
+    def leaser(self, queue: str) -> None:
+        ledger = self.ledgers[queue]
+        holding: list[bytes] = []
+
+        def body(conn: Conn) -> None:
+            conn.send(b"lease %s 4 100 30000\r\n" % queue.encode())
+            got = []
+            while (head := conn.line()) != b"END":
+                parts = head.split()
+                if parts[:1] != [b"LEASED"] or len(parts) != 7:
+                    raise Dead(f"unexpected {head!r}")
+                got.append((parts[1], conn.exact(int(parts[6]))))
+            for _, data in got:
+                ledger.received.append(data)
+                holding.append(data)
+            for lease_id, data in got:
+                conn.send(b"ack %s %s\r\n" % (queue.encode(), lease_id))
+                reply = conn.line()
+                holding.remove(data)
+                if reply == b"ACKED 1":
+                    ledger.completed.append((data, "lease"))
+                else:
+                    with self.lock:
+                        ledger.unconfirmed += 1
+
+        def dead() -> None:
+            with self.lock:
+                ledger.unconfirmed += len(holding)
+            holding.clear()
+
+        self._loop(body, dead, self.consuming)
+
+    # ---- the server ---------------------------------------------------------------------
+
+    def _start(self) -> None:
+        began = time.monotonic()
+        while True:
+            try:
+                self.server.start()
+            except ServerStartError as exc:
+                self.start_failures.append(str(exc)[-500:])
+                if len(self.start_failures) > 3:
+                    raise
+                continue
+            self.restart_s.append(time.monotonic() - began)
+            self.port = self.server.port
+            return
+
+    def _collect_stats(self) -> None:
+        """Add this run's journal counters (rotations, compactions) to the totals."""
+        try:
+            conn = Conn(self.port)
+            conn.send(b"stats\r\n")
+            while (line := conn.line()) != b"END":
+                _, key, value = line.decode().split(" ", 2)
+                for word in ("journal_rotations", "journal_rewrites"):
+                    if key.endswith(word):
+                        self.journal_stats[word] += int(value)
+                for word in ("items", "mem_items"):
+                    if key in (f"queue_{q}_{word}" for q in QUEUES):
+                        most = f"most_{word}_at_a_kill"
+                        self.journal_stats[most] = max(self.journal_stats[most], int(value))
+            conn.close()
+        except (Dead, ValueError):
+            pass
+
+    def run(self) -> dict[str, object]:
+        self._start()
+        workers = []
+        for q in QUEUES:
+            workers += [threading.Thread(target=self.producer, args=(q, p)) for p in range(2)]
+            workers += [threading.Thread(target=f, args=(q,)) for f in self._consumers()]
+        self.producing.set()
+        self.consuming.set()
+        for w in workers:
+            w.start()
+        deadline = time.monotonic() + self.seconds
+        while time.monotonic() < deadline:
+            # Consumers pause for about a third of the periods: the backlog grows past the
+            # memory limit (read-behind), then drains through it.
+            (self.consuming.set if self.rng.random() < 0.65 else self.consuming.clear)()
+            time.sleep(self.rng.uniform(0.3, 4.0))
+            self._collect_stats()
+            self.server.kill()
+            self.kills += 1
+            self._start()
+        self.producing.clear()
+        self.consuming.set()
+        time.sleep(1.0)  # let the consumers take some more, then stop everything
+        self.stop.set()
+        for w in workers:
+            w.join()
+        self._collect_stats()
+        self.server.kill()
+        self.kills += 1
+        self._start()
+        drained = {q: self._drain(q) for q in QUEUES}
+        self._collect_stats()
+        code = self.server.stop()
+        return self._summary(drained, code)
+
+    def _consumers(self) -> list[Callable[[str], None]]:
+        return [self.plain, self.reliable, self.leaser]
+
+    def _drain(self, queue: str) -> int:
+        conn = Conn(self.port)
+        n = 0
+        while True:
+            conn.send(b"get %s\r\n" % queue.encode())
+            data = conn.value()
+            if data is None:
+                conn.close()
+                return n
+            self.ledgers[queue].received.append(data)
+            self.ledgers[queue].completed.append((data, "drain"))
+            n += 1
+
+    # ---- accounting ---------------------------------------------------------------------
+
+    def _summary(self, drained: dict[str, int], stop_code: int) -> dict[str, object]:
+        queues: dict[str, dict[str, object]] = {}
+        bad = 0
+        for q, led in self.ledgers.items():
+            sent = set(led.sent)
+            acked = set(led.acked)
+            seen = Counter(led.received)
+            done = Counter(data for data, _ in led.completed)
+            lost = len(acked - set(seen))
+            unexplained = max(0, lost - led.interrupted_plain_gets)
+            dup_completed = sum(1 for n in done.values() if n > 1)
+            redelivered = sum(1 for n in seen.values() if n > 1)
+            phantom = len(set(seen) - sent)
+            queues[q] = {
+                "sync_journal": QUEUES[q],
+                "sent": len(sent),
+                "acknowledged": len(acked),
+                "unacknowledged_sets": len(sent - acked),
+                "unacknowledged_delivered": len((sent - acked) & set(seen)),
+                "completed": dict(Counter(kind for _, kind in led.completed)),
+                "final_drain": drained[q],
+                "lost": lost,
+                "interrupted_plain_gets": led.interrupted_plain_gets,
+                "unexplained_lost": unexplained,
+                "unconfirmed_reads": led.unconfirmed,
+                "redelivered": redelivered,
+                "duplicate_completed": dup_completed,
+                "phantom": phantom,
+                "set_errors": led.errors[:5],
+            }
+            bad += unexplained + dup_completed + phantom + len(led.errors)
+        log = self.server.log()
+        tracebacks = log.count("Traceback")
+        check = subprocess.run(
+            [sys.executable, "-m", "tercel", "journal", "check", str(self.server.data_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        bad += tracebacks + len(self.start_failures) + (check.returncode != 0) + (stop_code != 0)
+        return {
+            "ok": bad == 0,
+            "seconds": self.seconds,
+            "kills": self.kills,
+            "startup_failures": len(self.start_failures),
+            "startup_failure_logs": self.start_failures,
+            "restart_s_mean": round(sum(self.restart_s) / len(self.restart_s), 3),
+            "restart_s_max": round(max(self.restart_s), 3),
+            "journal": dict(self.journal_stats),
+            "torn_tails_logged": log.count("torn tail"),
+            "tracebacks_in_log": tracebacks,
+            "journal_check_exit": check.returncode,
+            "clean_stop_exit": stop_code,
+            "queues": queues,
+        }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="tercel soak: kill -9 under load, then account")
+    ap.add_argument("--seconds", type=float, default=120.0, help="load time (then the drain)")
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--data-dir", help="default: a new temporary directory")
+    ap.add_argument("--out", help="also write the JSON summary here")
+    args = ap.parse_args()
+    data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="tercel-soak-"))
+    print(f"soak: {args.seconds:.0f} s, seed {args.seed}, data in {data_dir}", file=sys.stderr)
+    summary = Soak(data_dir, args.seconds, args.seed).run()
+    summary["seed"] = args.seed
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if not summary["ok"]:
+        print(f"soak: FAILED (data kept in {data_dir})", file=sys.stderr)
+        return 1
+    print("soak: ok", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
