@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tercel import __version__
+from tercel import __version__, exit_codes
 from tercel.config import ServerConfig, load_config
 from tercel.errors import ConfigError, JournalCorrupt
 
@@ -109,13 +109,13 @@ def serve(args: argparse.Namespace) -> int:
         config = _config_from(args)
     except ConfigError as exc:
         log.error("bad configuration: %s", exc)
-        return 2
+        return exit_codes.USAGE
     srv = config.server
     try:
         sock = None if srv.memcache_port is None else _bind_early(srv.host, srv.memcache_port)
     except OSError as exc:
         log.error("cannot listen on %s:%s: %s", srv.host, srv.memcache_port, exc)
-        return 1
+        return exit_codes.FAILED
     import asyncio
 
     from tercel.server.app import run_server
@@ -129,14 +129,14 @@ def serve(args: argparse.Namespace) -> int:
             "inspect it with `tercel journal check`; keep every valid record with "
             "`tercel journal salvage DIR QUEUE`"
         )
-        return 3
+        return exit_codes.CORRUPT
     except ConfigError as exc:
         log.error("%s", exc)
-        return 2
+        return exit_codes.USAGE
     except OSError as exc:
         log.error("cannot start: %s", exc)
-        return 1
-    return 0
+        return exit_codes.FAILED
+    return exit_codes.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -151,12 +151,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "serve":
         return serve(args)
-    if args.command in ("put", "get", "peek", "stats", "tail"):
-        from tercel import cli_client
+    from tercel import cli_client
 
+    if args.command in cli_client.COMMANDS:
         return cli_client.run(args)
     if args.command == "journal":
         from tercel import journal_tool
 
         return journal_tool.run(args)
-    return 2  # pragma: no cover - argparse rejects unknown commands
+    return exit_codes.USAGE  # pragma: no cover - argparse rejects unknown commands

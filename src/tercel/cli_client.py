@@ -1,25 +1,31 @@
-"""``tercel put|get|peek|stats|tail``: poke a running server from a shell, through
-:class:`tercel.client.Client`.
+"""``tercel put|get|peek|stats|tail|queues|flush|delete|status``: poke a running server from a
+shell, through :class:`tercel.client.Client`.
 
 Servers come from ``--server host:port`` (repeatable), else ``$TERCEL_SERVERS``
 (comma-separated), else ``127.0.0.1:22133``. Items are written to stdout one per line, raw.
-Exit codes: 0 done, 1 a client error (printed on stderr), 3 ``get``/``peek`` found nothing.
+Exit codes (:mod:`tercel.exit_codes`): 0 done, 1 a client error (printed on stderr), 4
+``get``/``peek`` found nothing, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from tercel import exit_codes
 from tercel.errors import ClientError
 
 if TYPE_CHECKING:  # imported when a verb runs: `tercel serve` starts without the client
     from tercel.client import Client
 
-COMMANDS = ("put", "get", "peek", "stats", "tail")
+COMMANDS = ("put", "get", "peek", "stats", "tail", "queues", "flush", "delete", "status")
+STATUSES = ("UP", "WRITEAVOID", "READONLY", "QUIESCENT")
 QUEUE_COLUMNS = (
     ("items", "items"),
     ("bytes", "bytes"),
@@ -45,6 +51,19 @@ def add_parsers(sub: Any) -> None:
     put.add_argument("queue")
     put.add_argument("items", nargs="*", help="items (default: one per line of stdin)")
     put.add_argument("--expiry", type=float, help="seconds until the items expire")
+    put.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="F",
+        help="put the whole content of file F as one item (repeatable; - is stdin)",
+    )
+    put.add_argument(
+        "-0",
+        "--null",
+        action="store_true",
+        help="stdin holds items separated by NUL bytes, not lines (find -print0 style)",
+    )
     get = sub.add_parser("get", parents=[common], help="take items from a queue")
     get.add_argument("queue")
     get.add_argument("-n", "--count", type=int, default=1, help="how many items (default 1)")
@@ -58,6 +77,26 @@ def add_parsers(sub: Any) -> None:
     tail.add_argument("-f", "--follow", action="store_true", help="keep waiting for items")
     tail.add_argument("--batch", type=int, default=100, help="items per lease (default 100)")
     tail.add_argument("--lease-time", type=float, default=30.0, help="seconds per lease")
+    queues = sub.add_parser(
+        "queues", parents=[common], help="list queues: items, bytes, age of the head, rates"
+    )
+    queues.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    queues.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between the two samples the rates come from (default 1; 0: no rates)",
+    )
+    flush = sub.add_parser("flush", parents=[common], help="drop every item of queues")
+    flush.add_argument("queues", nargs="+", metavar="queue")
+    delete = sub.add_parser(
+        "delete", parents=[common], help="delete queues, their items and journal files"
+    )
+    delete.add_argument("queues", nargs="+", metavar="queue")
+    status = sub.add_parser(
+        "status", parents=[common], help="print the server status, or set it on every server"
+    )
+    status.add_argument("status", nargs="?", type=str.upper, choices=STATUSES)
 
 
 def _servers(args: argparse.Namespace) -> list[str]:
@@ -82,32 +121,55 @@ def run(args: argparse.Namespace) -> int:
             return code
     except ClientError as exc:
         print(f"tercel {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return exit_codes.FAILED
+    except OSError as exc:  # a --file that cannot be read
+        print(f"tercel {args.command}: {exc}", file=sys.stderr)
+        return exit_codes.FAILED
     except KeyboardInterrupt:
-        return 130
+        return exit_codes.INTERRUPTED
+
+
+def _read_file(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def put_items(args: argparse.Namespace) -> list[bytes]:
+    """What ``put`` sends: the arguments, then each ``--file``'s content as one item; stdin
+    (lines, or NUL-separated with ``-0``; a final separator ends the last item) when neither
+    is given."""
+    items = [i.encode() for i in args.items] + [_read_file(f) for f in args.file]
+    if items:
+        return items
+    data = sys.stdin.buffer.read()
+    if args.null:
+        parts = data.split(b"\0")
+        return parts[:-1] if parts[-1] == b"" else parts
+    return [line.rstrip(b"\r\n") for line in data.splitlines(keepends=True)]
 
 
 def _put(client: Client, args: argparse.Namespace) -> int:
-    items = [i.encode() for i in args.items] or [line.rstrip(b"\r\n") for line in sys.stdin.buffer]
-    client.put_many(args.queue, items, args.expiry)
-    return 0
+    client.put_many(args.queue, put_items(args), args.expiry)
+    return exit_codes.OK
 
 
 def _get(client: Client, args: argparse.Namespace) -> int:
     for _ in range(args.count):
         data = client.get(args.queue, args.wait)
         if data is None:
-            return 3
+            return exit_codes.EMPTY
         _write(data)
-    return 0
+    return exit_codes.OK
 
 
 def _peek(client: Client, args: argparse.Namespace) -> int:
     data = client.peek(args.queue)
     if data is None:
-        return 3
+        return exit_codes.EMPTY
     _write(data)
-    return 0
+    return exit_codes.OK
 
 
 def _tail(client: Client, args: argparse.Namespace) -> int:
@@ -117,7 +179,7 @@ def _tail(client: Client, args: argparse.Namespace) -> int:
         if not batch:
             if args.follow:
                 continue
-            return 0
+            return exit_codes.OK
         for item in batch:
             _write(item.data)
         client.ack(batch)
@@ -152,7 +214,167 @@ def _stats(client: Client, args: argparse.Namespace) -> int:
             print()
         for line in format_stats(server, stats, per_queue.get(server, {}), args.queues):
             print(line)
-    return 0
+    return exit_codes.OK
 
 
-VERBS = {"put": _put, "get": _get, "peek": _peek, "stats": _stats, "tail": _tail}
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    """One queue on one server, as ``tercel queues`` shows it (``--json``: these keys)."""
+
+    server: str
+    queue: str
+    items: int
+    bytes: int
+    mem_bytes: int
+    age_ms: int
+    open: int
+    waiters: int
+    in_per_s: float | None
+    out_per_s: float | None
+
+
+def _int(stats: dict[str, str], key: str) -> int:
+    try:
+        return int(stats.get(key, "0"))
+    except ValueError:
+        return 0
+
+
+def queue_rows(
+    before: dict[str, dict[str, dict[str, str]]] | None,
+    after: dict[str, dict[str, dict[str, str]]],
+    seconds: float,
+) -> list[QueueRow]:
+    """Rows from ``dump_stats`` of every server (``after``) and, for the rates, an earlier
+    sample ``seconds`` before it: in = items added per second (``total_items``), out = items
+    that left per second (taken, opened, expired or flushed: added minus the growth of
+    ``items``). A queue new since ``before`` counts from zero; a queue deleted and recreated
+    in between never shows a negative rate."""
+    rows = []
+    for server, queues in sorted(after.items()):
+        for name, st in sorted(queues.items()):
+            rate_in = rate_out = None
+            if before is not None and seconds > 0:
+                old = before.get(server, {}).get(name, {})
+                added = max(0, _int(st, "total_items") - _int(old, "total_items"))
+                grown = _int(st, "items") - _int(old, "items")
+                rate_in = added / seconds
+                rate_out = max(0, added - grown) / seconds
+            open_ = _int(st, "open_transactions") + _int(st, "open_leases")
+            rows.append(
+                QueueRow(
+                    server,
+                    name,
+                    _int(st, "items"),
+                    _int(st, "bytes"),
+                    _int(st, "mem_bytes"),
+                    _int(st, "age"),
+                    open_,
+                    _int(st, "waiters"),
+                    rate_in,
+                    rate_out,
+                )
+            )
+    return rows
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes in B, KiB, MiB, GiB or TiB, three significant digits."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{n} B" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} TiB"
+
+
+def human_ms(ms: int) -> str:
+    """A duration in ms as ``850ms``, ``12.5s``, ``3.2m``, ``4.1h`` or ``2.0d``."""
+    if ms < 1000:
+        return f"{ms}ms"
+    s = ms / 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.1f}{unit}"
+    return f"{s:.1f}s"
+
+
+def format_queues(rows: list[QueueRow]) -> Iterator[str]:
+    """The ``tercel queues`` table (a server column only for more than one server)."""
+    servers = len({r.server for r in rows}) > 1
+    head = ["queue", "items", "bytes", "in memory", "head age", "open", "waiters", "in/s", "out/s"]
+    table = [(["server"] if servers else []) + head]
+    for r in rows:
+        rates = ["-" if v is None else f"{v:.1f}" for v in (r.in_per_s, r.out_per_s)]
+        cells = [
+            r.queue,
+            str(r.items),
+            human_bytes(r.bytes),
+            human_bytes(r.mem_bytes),
+            human_ms(r.age_ms),
+            str(r.open),
+            str(r.waiters),
+            *rates,
+        ]
+        table.append(([r.server] if servers else []) + cells)
+    left = 2 if servers else 1  # text columns, left-aligned; numbers right-aligned
+    widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
+    for row in table:
+        yield "  ".join(
+            v.ljust(w) if c < left else v.rjust(w)
+            for c, (v, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+
+
+def _queues(client: Client, args: argparse.Namespace) -> int:
+    before, t0 = None, time.monotonic()
+    if args.interval > 0:
+        before = client.queue_stats()
+        t0 = time.monotonic()
+        time.sleep(args.interval)
+    after = client.queue_stats()
+    seconds = time.monotonic() - t0
+    rows = queue_rows(before, after, seconds)
+    if args.json:
+        print(json.dumps({"servers": sorted(after), "queues": [asdict(r) for r in rows]}))
+    elif not rows:
+        print("(no queues)")
+    else:
+        for line in format_queues(rows):
+            print(line)
+    return exit_codes.OK
+
+
+def _flush(client: Client, args: argparse.Namespace) -> int:
+    for queue in args.queues:
+        client.flush(queue)
+    return exit_codes.OK
+
+
+def _delete(client: Client, args: argparse.Namespace) -> int:
+    for queue in args.queues:
+        client.delete(queue)
+    return exit_codes.OK
+
+
+def _status(client: Client, args: argparse.Namespace) -> int:
+    if args.status is not None:
+        client.set_status(args.status)
+        return exit_codes.OK
+    statuses = client.status()  # raises when no server answers
+    for server, status in sorted(statuses.items()):
+        print(status if len(statuses) == 1 else f"{server} {status}")
+    return exit_codes.OK
+
+
+VERBS = {
+    "put": _put,
+    "get": _get,
+    "peek": _peek,
+    "stats": _stats,
+    "tail": _tail,
+    "queues": _queues,
+    "flush": _flush,
+    "delete": _delete,
+    "status": _status,
+}

@@ -149,7 +149,7 @@ class Session:
             entry = self._entry(name) if name in self._open else None
             if entry is not None and len(entry[1]) >= self.max_open_reads:
                 raise OpenReadError("too many open reads")
-        queue = self.collection.for_reading(name)
+        queue = self.collection.for_reading(name, create=mode != "peek")  # a peek never creates
         if queue is None:
             return None
         if mode == "open":

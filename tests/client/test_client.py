@@ -245,7 +245,7 @@ def test_cli_verbs(server: ServerProcess, qname: str) -> None:
     stats = tercel("stats", qname).stdout.decode()
     assert qname in stats and "items" in stats
     assert tercel("tail", qname).stdout == b"c\nd\n"
-    assert tercel("get", qname).returncode == 3
+    assert tercel("get", qname).returncode == 4  # exit_codes.EMPTY
     bad = subprocess.run(
         [sys.executable, "-m", "tercel", "get", "--server", dead_address(), "q"],
         capture_output=True,

@@ -59,6 +59,19 @@ def test_peek_does_not_remove(raw: Raw, qname: str) -> None:
     raw.call(b"get %s/peek\r\n" % q, b"END\r\n")
 
 
+def test_peek_never_creates_a_queue(server: ServerProcess, raw: Raw, qname: str) -> None:
+    q = qname.encode()
+    raw.call(b"get %s/peek\r\n" % q, b"END\r\n")
+    raw.call(b"dump_stats %s\r\n" % q, b"queue '%s' {\r\n}\r\nEND\r\n" % q)
+    assert not list(server.data_dir.glob(f"{qname}*"))
+    raw.call(b"get ../x/peek\r\n", b"CLIENT_ERROR bad queue name\r\n")
+    raw.call(b"get %s/peek/t=1\r\n" % q, b"END\r\n")  # a peek that waits needs the queue
+    raw.send(b"dump_stats %s\r\n" % q)
+    assert raw.read_line() == b"queue '%s' {\r\n" % q
+    assert raw.read_line() == b"  items=0\r\n"
+    assert list(server.data_dir.glob(f"{qname}*"))  # so the glob above would have seen one
+
+
 def test_open_close_abort(raw: Raw, qname: str) -> None:
     q = qname.encode()
     raw.call(set_cmd(qname, b"1") + set_cmd(qname, b"2"), b"STORED\r\nSTORED\r\n")
@@ -179,7 +192,7 @@ def test_expiry_relative_and_absolute(raw: Raw, qname: str) -> None:
 
 def test_flush_expired_counts(raw: Raw, qname: str) -> None:
     q = qname.encode()
-    raw.call(b"get %s/peek\r\n" % q, b"END\r\n")  # create the queue
+    raw.call(b"get %s\r\n" % q, b"END\r\n")  # create the queue
     # Expired items at the head are dropped by a flush_expired, never returned.
     raw.call(set_cmd(qname, b"a", exptime=-5) + set_cmd(qname, b"b", exptime=-5), b"STORED\r\n" * 2)
     raw.send(b"flush_expired %s\r\n" % q)

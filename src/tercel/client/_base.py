@@ -38,6 +38,7 @@ from tercel.protocol.commands import (
     Renew,
     Set,
     Simple,
+    Status,
 )
 from tercel.protocol.memcache_client import (
     Blocks,
@@ -370,6 +371,18 @@ def delete_op(queue: str) -> Op[None]:
 
 def flush_op(queue: str) -> Op[None]:
     return Op([Flush(queue)], _expect("END"))
+
+
+def status_op(value: str | None = None) -> Op[str]:
+    """``status`` (the server's status name) or ``status <value>`` (set it; ``END``)."""
+
+    def finish(replies: list[Reply], server: str) -> str:
+        text = _line(replies[0], server)
+        if value is not None and text != "END":
+            raise BadReply(f"unexpected reply to status: {text!r}", server)
+        return text if value is None else value.upper()
+
+    return Op([Status(value)], finish)
 
 
 def stats_op() -> Op[dict[str, str]]:

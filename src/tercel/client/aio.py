@@ -284,6 +284,12 @@ class AsyncClient(b.ClientBase[_Connection]):
     async def flush(self, queue: str) -> None:
         await self._each(b.flush_op(queue))
 
+    async def status(self) -> dict[str, str]:
+        return await self._each(b.status_op(), partial=True)
+
+    async def set_status(self, status: str) -> None:
+        await self._each(b.status_op(status))
+
     async def stats(self) -> dict[str, dict[str, str]]:
         return await self._each(b.stats_op(), partial=True)
 

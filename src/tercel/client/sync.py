@@ -307,6 +307,14 @@ class Client(b.ClientBase[_Connection]):
         """Drop every item of ``queue`` that is not reserved, on every server."""
         self._each(b.flush_op(queue))
 
+    def status(self) -> dict[str, str]:
+        """Each reachable server's status: ``UP``, ``WRITEAVOID``, ``READONLY`` or ``QUIESCENT``."""
+        return self._each(b.status_op(), partial=True)
+
+    def set_status(self, status: str) -> None:
+        """Set the status (any case) on every server (docs/protocol.md, status)."""
+        self._each(b.status_op(status))
+
     def stats(self) -> dict[str, dict[str, str]]:
         """Each reachable server's ``stats`` lines: {server: {name: value}}."""
         return self._each(b.stats_op(), partial=True)

@@ -63,11 +63,17 @@ class QueueCollection:
         q = self._queues.get(name)
         return None if q is None else q.config.sync_journal
 
-    def for_reading(self, name: str) -> PersistentQueue | None:
-        """The queue a read of ``name`` takes from, created on first reference; None for an
-        alias (reads of an alias are always empty). Raises :class:`BadQueueName`."""
+    def for_reading(self, name: str, create: bool = True) -> PersistentQueue | None:
+        """The queue a read of ``name`` takes from, created on first reference (with
+        ``create`` False: None for a queue that does not exist); None for an alias (reads of
+        an alias are always empty). Raises :class:`BadQueueName`."""
         if name in self.config.aliases:
             return None
+        if not create:
+            q = self._queues.get(name)
+            if q is None and not valid_name(name):
+                raise BadQueueName(name)
+            return q
         return self.get_or_create(name)
 
     def is_alias(self, name: str) -> bool:

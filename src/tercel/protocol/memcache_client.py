@@ -33,6 +33,7 @@ from tercel.protocol.commands import (
     Renew,
     Set,
     Simple,
+    Status,
 )
 from tercel.protocol.memcache import NEED_DATA, NeedData
 
@@ -194,6 +195,9 @@ class MemcacheClientCodec:
             case Simple():
                 reader = self._listing if cmd.name in _LISTINGS else line
                 return cmd.name.encode() + b"\r\n", None if cmd.name in _NO_REPLY else reader
+            case Status():
+                tail = b"" if cmd.value is None else b" " + cmd.value.encode()
+                return b"status%b\r\n" % tail, line
             case Lease():
                 args = (cmd.queue.encode(), cmd.max_items, cmd.wait_ms, cmd.lease_ms)
                 return b"lease %b %d %d %d\r\n" % args, self._lease
