@@ -27,8 +27,10 @@ NATIVE_MODULES = [
     "tercel/journal/reader.py",
     "tercel/journal/journal.py",
     "tercel/server/commit.py",
-    "tercel/server/memcache.py",
-    "tercel/server/leases.py",
+    "tercel/server/context.py",
+    "tercel/server/connection.py",
+    "tercel/server/memcache/connection.py",
+    "tercel/server/memcache/leases.py",
 ]
 """The request path (codec, handlers, session, queue, journal, group commit): the modules whose
 interpretation cost is most of a command's CPU (docs/benchmarks.md)."""

@@ -61,14 +61,14 @@ class _Transport:
 async def _drive(which: str, passes: int, per_read: int, vary: bool) -> None:
     from tercel.config import ServerConfig
     from tercel.server.app import Server
-    from tercel.server.memcache import MemcacheConnection
+    from tercel.server.memcache.connection import MemcacheConnection
 
     data_dir = tempfile.mkdtemp()
     try:
         config = ServerConfig().with_server(data_dir=data_dir, memcache_port=None, admin_port=None)
         server = Server(config)
         await server.start()
-        conn = MemcacheConnection(server)
+        conn = MemcacheConnection(server.ctx)
         conn.connection_made(_Transport())  # type: ignore[arg-type]
         conn.data_received(SET)  # create the queue
         await asyncio.sleep(0)

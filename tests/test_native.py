@@ -42,12 +42,14 @@ def test_hot_classes_compile_as_native_classes() -> None:
     pure-Python run.
     """
     from tercel.server.commit import Committer
-    from tercel.server.memcache import Hub, MemcacheConnection
+    from tercel.server.connection import Connection
+    from tercel.server.context import ServerContext
+    from tercel.server.memcache.connection import MemcacheConnection
     from tercel.session import Session
 
-    if "tercel.server.memcache" not in native.compiled_modules():
+    if "tercel.server.memcache.connection" not in native.compiled_modules():
         return
-    for cls in (MemcacheConnection, Hub, Session, Committer):
+    for cls in (Connection, MemcacheConnection, ServerContext, Session, Committer):
         assert cls.__dictoffset__ == 0, f"{cls.__name__} is not a native class"
 
 

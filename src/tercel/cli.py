@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -21,6 +22,11 @@ if TYPE_CHECKING:  # asyncio loads after the memcache port is bound (see _bind_e
     import asyncio
 
 log = logging.getLogger("tercel")
+
+LISTENERS = ("text", "thrift", "beanstalk")
+"""The front ends that are off unless their ``--<name>-port`` is given (memcache and admin
+have default ports)."""
+EARLY_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -39,6 +45,10 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--admin-port", type=int, help="admin HTTP port (default 2223; 0 = any free)"
     )
+    for name in LISTENERS:
+        serve.add_argument(
+            f"--{name}-port", type=int, help=f"{name} port (off unless given; 0 = any free)"
+        )
     serve.add_argument("--ports-file", help="write the bound ports here as JSON once listening")
     serve.add_argument(
         "--log-level",
@@ -66,10 +76,12 @@ def _config_from(args: argparse.Namespace) -> ServerConfig:
         if not 0 <= args.memcache_port <= 65535:
             raise ConfigError(f"--memcache-port: {args.memcache_port} is not a port number")
         overrides["memcache_port"] = args.memcache_port
-    if args.admin_port is not None:
-        if not 0 <= args.admin_port <= 65535:
-            raise ConfigError(f"--admin-port: {args.admin_port} is not a port number")
-        overrides["admin_port"] = args.admin_port
+    for name in ("admin", *LISTENERS):
+        port = getattr(args, f"{name}_port")
+        if port is not None:
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"--{name}-port: {port} is not a port number")
+            overrides[f"{name}_port"] = port
     return config.with_server(**overrides) if overrides else config
 
 
@@ -85,7 +97,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 def _bind_early(host: str, port: int) -> socket.socket:
-    """A listening socket for the memcache port, made before the server's modules load.
+    """A listening socket for a front end's port, made before the server's modules load.
 
     The kernel accepts connections into the backlog from here on, so clients can connect about
     70 ms after ``exec`` instead of after every import (and any replay): their commands are
@@ -111,18 +123,30 @@ def serve(args: argparse.Namespace) -> int:
         log.error("bad configuration: %s", exc)
         return exit_codes.USAGE
     srv = config.server
-    try:
-        sock = None if srv.memcache_port is None else _bind_early(srv.host, srv.memcache_port)
-    except OSError as exc:
-        log.error("cannot listen on %s:%s: %s", srv.host, srv.memcache_port, exc)
-        return exit_codes.FAILED
+    # A signal from here until the loop's handlers are in is noted and acted on then (a stop
+    # or a reload), never a kill by the signal (the loop's handlers replace these).
+    early: list[int] = []
+    for sig in EARLY_SIGNALS:
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
+    sockets: dict[str, socket.socket] = {}
+    for name in ("memcache", *LISTENERS):
+        port = getattr(srv, f"{name}_port")
+        if port is None:
+            continue
+        try:
+            sockets[name] = _bind_early(srv.host, port)
+        except OSError as exc:
+            log.error("cannot listen on %s:%s: %s", srv.host, port, exc)
+            for sock in sockets.values():
+                sock.close()
+            return exit_codes.FAILED
     import asyncio
 
     from tercel.server.app import run_server
 
     try:
         with asyncio.Runner(loop_factory=_new_loop) as runner:
-            runner.run(run_server(config, args.ports_file, memcache_socket=sock))
+            runner.run(run_server(config, args.ports_file, sockets=sockets, early_signals=early))
     except JournalCorrupt as exc:
         log.error("journal is corrupt, refusing to start: %s", exc)
         log.error(

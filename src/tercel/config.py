@@ -200,6 +200,12 @@ class ServerSettings:
     memcache_port: int | None = 22133
     admin_port: int | None = 2223
     """The admin HTTP server (Kestrel's Ostrich port); None disables it."""
+    text_port: int | None = None
+    """Kestrel's text protocol; off unless set."""
+    thrift_port: int | None = None
+    """Kestrel's Thrift service; off unless set."""
+    beanstalk_port: int | None = None
+    """The beanstalkd protocol; off unless set."""
     data_dir: str = "./tercel-data"
     max_open_reads: int = 100
     client_timeout: int | None = None
@@ -235,6 +241,9 @@ _SERVER_PARSERS: dict[str, Any] = {
     "host": _parse_host,
     "memcache_port": _parse_port,
     "admin_port": _parse_port,
+    "text_port": _parse_port,
+    "thrift_port": _parse_port,
+    "beanstalk_port": _parse_port,
     "data_dir": _parse_host,
     "max_open_reads": _parse_positive,
     "client_timeout": _optional_duration,

@@ -38,6 +38,7 @@ from prometheus_client.samples import Sample
 
 from tercel import native
 from tercel.errors import ConfigError
+from tercel.server.context import ServerContext
 from tercel.server.metrics import PERCENTILES, LogHistogram
 from tercel.server.stats import global_lines
 from tercel.server.status import parse_status
@@ -45,7 +46,6 @@ from tercel.server.status import parse_status
 if TYPE_CHECKING:
     from asyncio import TimerHandle
 
-    from tercel.server.app import Server
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class Snapshot:
         }
 
 
-def take_snapshot(server: Server, copy: bool = False) -> Snapshot:
+def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
     """Read every stat of ``server`` now; ``copy`` the histograms to keep the snapshot."""
     snap = Snapshot()
     glob = dict(global_lines(server))
@@ -205,7 +205,7 @@ class _PrometheusCollector:
     per-queue stats. A stat kept both server-wide and per queue (items, bytes, total_items,
     the latencies) is exported per queue only: the server total is their sum."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerContext) -> None:
         self.server = server
 
     def describe(self) -> list[Metric]:
@@ -265,7 +265,7 @@ def _family(kind: str, name: str, stat: str, value: Any) -> CounterMetricFamily 
 class AdminServer:
     """The admin HTTP listener of one :class:`~tercel.server.app.Server`."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerContext) -> None:
         self.server = server
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_PrometheusCollector(server))

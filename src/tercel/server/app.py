@@ -1,7 +1,10 @@
-"""The server: wires config -> journals -> queues -> listeners, and runs them until stopped.
+"""The composition root: wires config -> journals -> queues -> context -> listeners, and runs
+them until stopped. Imported by nothing but the CLI (and ``bench/``).
 
 This is the only place where the journal and the core meet: each queue gets a
-:class:`~tercel.journal.FileJournal` (or a null journal) through ``open_log``.
+:class:`~tercel.journal.FileJournal` (or a null journal) through ``open_log``. The listeners
+come from :data:`FRONT_ENDS`, one row per front end: the ``[server]`` key of its port and the
+factory of its connections (docs/architecture.md, "How to add a front end").
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import importlib
 import json
 import logging
 import os
@@ -17,24 +19,25 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
-from tercel import __version__, native
+from tercel import native
 from tercel.clock import Clock, SystemClock
-from tercel.config import QueueConfig, ServerConfig, load_config
+from tercel.config import QueueConfig, ServerConfig
 from tercel.core.collection import QueueCollection
 from tercel.core.log import QueueLog
-from tercel.errors import ConfigError, UnavailableError
+from tercel.errors import ConfigError
 from tercel.journal import FileJournal, NullJournal, list_queue_names
 from tercel.journal.journal import run_inline
-from tercel.server import stats
 from tercel.server.commit import Committer
-from tercel.server.leases import LeaseService
-from tercel.server.memcache import Hub, MemcacheConnection
-from tercel.server.metrics import Metrics
-from tercel.server.status import Status, StatusKeeper
+from tercel.server.connection import Connection
+from tercel.server.context import ServerContext
+from tercel.server.memcache.connection import MemcacheConnection
+from tercel.server.status import Status
 
 if TYPE_CHECKING:
     from tercel.server.admin import AdminServer
@@ -42,48 +45,73 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-ADMIN = "tercel.server.admin"
+
+
+@dataclass(frozen=True)
+class FrontEnd:
+    """One row of the listener table."""
+
+    name: str
+    """The listener's name: its key in the ports file and in ``/server_info``."""
+    setting: str
+    """The ``[server]`` key (and ``--<key>`` flag) of its port; None there: no listener."""
+    factory: Callable[[ServerContext], Connection] | None
+    """Makes the connection of each accepted socket; None: this front end is not built yet."""
+
+
+FRONT_ENDS: tuple[FrontEnd, ...] = (
+    FrontEnd("memcache", "memcache_port", MemcacheConnection),
+    FrontEnd("text", "text_port", None),
+    FrontEnd("thrift", "thrift_port", None),
+    FrontEnd("beanstalk", "beanstalk_port", None),
+)
+"""Every front end tercel has; a listener is started for each whose port is configured."""
+
+
+def listener_table(config: ServerConfig) -> list[tuple[FrontEnd, int]]:
+    """The front ends to start under ``config``, with their configured ports (0: any free
+    one). Raises ConfigError for a port given to a front end that is not built."""
+    table: list[tuple[FrontEnd, int]] = []
+    for fe in FRONT_ENDS:
+        port: int | None = getattr(config.server, fe.setting)
+        if port is None:
+            continue
+        if fe.factory is None:
+            raise ConfigError(f"server.{fe.setting}: the {fe.name} front end is not built yet")
+        table.append((fe, port))
+    return table
+
+
+def _import_admin() -> ModuleType:
+    from tercel.server import admin
+
+    return admin
 
 
 class Server:
-    """A running tercel server (create, ``await start()``, ``await serve()``, ``await stop()``)."""
+    """A running tercel server (create, ``await start()``, ``await serve()``, ``await stop()``).
+
+    Handlers never see this object: they get its :attr:`ctx`.
+    """
 
     def __init__(
         self,
         config: ServerConfig,
         clock: Clock | None = None,
-        memcache_socket: socket.socket | None = None,
+        sockets: dict[str, socket.socket] | None = None,
     ) -> None:
-        self.config = config
-        self._memcache_socket = memcache_socket
+        self._sockets = dict(sockets or {})
+        """Listening sockets bound early by the command line, by front-end name."""
         self.clock: Clock = clock or SystemClock()
-        self.version = __version__
         self.loop = asyncio.get_running_loop()
         # One thread: compactions run one at a time, never beside each other's disk writes.
         self._compactor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tercel-compact")
         # The collection opens no journal before start(), so the committer can come second.
         self.collection = QueueCollection(config, self._open_log, self.clock)
         self.committer = Committer(self.loop, self.collection.sync_mode)
-        self.leases = LeaseService(self)
-        self.connections: set[MemcacheConnection] = set()
-        self.total_connections = 0
-        self.started_at = self.clock.now_ms()
-        self.ports: dict[str, int] = {}
-        self.status = StatusKeeper(config.server.data_dir)
-        self.metrics = Metrics()
-        self.hub = Hub(
-            self.collection,
-            self.committer,
-            self.clock,
-            self.metrics,
-            self.loop,
-            sample_every=config.server.latency_sample_every,
-            tracks_idle=bool(config.server.client_timeout),
-        )
-        """Per-command state of the memcache handlers (flags, counters, the parts they use)."""
+        self.ctx = ServerContext(config, self.collection, self.committer, self.clock, self.loop)
+        """What every front end's handlers use (``server/context.py``)."""
         self.admin: AdminServer | None = None
-        self.stopping = False
-        self._stop = asyncio.Event()
         self._listeners: list[asyncio.Server] = []
         self._timers: list[asyncio.TimerHandle] = []
         self._lock_fd = -1
@@ -91,8 +119,16 @@ class Server:
     # ---- wiring ---------------------------------------------------------------------------
 
     @property
+    def config(self) -> ServerConfig:
+        return self.ctx.config
+
+    @property
     def data_dir(self) -> str:
         return self.config.server.data_dir
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return self.ctx.ports
 
     def _open_log(self, name: str, cfg: QueueConfig) -> QueueLog:
         if not cfg.journal:
@@ -123,17 +159,45 @@ class Server:
     # ---- start and stop -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Lock the data dir, replay every journal, then bind the listeners."""
+        """Lock the data dir, replay every journal, then bind the listeners.
+
+        Everything that may fail is done before the first listener serves: once a front end
+        is listening (logged), nothing here raises any more.
+        """
+        srv = self.config.server
+        table = listener_table(self.config)
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_data_dir()
-        self.status.load()
-        self._status_changed()
-        if self.status.current is not Status.UP:
-            log.warning("status is %s (from %s)", self.status.current.name, self.status.path)
+        # aiohttp and prometheus-client take longer to import than everything else together:
+        # import them on a thread while the journals replay.
+        admin_module = (
+            None if srv.admin_port is None else self.loop.run_in_executor(None, _import_admin)
+        )
+        ctx = self.ctx
+        ctx.status.load()
+        ctx.status_changed()
+        if ctx.status.current is not Status.UP:
+            log.warning("status is %s (from %s)", ctx.status.current.name, ctx.status.path)
         compiled, stale = native.compiled_modules(), native.stale_modules()
         log.info("%d compiled module(s) (make native); pure Python otherwise", len(compiled))
         if stale:
             log.warning("compiled modules older than their sources (run make): %s", stale)
+        self._replay()
+        if admin_module is not None:
+            assert srv.admin_port is not None
+            self.admin = (await admin_module).AdminServer(ctx)
+            ctx.ports["admin"] = await self.admin.start(srv.host, srv.admin_port)
+        servers = [await self._listen(fe, port) for fe, port in table]
+        for fe, listener in zip((fe for fe, _ in table), servers, strict=True):
+            self._listeners.append(listener)
+            sock = listener.sockets[0].getsockname()
+            ctx.ports[fe.name] = sock[1]
+            log.info("%s listening on %s:%d", fe.name, sock[0], sock[1])
+        if "admin" in ctx.ports:
+            log.info("admin HTTP listening on %s:%d", srv.host, ctx.ports["admin"])
+        self._schedule_sweeps()
+
+    def _replay(self) -> None:
         t0 = time.monotonic()
         names = list_queue_names(self.data_dir)
         if names:
@@ -150,28 +214,22 @@ class Server:
                 self.collection.total_length,
                 time.monotonic() - t0,
             )
-        srv = self.config.server
-        if srv.memcache_port is not None:
-            if self._memcache_socket is not None:  # bound early by the command line
-                listener = await self.loop.create_server(
-                    self._memcache_protocol, sock=self._memcache_socket, backlog=1024
-                )
-            else:
-                listener = await self.loop.create_server(
-                    self._memcache_protocol, srv.host, srv.memcache_port, backlog=1024
-                )
-            self._listeners.append(listener)
-            sock = listener.sockets[0].getsockname()
-            self.ports["memcache"] = sock[1]
-            log.info("memcache listening on %s:%d", sock[0], sock[1])
-        if srv.admin_port is not None:
-            # aiohttp and prometheus-client take longer to import than everything else
-            # together: import them on a thread, so the loop serves memcache meanwhile.
-            admin = await self.loop.run_in_executor(None, importlib.import_module, ADMIN)
-            self.admin = admin.AdminServer(self)
-            self.ports["admin"] = await self.admin.start(srv.host, srv.admin_port)
-            log.info("admin HTTP listening on %s:%d", srv.host, self.ports["admin"])
-        self._schedule_sweeps()
+
+    async def _listen(self, fe: FrontEnd, port: int) -> asyncio.Server:
+        """Create the (not yet serving) listener of one front end."""
+        factory = fe.factory
+        assert factory is not None
+        ctx = self.ctx
+
+        def protocol() -> asyncio.BaseProtocol:
+            # A duck-typed protocol (see server/connection.py): the loop only calls its methods.
+            return cast(asyncio.BaseProtocol, factory(ctx))
+
+        sock = self._sockets.pop(fe.name, None)
+        if sock is not None:  # bound early by the command line
+            return await self.loop.create_server(protocol, sock=sock, backlog=1024)
+        host = self.config.server.host
+        return await self.loop.create_server(protocol, host, port, backlog=1024)
 
     def _lock_data_dir(self) -> None:
         fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
@@ -197,29 +255,29 @@ class Server:
 
     def request_stop(self) -> None:
         """Ask :meth:`serve` to return (signal handlers, ``shutdown``)."""
-        self._stop.set()
+        self.ctx.request_stop()
 
     async def serve(self) -> None:
         """Run until :meth:`request_stop`."""
-        await self._stop.wait()
+        await self.ctx.stop_requested()
 
     async def stop(self) -> None:
         """Stop accepting, end every session (open reads go back), write, fsync, close."""
-        self.stopping = True
-        self._status_changed()
+        ctx = self.ctx
+        ctx.stopping = True
+        ctx.status_changed()
         for listener in self._listeners:
             listener.close()
         for handle in self._timers:
             handle.cancel()
-        self.leases.close()
+        ctx.leases.close()
         if self.admin is not None:
             await self.admin.stop()
-        for conn in list(self.connections):
-            conn.session.close()
+        for conn in list(ctx.connections):
+            conn.end_session()
         self.committer.flush_now()
-        for conn in list(self.connections):
-            if conn.transport is not None:
-                conn.transport.close()
+        for conn in list(ctx.connections):
+            conn.close()
         # Let a running compaction finish writing (off the loop), then switch over.
         await self.loop.run_in_executor(None, self._compactor.shutdown)
         await asyncio.sleep(0)
@@ -227,50 +285,11 @@ class Server:
         self.committer.close()
         for listener in self._listeners:
             await listener.wait_closed()
+        for sock in self._sockets.values():
+            sock.close()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
-
-    # ---- connections ----------------------------------------------------------------------
-
-    def _memcache_protocol(self) -> asyncio.BaseProtocol:
-        # A duck-typed protocol (see MemcacheConnection): the loop only calls its methods.
-        return cast(asyncio.BaseProtocol, MemcacheConnection(self))
-
-    def connection_opened(self, conn: MemcacheConnection) -> bool:
-        """Count a new connection; False when ``max_connections`` refuses it."""
-        limit = self.config.server.max_connections
-        if self.stopping or (limit is not None and len(self.connections) >= limit):
-            return False
-        self.connections.add(conn)
-        self.total_connections += 1
-        return True
-
-    def connection_closed(self, conn: MemcacheConnection) -> None:
-        self.connections.discard(conn)
-
-    def _status_changed(self) -> None:
-        # Handlers test these two flags on every command instead of asking the status.
-        self.hub.writable = not self.stopping and self.status.current.writable
-        self.hub.readable = not self.stopping and self.status.current.readable
-
-    def check_writable(self) -> None:
-        """Raise UnavailableError when writes are refused (shutdown, READONLY, QUIESCENT)."""
-        if self.stopping:
-            raise UnavailableError("server is shutting down")
-        self.status.check_writable()
-
-    def check_readable(self) -> None:
-        """Raise UnavailableError when reads are refused (shutdown, QUIESCENT)."""
-        if self.stopping:
-            raise UnavailableError("server is shutting down")
-        self.status.check_readable()
-
-    def set_status(self, status: Status) -> None:
-        """Persist and apply a new status. Raises OSError (status unchanged) when the status
-        file cannot be written."""
-        self.status.set(status)
-        self._status_changed()
 
     # ---- background work ------------------------------------------------------------------
 
@@ -292,71 +311,52 @@ class Server:
                 log.info("deleted queue %s: empty and older than its max_queue_age", name)
         except Exception:
             log.exception("expiry sweep failed")
-        if not self.stopping:
+        if not self.ctx.stopping:
             period = self.config.server.expiration_timer_frequency / 1000
             self._timers.append(self.loop.call_later(period, self._sweep))
 
     def _reap_idle(self) -> None:
         timeout = self.config.server.client_timeout
-        if not timeout or self.stopping:
+        if not timeout or self.ctx.stopping:
             return
         cutoff = self.loop.time() - timeout / 1000
-        for conn in list(self.connections):
-            if conn.blocked is None and conn.last_active < cutoff and conn.transport is not None:
-                conn.transport.close()
+        for conn in list(self.ctx.connections):
+            if conn.is_idle(cutoff):
+                conn.close()
         self._timers.append(self.loop.call_later(min(timeout / 2000, 1.0), self._reap_idle))
-
-    # ---- operations -----------------------------------------------------------------------
-
-    def reload(self) -> None:
-        """Re-read the config file and apply its queue settings and aliases to live queues.
-
-        Raises ConfigError (the old config stays) when the file is bad. ``[server]`` settings
-        need a restart and are kept as they are.
-        """
-        source = self.config.source
-        if source is None:
-            return
-        fresh = load_config(source)
-        self.config = ServerConfig(
-            self.config.server, fresh.defaults, fresh.overrides, fresh.aliases, source
-        )
-        self.collection.reload(self.config)
-        log.info("reloaded config from %s", source)
-
-    def stats_lines(self) -> list[tuple[str, object]]:
-        return stats.stats_lines(self)
-
-    def dump_stats(self, names: tuple[str, ...]) -> list[tuple[str, list[tuple[str, object]]]]:
-        return stats.dump_stats(self, names)
-
-    def dump_config(self) -> list[tuple[str, list[tuple[str, object]]]]:
-        """One block per existing queue with its resolved settings, then one per alias."""
-        blocks: list[tuple[str, list[tuple[str, object]]]] = []
-        for q in sorted(self.collection, key=lambda q: q.name):
-            blocks.append((q.name, list(q.config.describe())))
-        for name, dests in sorted(self.config.aliases.items()):
-            blocks.append((name, [("alias_of", ",".join(dests))]))
-        return blocks
 
 
 async def run_server(
     config: ServerConfig,
     ports_file: str | None = None,
     reload_signal: bool = True,
-    memcache_socket: socket.socket | None = None,
+    sockets: dict[str, socket.socket] | None = None,
+    early_signals: Iterable[int] = (),
 ) -> None:
-    """Start a server, install signal handlers, serve until told to stop, stop cleanly."""
-    server = Server(config, memcache_socket=memcache_socket)
-    await server.start()
-    if ports_file:
-        server.write_ports_file(ports_file)
+    """Install the signal handlers, start a server, serve until told to stop, stop cleanly.
+
+    The handlers go in before anything listens, and ``early_signals`` (caught by the command
+    line before the loop ran) are acted on as if they came now: a SIGTERM or SIGHUP in the
+    first moments of a start is a clean stop or a reload, never a kill by the signal.
+    """
+    server = Server(config, sockets=sockets)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_stop)
     if reload_signal:
-        loop.add_signal_handler(signal.SIGHUP, _reload_logged, server)
+        loop.add_signal_handler(signal.SIGHUP, _reload_logged, server.ctx)
+    for signum in early_signals:
+        if signum == signal.SIGHUP:
+            loop.call_soon(_reload_logged, server.ctx)
+        else:
+            server.request_stop()
     try:
+        await server.start()
+        if ports_file:
+            try:
+                server.write_ports_file(ports_file)
+            except OSError as exc:
+                log.error("cannot write the ports file %s: %s", ports_file, exc)
         await server.serve()
     finally:
         log.info("shutting down")
@@ -366,8 +366,10 @@ async def run_server(
                 loop.remove_signal_handler(sig)
 
 
-def _reload_logged(server: Server) -> None:
+def _reload_logged(ctx: ServerContext) -> None:
     try:
-        server.reload()
+        ctx.reload()
     except ConfigError as exc:
         log.error("reload refused, keeping the old config: %s", exc)
+    except Exception:
+        log.exception("reload failed, keeping the old config")

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from tercel.core.queue import PersistentQueue
-
-if TYPE_CHECKING:
-    from tercel.server.app import Server
+from tercel.server.context import ServerContext
 
 
 def _physical_memory() -> int:
@@ -18,7 +15,7 @@ def _physical_memory() -> int:
         return 1
 
 
-def global_lines(server: Server) -> list[tuple[str, object]]:
+def global_lines(server: ServerContext) -> list[tuple[str, object]]:
     """The 19 global lines in Kestrel's order, then tercel's own."""
     coll = server.collection
     st = coll.stats
@@ -39,8 +36,8 @@ def global_lines(server: Server) -> list[tuple[str, object]]:
         ("cmd_peek", st.cmd_peek),
         ("get_hits", st.get_hits),
         ("get_misses", st.get_misses),
-        ("bytes_read", server.hub.bytes_read),
-        ("bytes_written", server.hub.bytes_written),
+        ("bytes_read", server.bytes_read),
+        ("bytes_written", server.bytes_written),
         ("queue_creates", st.queue_creates),
         ("queue_deletes", st.queue_deletes),
         ("queue_expires", st.queue_expires),
@@ -52,7 +49,7 @@ def global_lines(server: Server) -> list[tuple[str, object]]:
     ]
 
 
-def queue_lines(server: Server, q: PersistentQueue) -> list[tuple[str, object]]:
+def queue_lines(server: ServerContext, q: PersistentQueue) -> list[tuple[str, object]]:
     """One queue's lines in Kestrel's order (``children`` only for a fanout parent)."""
     now = server.clock.now_ms()
     lines: list[tuple[str, object]] = [
@@ -82,7 +79,7 @@ def queue_lines(server: Server, q: PersistentQueue) -> list[tuple[str, object]]:
     return lines
 
 
-def stats_lines(server: Server) -> list[tuple[str, object]]:
+def stats_lines(server: ServerContext) -> list[tuple[str, object]]:
     """Everything ``stats`` prints: global lines, then each queue's (sorted by name)."""
     lines = global_lines(server)
     for q in sorted(server.collection, key=lambda q: q.name):
@@ -91,7 +88,7 @@ def stats_lines(server: Server) -> list[tuple[str, object]]:
 
 
 def dump_stats(
-    server: Server, names: tuple[str, ...]
+    server: ServerContext, names: tuple[str, ...]
 ) -> list[tuple[str, list[tuple[str, object]]]]:
     """``dump_stats`` blocks: the named queues (empty block for an unknown one), or all."""
     coll = server.collection

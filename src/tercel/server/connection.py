@@ -1,0 +1,270 @@
+"""The protocol-neutral connection: the pump every front end's connection runs on.
+
+A front end subclasses :class:`Connection` and fills in three hooks:
+
+- :meth:`Connection.step` — take the next complete command from its sans-IO codec and run its
+  handler; False when the codec needs more bytes;
+- :meth:`Connection.error_reply` — the reply (or close) that a tercel error gets on its wire;
+- :meth:`Connection.refusal` — the one line sent before closing a connection that is refused
+  (``max_connections``, shutdown).
+
+The base owns the rest: ``data_received`` counts the bytes and runs every complete command
+(stopping at a parked operation, so replies keep their order), then sends all the replies of
+the batch as one write — through the group committer when they acknowledge journal records
+(held until the records are written, released by :meth:`release`). It stops reading from a
+client that does not read its replies (back-pressure) or that piles up input behind a parked
+operation, notes when each connection last read (when idle ones are to be closed), and closes
+after the last reply owed once the client quit or half-closed.
+
+Parking: an operation that has to wait (a blocked read, ``lease`` on an empty queue, a
+``reserve``) calls :meth:`park` with its waiter and deadline; the pump stops there. The
+waiter's delivery callback — run inside another connection's command or a timer — calls
+:meth:`settle_parked`, records its reply in ``out``, clears ``parked`` and calls
+:meth:`resume_soon`, so no handler ever re-enters a queue.
+
+Errors: a handler raises the tree's errors (``errors.py``) and the pump hands them to
+:meth:`error_reply`; anything else is a bug, logged, and the connection is closed.
+
+Like every hot class this subclasses nothing interpreted (docs/architecture.md, "Native
+modules"); the loop only calls the ``asyncio.Protocol`` methods defined here. A front end's
+connection class must be compiled too (listed in ``setup.py``), since a compiled class cannot
+have interpreted subclasses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from tercel.errors import TercelError
+from tercel.server.context import ServerContext
+from tercel.session import PendingRead, Session
+
+log = logging.getLogger(__name__)
+
+MAX_BUFFERED_WHILE_BLOCKED = 1024 * 1024
+"""Stop reading from a client whose operation is parked once this much input waits behind it."""
+
+
+class Parked:
+    """An operation waiting for an item: the command, its registered waiter, its deadline
+    timer and what to answer when the deadline passes first."""
+
+    __slots__ = ("command", "on_timeout", "timer", "waiter")
+
+    def __init__(
+        self, command: Any, waiter: PendingRead, timer: asyncio.TimerHandle, on_timeout: bytes
+    ) -> None:
+        self.command = command
+        self.waiter = waiter
+        self.timer = timer
+        self.on_timeout = on_timeout
+
+
+class Connection:
+    """One client connection of any front end (an asyncio protocol by duck typing)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        self.session = Session(ctx.collection, ctx.max_open_reads)
+        self.transport: asyncio.Transport | None = None
+        self.out: list[bytes] = []
+        """Replies of the batch being handled, joined and written once by :meth:`flush`."""
+        self.parked: Parked | None = None
+        self.closing = False
+        """Set to close once the replies owed are out (``quit``, a fatal protocol error)."""
+        self.last_active = 0.0
+        self._write_paused = False
+        self._held = 0  # batches of replies the committer holds for this connection
+        self._shut = False  # the transport was closed or aborted here: write nothing more
+
+    # ---- the hooks a front end fills in ---------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Hand bytes read from the socket to the codec."""
+        raise NotImplementedError
+
+    def buffered(self) -> int:
+        """Bytes the codec holds that no command has consumed yet."""
+        raise NotImplementedError
+
+    def step(self) -> bool:
+        """Run the next complete command (append its replies to ``out``); False when the
+        codec needs more data. Raises the tree's errors for :meth:`error_reply`."""
+        raise NotImplementedError
+
+    def error_reply(self, exc: TercelError) -> None:
+        """Append the reply ``exc`` gets on this protocol (and set ``closing`` if the
+        connection cannot go on)."""
+        raise NotImplementedError
+
+    def refusal(self, reason: str) -> bytes:
+        """The line written before closing a refused connection."""
+        raise NotImplementedError
+
+    # ---- asyncio callbacks ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but they quack alike.
+        t: asyncio.Transport = transport  # type: ignore[assignment]
+        self.transport = t
+        self.last_active = self.ctx.loop.time()
+        if not self.ctx.connection_opened(self):
+            t.write(self.refusal("too many connections"))
+            self.closing = True
+            t.close()
+
+    def data_received(self, data: bytes) -> None:
+        ctx = self.ctx
+        ctx.bytes_read += len(data)
+        if ctx.tracks_idle:  # only with client_timeout: a clock read per read otherwise
+            self.last_active = ctx.loop.time()
+        self.feed(data)
+        if self.parked is None:
+            self.process()
+        elif self.buffered() > MAX_BUFFERED_WHILE_BLOCKED and self.transport is not None:
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool | None:
+        """The client closed its side: close ours once the replies it is owed are out (some
+        may wait for the group commit). A parked operation is cancelled, as on a close."""
+        if self.parked is not None:
+            return None  # asyncio.Protocol's default: the transport closes now
+        self.closing = True
+        self.flush()
+        return True  # keep the transport open until the flush closes it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self.parked is not None:
+            self.parked.timer.cancel()
+            self.parked = None
+        self.session.close()
+        self.ctx.connection_closed(self)
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self.transport is not None and self.parked is None:
+            self.transport.resume_reading()
+
+    # ---- the pump -------------------------------------------------------------------------
+
+    def process(self) -> None:
+        """Run every complete command until the codec needs data, an operation parks or the
+        connection is closing; then flush the replies."""
+        ctx = self.ctx
+        ctx.now = ctx.clock.now_ms()  # one clock read per batch (Redis caches its clock too)
+        while not self.closing:
+            try:
+                if not self.step():
+                    break
+            except TercelError as exc:
+                self.error_reply(exc)
+            except Exception:
+                log.exception("bug while serving a command; closing the connection")
+                self.out.clear()
+                self.closing = True
+            if self.parked is not None:
+                break
+        self.flush()
+
+    def flush(self) -> None:
+        """Write the replies recorded so far (held by the committer while it has records
+        to write); close when closing and nothing is owed any more."""
+        out = self.out
+        if out:
+            data = b"".join(out)
+            out.clear()
+            committer = self.ctx.committer
+            if committer.holding:
+                committer.hold(self, data)
+                self._held += 1
+                return
+            self._write(data)
+        elif self.closing and self.transport is not None and not self._held:
+            self.transport.close()  # (with replies held, the last one's release closes)
+
+    def release(self, data: bytes) -> None:
+        """Write replies the committer held, now that what they acknowledge is journaled."""
+        self._held -= 1
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        """Write replies; once closing, close after the last batch (none held any more), so
+        replies to requests sent before ``quit`` or a half-close still go out."""
+        transport = self.transport
+        if transport is None or self._shut:
+            return
+        self.ctx.bytes_written += len(data)
+        transport.write(data)
+        if self.closing and not self._held:
+            self._shut = True
+            transport.close()
+
+    def fail(self) -> None:
+        """Drop the connection without the replies whose records could not be written."""
+        self.closing = True
+        self._shut = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---- parked operations ----------------------------------------------------------------
+
+    def park(self, command: Any, waiter: PendingRead, timeout_ms: int, on_timeout: bytes) -> None:
+        """Park ``command`` until ``waiter`` is served or ``timeout_ms`` passes; then
+        ``on_timeout`` is the reply. The pump stops after the current command."""
+        timer = self.ctx.loop.call_later(timeout_ms / 1000, waiter.timeout)
+        self.parked = Parked(command, waiter, timer, on_timeout)
+
+    def settle_parked(self, item: object) -> bool:
+        """The common start of every parked operation's delivery callback.
+
+        Cancels the deadline timer; on a timeout (``item`` None) records the timeout reply,
+        unparks and resumes the pump on the next loop pass. Returns True when there is an item
+        to deliver (the connection stays parked until the callback unparks it), False when
+        there is nothing more to do.
+        """
+        parked = self.parked
+        if parked is None:
+            return False
+        parked.timer.cancel()
+        if item is None:
+            self.parked = None
+            self.out.append(parked.on_timeout)
+            self.ctx.loop.call_soon(self.resume)
+            return False
+        return True
+
+    def resume_soon(self) -> None:
+        """Resume the pump on the next loop pass (from a delivery callback)."""
+        self.ctx.loop.call_soon(self.resume)
+
+    def resume(self) -> None:
+        """Go on with the commands that waited behind a parked operation."""
+        if self.transport is None:
+            return
+        if not self._write_paused:
+            self.transport.resume_reading()
+        self.process()
+
+    # ---- for the server -------------------------------------------------------------------
+
+    def is_idle(self, cutoff: float) -> bool:
+        """True when open, not parked and silent since ``cutoff`` (loop time)."""
+        return self.parked is None and self.last_active < cutoff and self.transport is not None
+
+    def end_session(self) -> None:
+        """Cancel a parked read and return every open read (shutdown)."""
+        self.session.close()
+
+    def close(self) -> None:
+        """Close the transport (queued replies are still written)."""
+        if self.transport is not None:
+            self.transport.close()

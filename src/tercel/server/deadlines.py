@@ -1,0 +1,54 @@
+"""The one timer that expires leases: the loop side of :class:`tercel.core.leases.LeaseTable`.
+
+Protocol-neutral: any front end that takes leases (memcache's ``lease`` today) calls
+:meth:`LeaseService.arm` after changing the table, and the timer fires at the earliest deadline
+(a renew or a shorter lease moves it earlier).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tercel.clock import Clock
+from tercel.core.leases import LeaseTable
+
+
+class LeaseService:
+    """The server's :class:`LeaseTable` and the one timer that expires its leases."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock) -> None:
+        self.loop = loop
+        self.clock = clock
+        self.table = LeaseTable()
+        self.closed = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0
+
+    def arm(self) -> None:
+        """(Re)schedule the expiry timer for the table's earliest deadline."""
+        deadline = self.table.next_deadline()
+        if self._timer is not None:
+            if deadline is not None and self._timer_at <= deadline:
+                return
+            self._timer.cancel()
+            self._timer = None
+        if deadline is None or self.closed:
+            return
+        delay = max(0, deadline - self.clock.now_ms()) / 1000
+        self._timer_at = deadline
+        self._timer = self.loop.call_later(delay + 0.001, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        try:
+            self.table.expire(self.clock.now_ms())
+        finally:
+            self.arm()  # whatever happened, the leases still open keep their timer
+
+    def close(self) -> None:
+        """Stop the timer for good (shutdown: the journal returns leased items at the next
+        start)."""
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,0 +1,321 @@
+"""The memcache front end: :class:`MemcacheConnection` and one small handler per command.
+
+The connection runs on the protocol-neutral pump of :mod:`tercel.server.connection`; this
+module only adds the codec (:mod:`tercel.protocol.memcache`), the handlers and the memcache
+form of tercel's errors: ``ProtocolError``/``QueueError`` -> ``CLIENT_ERROR <reason>``,
+open-read violations and unknown commands -> ``ERROR``, ``UnavailableError``/journal failures
+-> ``SERVER_ERROR <reason>``. The lease and monitor commands are in
+:mod:`tercel.server.memcache.leases`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from time import perf_counter_ns
+from typing import Any, Final
+
+from tercel.core.queue import QItem
+from tercel.errors import (
+    ConfigError,
+    JournalError,
+    OpenReadError,
+    ProtocolError,
+    QueueError,
+    TercelError,
+    UnavailableError,
+)
+from tercel.protocol import memcache as mc
+from tercel.protocol.commands import (
+    GET_CLASS,
+    SET_CLASS,
+    Delete,
+    DumpStats,
+    Flush,
+    FlushAll,
+    FlushExpired,
+    Get,
+    Set,
+    Simple,
+    Status,
+    Unknown,
+)
+from tercel.protocol.memcache import NEED_DATA
+from tercel.server import stats
+from tercel.server.connection import Connection
+from tercel.server.context import ServerContext, sampled
+from tercel.server.memcache import leases as ext
+from tercel.server.status import parse_status
+
+EXPIRY_RELATIVE_LIMIT = 1_000_000
+"""Kestrel's rule: a set's exptime below this is relative seconds, at or above it epoch
+seconds (memcached uses 30 days; Kestrel uses 1,000,000 s and so do we)."""
+
+
+def expiry_ms(exptime: int, now: int) -> int | None:
+    """Absolute expiry in epoch ms from a memcache exptime (Kestrel's rule); None: never."""
+    if exptime == 0:
+        return None
+    if exptime < EXPIRY_RELATIVE_LIMIT:
+        return now + exptime * 1000
+    return exptime * 1000
+
+
+class MemcacheConnection(Connection):
+    """One client connection speaking Kestrel's memcache protocol (see ``server.connection``
+    for the pump it runs on)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        self.codec = mc.MemcacheServerCodec()
+
+    # ---- the hooks of server.connection ---------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        self.codec.receive_data(data)
+
+    def buffered(self) -> int:
+        return self.codec.buffered
+
+    def step(self) -> bool:
+        # Direct calls: compiled, a method called on its object is a C call, while a bound
+        # method kept in a local or a handler looked up in a dict is a generic one.
+        cmd = self.codec.next_command()
+        if cmd is NEED_DATA:
+            return False
+        if type(cmd) is SET_CLASS:
+            handle_set(self, cmd)
+        elif type(cmd) is GET_CLASS:
+            handle_get(self, cmd)
+        else:
+            HANDLERS[type(cmd)](self, cmd)
+        return True
+
+    def error_reply(self, exc: TercelError) -> None:
+        """``CLIENT_ERROR <reason>`` for bad requests, bare ``ERROR`` for open-read
+        violations, ``SERVER_ERROR <reason>`` for server-side failures."""
+        self.out.append(error_reply(exc))
+        if isinstance(exc, ProtocolError) and exc.close:
+            self.closing = True
+
+    def refusal(self, reason: str) -> bytes:
+        return mc.server_error(reason)
+
+    # ---- blocked gets ---------------------------------------------------------------------
+
+    def block_get(self, cmd: Get, mode: str, timeout_ms: int) -> None:
+        pending = self.session.wait(cmd.queue, mode, self._delivered)
+        if pending is None:
+            self.out.append(mc.END)
+            return
+        self.park(cmd, pending, timeout_ms, mc.END)
+
+    def _delivered(self, xid: int, item: QItem | None) -> None:
+        if not self.settle_parked(item):
+            return
+        assert self.parked is not None and item is not None
+        cmd: Get = self.parked.command
+        self.parked = None
+        self.value(cmd, item)
+        ctx = self.ctx
+        if not cmd.peek and sampled(ctx):
+            ctx.metrics.queue(cmd.queue).delivery.add(ctx.clock.now_ms() - item.add_time)
+        self.resume_soon()
+
+    def value(self, cmd: Get, item: QItem) -> None:
+        """Append ``VALUE <key> <flags> <len> [cas]``, the data and its tail."""
+        data = item.data
+        self.out += (
+            mc.value_head(cmd.key, len(data), item.id if cmd.cas else None),
+            data,
+            mc.VALUE_TAIL,
+        )
+
+
+def error_reply(exc: TercelError) -> bytes:
+    """The memcache reply of one of tercel's errors (docs/protocol.md, "Errors")."""
+    if isinstance(exc, OpenReadError):
+        return mc.ERROR
+    if isinstance(exc, ProtocolError | QueueError):
+        return mc.client_error(exc.reason)
+    if isinstance(exc, UnavailableError):
+        return mc.server_error(exc.reason)
+    if isinstance(exc, JournalError):
+        return mc.server_error("journal write failed")
+    if isinstance(exc, ConfigError):
+        return mc.server_error(f"reload refused: {exc}")
+    return mc.server_error(str(exc))
+
+
+# ---- handlers: one per command, a table at the bottom ---------------------------------------
+
+
+def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
+    """Kestrel's get with /abort, /close, /open, /peek and /t= (reference §1.3)."""
+    _key, queue, timeout, open_, close, abort, peek, _cas = cmd
+    session = conn.session
+    if abort:
+        session.abort_oldest(queue)
+        conn.out.append(mc.END)
+        return
+    if close:
+        session.confirm_oldest(queue)
+        if not open_:
+            conn.out.append(mc.END)
+            return
+    ctx = conn.ctx
+    if not ctx.readable:
+        ctx.check_readable()
+    mode = "peek" if peek else "open" if open_ else "get"
+    timed = sampled(ctx)
+    t0 = perf_counter_ns() if timed else 0
+    now = ctx.now
+    if mode == "get":
+        item = session.take(queue, now)
+    else:
+        got = session.fetch(queue, mode, now)
+        item = None if got is None else got[1]
+    if item is not None:
+        conn.value(cmd, item)
+        if timed:
+            lat = ctx.metrics.queue(queue)
+            lat.get_hit.add((perf_counter_ns() - t0) // 1000)
+            if not peek:
+                lat.delivery.add(now - item.add_time)
+    elif timeout is not None:
+        conn.block_get(cmd, mode, timeout)
+    else:
+        session.count_miss()
+        conn.out.append(mc.END)
+        if timed:
+            ctx.metrics.queue(queue).get_miss.add((perf_counter_ns() - t0) // 1000)
+
+
+def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
+    queue, _flags, exptime, data, noreply = cmd
+    ctx = conn.ctx
+    if not ctx.writable:
+        ctx.check_writable()
+    coll = ctx.collection
+    coll.stats.cmd_set += 1
+    now = ctx.now
+    expiry = expiry_ms(exptime, now) if exptime else None
+    if not sampled(ctx):
+        stored = coll.add(queue, data, expiry, now)
+    else:
+        t0 = perf_counter_ns()
+        stored = coll.add(queue, data, expiry, now)
+        ctx.metrics.queue(queue).set.add((perf_counter_ns() - t0) // 1000)
+    if not noreply:
+        conn.out.append(mc.STORED if stored else mc.NOT_STORED)
+
+
+def handle_delete(conn: MemcacheConnection, cmd: Delete) -> None:
+    conn.ctx.check_writable()
+    conn.ctx.collection.delete(cmd.queue)
+    if not cmd.noreply:
+        conn.out.append(mc.DELETED)
+
+
+def handle_flush(conn: MemcacheConnection, cmd: Flush) -> None:
+    conn.ctx.check_writable()
+    conn.ctx.collection.flush(cmd.queue)
+    if not cmd.noreply:
+        conn.out.append(mc.END)
+
+
+def handle_flush_all(conn: MemcacheConnection, cmd: FlushAll) -> None:
+    conn.ctx.check_writable()
+    conn.ctx.collection.flush_all()
+    if not cmd.noreply:
+        conn.out.append(mc.OK)
+
+
+def handle_flush_expired(conn: MemcacheConnection, cmd: FlushExpired) -> None:
+    conn.ctx.check_writable()
+    conn.out.append(mc.number(conn.ctx.collection.flush_expired(cmd.queue)))
+
+
+def handle_dump_stats(conn: MemcacheConnection, cmd: DumpStats) -> None:
+    conn.out.append(mc.blocks(stats.dump_stats(conn.ctx, cmd.queues)))
+
+
+def handle_status(conn: MemcacheConnection, cmd: Status) -> None:
+    """``status`` answers the current status; ``status <s>`` (any case) sets it: ``END``."""
+    ctx = conn.ctx
+    if cmd.value is None:
+        conn.out.append(ctx.status.current.name.encode() + b"\r\n")
+        return
+    try:
+        status = parse_status(cmd.value)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
+    try:
+        ctx.set_status(status)
+    except OSError as exc:
+        raise UnavailableError(f"cannot write the status file: {exc.strerror or exc}") from None
+    conn.out.append(mc.END)
+
+
+def handle_unknown(conn: MemcacheConnection, cmd: Unknown) -> None:
+    conn.out.append(mc.ERROR)
+
+
+def handle_simple(conn: MemcacheConnection, cmd: Simple) -> None:
+    SIMPLE[cmd.name](conn)
+
+
+def _version(conn: MemcacheConnection) -> None:
+    conn.out.append(mc.version(conn.ctx.version))
+
+
+def _quit(conn: MemcacheConnection) -> None:
+    conn.closing = True
+
+
+def _shutdown(conn: MemcacheConnection) -> None:
+    conn.closing = True
+    conn.ctx.request_stop()
+
+
+def _reload(conn: MemcacheConnection) -> None:
+    conn.ctx.reload()  # raises ConfigError -> SERVER_ERROR below
+    conn.out.append(mc.RELOADED)
+
+
+def _stats(conn: MemcacheConnection) -> None:
+    conn.out.append(mc.stats(stats.stats_lines(conn.ctx)))
+
+
+def _dump_config(conn: MemcacheConnection) -> None:
+    conn.out.append(mc.blocks(conn.ctx.dump_config()))
+
+
+def _flush_all_expired(conn: MemcacheConnection) -> None:
+    conn.ctx.check_writable()
+    conn.out.append(mc.number(conn.ctx.collection.flush_all_expired()))
+
+
+SIMPLE: Final[dict[str, Callable[[MemcacheConnection], None]]] = {
+    "version": _version,
+    "quit": _quit,
+    "shutdown": _shutdown,
+    "reload": _reload,
+    "stats": _stats,
+    "dump_config": _dump_config,
+    "flush_all_expired": _flush_all_expired,
+    "features": ext.features,
+}
+
+HANDLERS: Final[dict[type, Callable[[MemcacheConnection, Any], None]]] = {
+    Get: handle_get,
+    Set: handle_set,
+    Delete: handle_delete,
+    Flush: handle_flush,
+    FlushAll: handle_flush_all,
+    FlushExpired: handle_flush_expired,
+    DumpStats: handle_dump_stats,
+    Simple: handle_simple,
+    Status: handle_status,
+    Unknown: handle_unknown,
+}
+HANDLERS.update(ext.HANDLERS)
