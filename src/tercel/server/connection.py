@@ -2,8 +2,9 @@
 
 A front end subclasses :class:`Connection` and fills in three hooks:
 
-- :meth:`Connection.step` — take the next complete command from its sans-IO codec and run its
-  handler; False when the codec needs more bytes;
+- :meth:`Connection.run` — run the complete commands its sans-IO codec holds (their handlers
+  append replies to ``out``) until the codec needs more bytes, an operation parks or the
+  connection is closing;
 - :meth:`Connection.error_reply` — the reply (or close) that a tercel error gets on its wire;
 - :meth:`Connection.refusal` — the one line sent before closing a connection that is refused
   (``max_connections``, shutdown).
@@ -89,9 +90,12 @@ class Connection:
         """Bytes the codec holds that no command has consumed yet."""
         raise NotImplementedError
 
-    def step(self) -> bool:
-        """Run the next complete command (append its replies to ``out``); False when the
-        codec needs more data. Raises the tree's errors for :meth:`error_reply`."""
+    def run(self) -> None:
+        """Run complete commands (their replies go to ``out``) until the codec needs more
+        data, ``parked`` is set or ``closing`` is. A command that raises one of the tree's
+        errors ends the call: the pump hands the error to :meth:`error_reply` and calls
+        again for the commands behind it (one call per batch, not per command: the loop
+        over commands lives in the front end, where its handlers are direct calls)."""
         raise NotImplementedError
 
     def error_reply(self, exc: TercelError) -> None:
@@ -161,18 +165,16 @@ class Connection:
         connection is closing; then flush the replies."""
         ctx = self.ctx
         ctx.now = ctx.clock.now_ms()  # one clock read per batch (Redis caches its clock too)
-        while not self.closing:
+        while not self.closing and self.parked is None:
             try:
-                if not self.step():
-                    break
+                self.run()
+                break
             except TercelError as exc:
                 self.error_reply(exc)
             except Exception:
                 log.exception("bug while serving a command; closing the connection")
                 self.out.clear()
                 self.closing = True
-            if self.parked is not None:
-                break
         self.flush()
 
     def flush(self) -> None:

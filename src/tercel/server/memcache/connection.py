@@ -76,19 +76,22 @@ class MemcacheConnection(Connection):
     def buffered(self) -> int:
         return self.codec.buffered
 
-    def step(self) -> bool:
-        # Direct calls: compiled, a method called on its object is a C call, while a bound
-        # method kept in a local or a handler looked up in a dict is a generic one.
-        cmd = self.codec.next_command()
-        if cmd is NEED_DATA:
-            return False
-        if type(cmd) is SET_CLASS:
-            handle_set(self, cmd)
-        elif type(cmd) is GET_CLASS:
-            handle_get(self, cmd)
-        else:
-            HANDLERS[type(cmd)](self, cmd)
-        return True
+    def run(self) -> None:
+        codec = self.codec
+        while not self.closing:
+            # Direct calls: compiled, a method called on its object is a C call, while a
+            # bound method kept in a local or a handler looked up in a dict is a generic one.
+            cmd = codec.next_command()
+            if cmd is NEED_DATA:
+                return
+            if type(cmd) is SET_CLASS:
+                handle_set(self, cmd)
+            elif type(cmd) is GET_CLASS:
+                handle_get(self, cmd)
+            else:
+                HANDLERS[type(cmd)](self, cmd)
+            if self.parked is not None:
+                return
 
     def error_reply(self, exc: TercelError) -> None:
         """``CLIENT_ERROR <reason>`` for bad requests, bare ``ERROR`` for open-read
