@@ -146,7 +146,9 @@ def drain(port: int, n: int, size: int) -> float:
 
 
 def run(n: int, size: int, memory: str, label: str) -> dict[str, object]:
-    tmp = Path(tempfile.mkdtemp(prefix="tercel-rb-", dir=str(REPO / "bench/results")))
+    results = REPO / "bench/results"  # ignored by git
+    results.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="tercel-rb-", dir=str(results)))
     proc, port = start_server(tmp / "data", memory)
     sampler = Sampler(proc.pid)
     sampler.start()
