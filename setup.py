@@ -23,6 +23,7 @@ NATIVE_MODULES = [
     "tercel/protocol/memcache.py",
     "tercel/core/queue.py",
     "tercel/core/collection.py",
+    "tercel/core/reservations.py",
     "tercel/journal/records.py",
     "tercel/journal/reader.py",
     "tercel/journal/journal.py",

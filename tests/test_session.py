@@ -10,7 +10,7 @@ from tercel.core.collection import QueueCollection
 from tercel.core.queue import PersistentQueue, QItem
 from tercel.errors import BadQueueName, OpenReadError
 from tercel.journal import MemoryJournal
-from tercel.session import Session
+from tercel.session import READ_GET, READ_OPEN, READ_PEEK, Session
 
 T0 = 1_700_000_000_000
 
@@ -32,7 +32,7 @@ class World:
         return self.qc.get_or_create(name)
 
     def open(self, name: str, s: Session | None = None) -> tuple[int, bytes]:
-        got = (s or self.s).fetch(name, "open", self.clock.now_ms())
+        got = (s or self.s).fetch(name, READ_OPEN, self.clock.now_ms())
         assert got is not None
         return got[0], got[1].data
 
@@ -51,31 +51,31 @@ def w() -> World:
 
 def test_plain_get_peek_and_empty(w: World) -> None:
     q = w.fill("a", b"1", b"2")
-    assert w.s.fetch("a", "peek", T0) == (0, q._items[0])
-    got = w.s.fetch("a", "get", T0)
+    assert w.s.fetch("a", READ_PEEK, T0) == (0, q._items[0])
+    got = w.s.fetch("a", READ_GET, T0)
     assert got is not None and got[0] == 0 and got[1].data == b"1"
     assert items(q) == [b"2"]
-    w.s.fetch("a", "get", T0)
-    assert w.s.fetch("a", "get", T0) is None
-    assert w.s.fetch("a", "peek", T0) is None
+    w.s.fetch("a", READ_GET, T0)
+    assert w.s.fetch("a", READ_GET, T0) is None
+    assert w.s.fetch("a", READ_PEEK, T0) is None
     assert (w.qc.stats.cmd_get, w.qc.stats.cmd_peek) == (3, 2)
 
 
 def test_get_creates_the_queue(w: World) -> None:
-    assert w.s.fetch("new", "get", T0) is None
+    assert w.s.fetch("new", READ_GET, T0) is None
     assert w.qc.queue("new") is not None
 
 
 def test_bad_name(w: World) -> None:
     with pytest.raises(BadQueueName):
-        w.s.fetch("../x", "get", T0)
+        w.s.fetch("../x", READ_GET, T0)
 
 
 def test_alias_reads_are_empty(w: World) -> None:
     w.qc.add("al", b"x", None, T0)
-    assert w.s.fetch("al", "get", T0) is None
-    assert w.s.fetch("al", "open", T0) is None
-    assert w.s.wait("al", "get", lambda xid, item: None) is None
+    assert w.s.fetch("al", READ_GET, T0) is None
+    assert w.s.fetch("al", READ_OPEN, T0) is None
+    assert w.s.wait("al", READ_GET, lambda xid, item: None) is None
     assert items(w.qc.get_or_create("a")) == [b"x"]
 
 
@@ -83,8 +83,8 @@ def test_reads_count_hits_and_callers_count_misses(w: World) -> None:
     w.qc.add("a", b"x", None, T0)
     w.qc.add("a", b"y", None, T0)
     assert w.s.take("a", T0) is not None
-    assert w.s.fetch("a", "peek", T0) is not None
-    assert w.s.fetch("a", "get", T0) is not None
+    assert w.s.fetch("a", READ_PEEK, T0) is not None
+    assert w.s.fetch("a", READ_GET, T0) is not None
     assert w.s.take("a", T0) is None  # a miss is the caller's to count (it may block)
     w.s.count_miss()
     assert (w.qc.stats.get_hits, w.qc.stats.get_misses) == (3, 1)
@@ -127,7 +127,7 @@ def test_max_open_reads_per_queue() -> None:
     w.open("a")
     w.open("a")
     with pytest.raises(OpenReadError):
-        w.s.fetch("a", "open", T0)
+        w.s.fetch("a", READ_OPEN, T0)
     w.open("b")  # the limit is per queue
     w.s.confirm_oldest("a")
     w.open("a")
@@ -138,10 +138,10 @@ def test_plain_get_while_open_is_refused(w: World) -> None:
     w.fill("b", b"x")
     w.open("a")
     with pytest.raises(OpenReadError):
-        w.s.fetch("a", "get", T0)
+        w.s.fetch("a", READ_GET, T0)
     assert items(a) == [b"2"]
-    assert w.s.fetch("a", "peek", T0) is not None  # peeking is allowed
-    assert w.s.fetch("b", "get", T0) is not None  # so is another queue
+    assert w.s.fetch("a", READ_PEEK, T0) is not None  # peeking is allowed
+    assert w.s.fetch("b", READ_GET, T0) is not None  # so is another queue
     assert w.open("a")[1] == b"2"  # and another open read
 
 
@@ -149,7 +149,7 @@ def test_open_reads_belong_to_their_session(w: World) -> None:
     a = w.fill("a", b"1", b"2")
     other = w.session()
     w.open("a")
-    assert other.fetch("a", "get", T0) is not None  # only this session is restricted
+    assert other.fetch("a", READ_GET, T0) is not None  # only this session is restricted
     assert not other.confirm_oldest("a")
     other.close()
     assert a.open_reads == 1
@@ -188,7 +188,7 @@ def test_a_deleted_queue_open_read_does_not_block_reads(w: World) -> None:
     w.qc.delete("a")
     fresh = w.fill("a", b"new1", b"new2")
     assert w.s.open_count("a") == 0
-    got = w.s.fetch("a", "get", T0)  # no open read is held on the new queue
+    got = w.s.fetch("a", READ_GET, T0)  # no open read is held on the new queue
     assert got is not None and got[1].data == b"new1"
     assert w.open("a")[1] == b"new2"
     w.s.close()
@@ -208,7 +208,7 @@ class Calls:
 
 def test_blocked_open_read_is_delivered_and_recorded(w: World) -> None:
     calls = Calls()
-    pending = w.s.wait("a", "open", calls)
+    pending = w.s.wait("a", READ_OPEN, calls)
     assert pending is not None and w.s.pending is pending
     a = w.qc.get_or_create("a")
     assert a.waiters == 1
@@ -223,8 +223,8 @@ def test_blocked_open_read_is_delivered_and_recorded(w: World) -> None:
 def test_blocked_get_and_peek(w: World) -> None:
     getter, peeker = Calls(), Calls()
     other = w.session()
-    other.wait("a", "peek", peeker)
-    w.s.wait("a", "get", getter)
+    other.wait("a", READ_PEEK, peeker)
+    w.s.wait("a", READ_GET, getter)
     w.qc.add("a", b"1", None, T0)
     assert peeker.got == [(0, b"1")]
     assert getter.got == [(0, b"1")]
@@ -233,7 +233,7 @@ def test_blocked_get_and_peek(w: World) -> None:
 
 def test_blocked_read_timeout(w: World) -> None:
     calls = Calls()
-    pending = w.s.wait("a", "get", calls)
+    pending = w.s.wait("a", READ_GET, calls)
     assert pending is not None
     pending.timeout()
     assert calls.got == [(0, None)]
@@ -246,7 +246,7 @@ def test_blocked_read_timeout(w: World) -> None:
 
 def test_close_cancels_a_blocked_read(w: World) -> None:
     calls = Calls()
-    w.s.wait("a", "open", calls)
+    w.s.wait("a", READ_OPEN, calls)
     w.s.close()
     assert w.s.pending is None
     w.qc.add("a", b"1", None, T0)
@@ -255,17 +255,17 @@ def test_close_cancels_a_blocked_read(w: World) -> None:
 
 
 def test_open_on_an_empty_queue_records_nothing(w: World) -> None:
-    assert w.s.fetch("a", "open", T0) is None
+    assert w.s.fetch("a", READ_OPEN, T0) is None
     assert w.s.open_count("a") == 0
     w.fill("a", b"1")
-    assert w.s.fetch("a", "get", T0) is not None  # no open read is held
+    assert w.s.fetch("a", READ_GET, T0) is not None  # no open read is held
 
 
 def test_cancel_after_a_new_wait_leaves_the_new_one(w: World) -> None:
-    first = w.s.wait("a", "get", Calls())
+    first = w.s.wait("a", READ_GET, Calls())
     assert first is not None
     first.cancel()
-    second = w.s.wait("a", "get", Calls())
+    second = w.s.wait("a", READ_GET, Calls())
     first.cancel()  # a stale handle must not forget the session's current wait
     assert w.s.pending is second
     assert w.qc.get_or_create("a").waiters == 1
@@ -287,12 +287,12 @@ def test_dead_lettering_into_the_queue_s_own_parent_moves_the_item_once(
     qc.get_or_create("a+b")  # the child exists, so adds to a fan out to it
     qc.add("a+b", b"X", None, T0)
     reader = Session(qc, 10)
-    got = reader.fetch("a+b", "open", T0)
+    got = reader.fetch("a+b", READ_OPEN, T0)
     assert got is not None
     delivered: list[bytes] = []
     waiters = [Session(qc, 10) for _ in range(2)]
     for s in waiters:
-        assert s.wait("a+b", "open", lambda xid, item: delivered.append(item.data)) is not None
+        assert s.wait("a+b", READ_OPEN, lambda xid, item: delivered.append(item.data)) is not None
     assert reader.abort_oldest("a+b")  # X is back at the head, past max_deliveries
     assert items(qc.get_or_create("a")) == [b"X"]  # dead-lettered once
     assert len(delivered) <= 1

@@ -43,7 +43,7 @@ class _FutureWaiter:
     """A blocked :meth:`PersistentQueue.wait_remove`: always an open read, so that an item
     delivered to a caller that gave up meanwhile can be put back."""
 
-    mode = "open"
+    mode = core.READ_OPEN
 
     def __init__(self, fut: asyncio.Future[tuple[int, core.QItem]]) -> None:
         self.fut = fut

@@ -1,6 +1,8 @@
 """A client's state, whatever protocol it speaks: open reads, a blocked read, statistics.
 
-Kestrel's ``KestrelHandler`` under another name. Open reads are kept per queue, oldest first;
+Kestrel's ``KestrelHandler`` under another name; the operation layer every front end's handlers
+call. Open reads are reservations (:mod:`tercel.core.reservations`) owned by the session, kept
+per queue, oldest first;
 ``close`` confirms and ``abort`` returns the oldest; ending the session returns every open read
 to the head of its queue in its original order. A session holds the queue *objects* it
 opened reads on, so a read on a queue deleted meanwhile is simply gone, never confused with a
@@ -9,27 +11,28 @@ new queue of the same name. Synchronous; the caller owns timers and sockets.
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Callable
 
 from tercel.core.collection import QueueCollection
-from tercel.core.queue import PersistentQueue, QItem
-from tercel.errors import JournalError, OpenReadError
+from tercel.core.queue import READ_GET, READ_OPEN, READ_PEEK, PersistentQueue, QItem
+from tercel.core.reservations import Reservation, ReservationTable
+from tercel.errors import OpenReadError
 
-log = logging.getLogger(__name__)
+__all__ = ["READ_GET", "READ_OPEN", "READ_PEEK", "Delivery", "PendingRead", "Session"]
 
 Delivery = Callable[[int, QItem | None], None]
 """Called once with ``(xid, item)`` when a blocked read is served, or ``(0, None)`` on timeout."""
 
 
 class PendingRead:
-    """A blocked read registered with a queue (see :class:`tercel.core.queue.Waiter`)."""
+    """A blocked read registered with a queue (see :class:`tercel.core.queue.Waiter`);
+    ``mode`` is one of the read modes :data:`READ_GET`, :data:`READ_OPEN`, :data:`READ_PEEK`."""
 
     __slots__ = ("callback", "mode", "queue", "session")
 
     def __init__(
-        self, session: Session, queue: PersistentQueue, mode: str, callback: Delivery
+        self, session: Session, queue: PersistentQueue, mode: int, callback: Delivery
     ) -> None:
         self.session = session
         self.queue = queue
@@ -40,7 +43,7 @@ class PendingRead:
         s = self.session
         s.pending = None
         if xid:
-            s._record(self.queue, xid)
+            s._record(self.queue, xid, item)
         s.collection.stats.get_hits += 1
         self.callback(xid, item)
 
@@ -60,12 +63,20 @@ class PendingRead:
 class Session:
     """One client's transactional state (see the module docstring)."""
 
-    __slots__ = ("_open", "collection", "max_open_reads", "pending")
+    __slots__ = ("_open", "collection", "max_open_reads", "pending", "reservations")
 
-    def __init__(self, collection: QueueCollection, max_open_reads: int) -> None:
+    def __init__(
+        self,
+        collection: QueueCollection,
+        max_open_reads: int,
+        reservations: ReservationTable | None = None,
+    ) -> None:
         self.collection = collection
         self.max_open_reads = max_open_reads
-        self._open: dict[str, tuple[PersistentQueue, deque[int]]] = {}
+        self.reservations = reservations if reservations is not None else ReservationTable()
+        """The server's one table: this session's open reads are its reservations, owned by
+        the session (so they return when it closes)."""
+        self._open: dict[str, tuple[PersistentQueue, deque[Reservation]]] = {}
         self.pending: PendingRead | None = None
 
     def open_count(self, name: str) -> int:
@@ -73,39 +84,42 @@ class Session:
         entry = self._entry(name)
         return len(entry[1]) if entry else 0
 
-    def _entry(self, name: str) -> tuple[PersistentQueue, deque[int]] | None:
+    def _entry(self, name: str) -> tuple[PersistentQueue, deque[Reservation]] | None:
         """The open reads on ``name``; those on a queue deleted since are dropped here."""
         entry = self._open.get(name)
         if entry is not None and self.collection.queue(name) is not entry[0]:
             del self._open[name]
+            self.reservations.forget(entry[1])
             return None
         return entry
 
-    def _record(self, queue: PersistentQueue, xid: int) -> None:
+    def _record(self, queue: PersistentQueue, xid: int, item: QItem) -> Reservation:
+        res = self.reservations.adopt(queue, xid, item, 0, owner=self)
         entry = self._open.get(queue.name)
         if entry is None or entry[0] is not queue:
             entry = self._open[queue.name] = (queue, deque())
-        entry[1].append(xid)
+        entry[1].append(res)
+        return res
 
-    def _pop_oldest(self, name: str) -> tuple[PersistentQueue, int] | None:
+    def _pop_oldest(self, name: str) -> Reservation | None:
         entry = self._entry(name)
         if entry is None:
             return None
-        queue, xids = entry
-        xid = xids.popleft()
-        if not xids:
+        reads = entry[1]
+        res = reads.popleft()
+        if not reads:
             del self._open[name]
-        return queue, xid
+        return res
 
     def confirm_oldest(self, name: str) -> bool:
         """Confirm the oldest open read on ``name``; False when none is open."""
-        popped = self._pop_oldest(name)
-        return popped is not None and popped[0].confirm(popped[1])
+        res = self._pop_oldest(name)
+        return res is not None and self.reservations.confirm([res]) == 1
 
     def abort_oldest(self, name: str) -> bool:
         """Return the oldest open read on ``name`` to the head; False when none is open."""
-        popped = self._pop_oldest(name)
-        return popped is not None and popped[0].abort(popped[1])
+        res = self._pop_oldest(name)
+        return res is not None and self.reservations.abort([res]) == 1
 
     def confirm_all(self, name: str) -> int:
         """Confirm every open read on ``name``; the count."""
@@ -130,32 +144,33 @@ class Session:
             stats.get_hits += 1
         return item
 
-    def fetch(self, name: str, mode: str, now: int) -> tuple[int, QItem] | None:
-        """Try to read ``name`` now. ``mode`` is ``"get"``, ``"open"`` or ``"peek"``.
+    def fetch(self, name: str, mode: int, now: int) -> tuple[int, QItem] | None:
+        """Try to read ``name`` now in read mode ``mode``.
 
         Returns ``(xid, item)`` (xid 0 unless open) or None when empty, and counts the read
         and, when there is an item, the hit. Raises :class:`OpenReadError` for a plain get
         while this session holds an open read on the queue, or an open beyond
         ``max_open_reads``; ``BadQueueName`` for a bad name.
         """
-        if mode == "get":
+        if mode == READ_GET:
             item = self.take(name, now)
             return None if item is None else (0, item)
         stats = self.collection.stats
-        if mode == "peek":
+        if mode == READ_PEEK:
             stats.cmd_peek += 1
         else:
             stats.cmd_get += 1
             entry = self._entry(name) if name in self._open else None
             if entry is not None and len(entry[1]) >= self.max_open_reads:
                 raise OpenReadError("too many open reads")
-        queue = self.collection.for_reading(name, create=mode != "peek")  # a peek never creates
+        queue = self.collection.for_reading(name, create=mode != READ_PEEK)  # a peek never creates
         if queue is None:
             return None
-        if mode == "open":
+        got: tuple[int, QItem] | None
+        if mode == READ_OPEN:
             got = queue.remove_open(now)
             if got is not None:
-                self._record(queue, got[0])
+                self._record(queue, got[0], got[1])
         else:
             head = queue.peek(now)
             got = None if head is None else (0, head)
@@ -167,7 +182,7 @@ class Session:
         """Count a read that found nothing and did not wait."""
         self.collection.stats.get_misses += 1
 
-    def wait(self, name: str, mode: str, callback: Delivery) -> PendingRead | None:
+    def wait(self, name: str, mode: int, callback: Delivery) -> PendingRead | None:
         """Block a read on ``name`` (after :meth:`fetch` found it empty). None for an alias."""
         if self.collection.is_alias(name):
             return None
@@ -178,14 +193,11 @@ class Session:
         return pending
 
     def close(self) -> None:
-        """End the session: cancel a blocked read and abort every open read, keeping order."""
+        """End the session: cancel a blocked read and return every open read, keeping order
+        (every reservation the session owns, whatever took it)."""
         if self.pending is not None:
             self.pending.cancel()
-        entries, self._open = self._open, {}
-        for queue, xids in entries.values():
-            try:
-                queue.abort_many(list(xids))
-            except JournalError as exc:  # that queue's journal failed; the others go on
-                log.error(
-                    "open reads of %s not returned (they return at restart): %s", queue.name, exc
-                )
+        for name in list(self._open):
+            self._entry(name)  # reads on a queue deleted since are forgotten, not returned
+        self._open = {}
+        self.reservations.release_owner(self)

@@ -16,7 +16,7 @@ import pytest
 
 from tercel.clock import ManualClock
 from tercel.config import QueueConfig
-from tercel.core.queue import XID_LIMIT, PersistentQueue, QItem
+from tercel.core.queue import READ_GET, READ_OPEN, READ_PEEK, XID_LIMIT, PersistentQueue, QItem
 from tercel.errors import ItemTooLarge, JournalWriteError
 from tercel.journal import FileJournal, MemoryJournal
 
@@ -493,11 +493,14 @@ def test_a_refused_write_leaves_the_queue_unchanged(tmp_path: Path) -> None:
 # ---- waiters -------------------------------------------------------------------------------
 
 
+MODES = {"get": READ_GET, "open": READ_OPEN, "peek": READ_PEEK}
+
+
 class Reader:
     """A blocked reader that writes down what it was given."""
 
     def __init__(self, mode: str) -> None:
-        self.mode = mode
+        self.mode = MODES[mode]
         self.got: list[tuple[int, bytes]] = []
 
     def deliver(self, xid: int, item: QItem) -> None:

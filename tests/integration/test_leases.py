@@ -239,6 +239,32 @@ def test_max_open_leases(data_dir: Path) -> None:
         conn.call(b"get q/open\r\n", b"VALUE q/open 0 1\r\n3\r\nEND\r\n")
 
 
+def stats(conn: Raw) -> bytes:
+    conn.send(b"stats\r\n")
+    lines = []
+    while (line := conn.read_line()) != b"END\r\n":
+        lines.append(line)
+    return b"".join(lines)
+
+
+def test_blocked_leases_do_not_exceed_max_open_leases(data_dir: Path) -> None:
+    """Each blocked lease was admitted while the queue had room; served later, the one that
+    would go past the limit gives its item back and gets the no-room answer (issue 21)."""
+    with ServerProcess(data_dir, "[queues]\nmax_open_leases = 1\n") as srv:
+        first, second, producer = (Raw(srv.connect()) for _ in range(3))
+        first.send(b"lease q 1 10000 60000\r\n")
+        second.send(b"lease q 1 10000 60000\r\n")
+        while b"STAT queue_q_waiters 2\r\n" not in stats(producer):  # both are parked
+            pass
+        put(producer, "q", b"1", b"2")
+        got = read_leases(first)
+        assert [x[4] for x in got] == [b"1"]
+        second.expect(b"SERVER_ERROR too many open leases\r\n")
+        second.send(b"version\r\n")  # the connection goes on
+        assert second.read_line().startswith(b"VERSION ")
+        producer.call(b"get q\r\n", b"VALUE q 0 1\r\n2\r\nEND\r\n")  # the item went back
+
+
 @pytest.mark.parametrize(
     ("line", "reply"),
     [

@@ -82,10 +82,19 @@ def _frozen(item: QItem) -> QItem:
     return copy
 
 
-class Waiter(Protocol):
-    """A blocked reader. ``mode`` is ``"get"``, ``"open"`` or ``"peek"``."""
+READ_GET: Final = 0
+"""Read mode: take the head item for good."""
+READ_OPEN: Final = 1
+"""Read mode: reserve the head item (an open read) until confirmed or aborted."""
+READ_PEEK: Final = 2
+"""Read mode: look at the head item, leave it."""
 
-    mode: str
+
+class Waiter(Protocol):
+    """A blocked reader. ``mode`` is one of :data:`READ_GET`, :data:`READ_OPEN`,
+    :data:`READ_PEEK`."""
+
+    mode: int
 
     def deliver(self, xid: int, item: QItem) -> None:
         """Called with the item (already removed unless peeking); ``xid`` is 0 unless open."""
@@ -550,13 +559,13 @@ class PersistentQueue:
         while waiters and len(self):
             waiter = next(iter(waiters))
             del waiters[waiter]
-            if waiter.mode == "peek":
+            if waiter.mode == READ_PEEK:
                 head = self.peek(now)
                 if head is None:
                     self._requeue_first(waiter)
                     return
                 waiter.deliver(0, head)
-            elif waiter.mode == "open":
+            elif waiter.mode == READ_OPEN:
                 taken = self.remove_open(now)
                 if taken is None:
                     self._requeue_first(waiter)

@@ -270,7 +270,7 @@ class Server:
             listener.close()
         for handle in self._timers:
             handle.cancel()
-        ctx.leases.close()
+        ctx.reservations.close()
         if self.admin is not None:
             await self.admin.stop()
         for conn in list(ctx.connections):

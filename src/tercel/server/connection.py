@@ -68,7 +68,7 @@ class Connection:
 
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
-        self.session = Session(ctx.collection, ctx.max_open_reads)
+        self.session = Session(ctx.collection, ctx.max_open_reads, ctx.reservations.table)
         self.transport: asyncio.Transport | None = None
         self.out: list[bytes] = []
         """Replies of the batch being handled, joined and written once by :meth:`flush`."""

@@ -3,8 +3,9 @@
 Every connection of every front end holds the one :class:`ServerContext` of its server and
 reaches the rest of the server through it: the queue collection, the group committer, the
 clock (and the time of the batch being handled), latency metrics, the status flags and checks,
-``reload``, the lease deadlines, the connection registry and ``request_stop``. Nothing in a
-handler calls back into :mod:`tercel.server.app` (which nothing below it imports).
+``reload``, the reservations and their deadlines, the connection registry and
+``request_stop``. Nothing in a handler calls back into :mod:`tercel.server.app` (which nothing
+below it imports).
 
 It is compiled (``setup.py``), so each field read from a compiled handler is a struct load
 rather than a dict lookup; the fields read on every command (``now``, ``writable``,
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from typing import Final, Protocol
 
 from tercel import __version__
 from tercel.clock import Clock
@@ -24,11 +25,18 @@ from tercel.config import ServerConfig, load_config
 from tercel.core.collection import QueueCollection
 from tercel.errors import UnavailableError
 from tercel.server.commit import Committer
-from tercel.server.deadlines import LeaseService
+from tercel.server.deadlines import Reservations
 from tercel.server.metrics import Metrics
 from tercel.server.status import Status, StatusKeeper
 
 log = logging.getLogger(__name__)
+
+ANY: Final = 0
+"""Access of an operation allowed whatever the status (stats, version, ack, ...)."""
+READS: Final = 1
+"""Access of an operation refused while reads are (shutdown, QUIESCENT)."""
+WRITES: Final = 2
+"""Access of an operation refused while writes are (shutdown, READONLY, QUIESCENT)."""
 
 
 class Closable(Protocol):
@@ -60,7 +68,8 @@ class ServerContext:
         self.loop = loop
         self.metrics = Metrics()
         self.status = StatusKeeper(srv.data_dir)
-        self.leases = LeaseService(loop, clock)
+        self.reservations = Reservations(loop, clock)
+        """Every reservation (open reads, leases, ...) and its deadline timer."""
         self.version = __version__
         self.started_at = clock.now_ms()
         self.now = 0
@@ -117,6 +126,16 @@ class ServerContext:
         if self.stopping:
             raise UnavailableError("server is shutting down")
         self.status.check_readable()
+
+    def check(self, access: int) -> None:
+        """Raise UnavailableError unless the status allows an operation of ``access`` (one of
+        :data:`ANY`, :data:`READS`, :data:`WRITES`, as each front end declares per operation).
+        Two flag tests when allowed."""
+        if access == WRITES:
+            if not self.writable:
+                self.check_writable()
+        elif access == READS and not self.readable:
+            self.check_readable()
 
     def set_status(self, status: Status) -> None:
         """Persist and apply a new status. Raises OSError (status unchanged) when the status

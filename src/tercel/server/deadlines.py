@@ -1,8 +1,10 @@
-"""The one timer that expires leases: the loop side of :class:`tercel.core.leases.LeaseTable`.
+"""The one timer that returns reservations whose deadline passed: the loop side of
+:class:`tercel.core.reservations.ReservationTable`.
 
-Protocol-neutral: any front end that takes leases (memcache's ``lease`` today) calls
-:meth:`LeaseService.arm` after changing the table, and the timer fires at the earliest deadline
-(a renew or a shorter lease moves it earlier).
+Protocol-neutral: any front end that sets or moves a deadline (memcache's ``lease`` and
+``renew``, a Thrift auto-abort read, a beanstalkd ``reserve`` or ``touch``) calls
+:meth:`Reservations.arm` after changing the table, and the timer fires at the earliest deadline
+(a renew or a shorter one moves it earlier).
 """
 
 from __future__ import annotations
@@ -10,16 +12,16 @@ from __future__ import annotations
 import asyncio
 
 from tercel.clock import Clock
-from tercel.core.leases import LeaseTable
+from tercel.core.reservations import ReservationTable
 
 
-class LeaseService:
-    """The server's :class:`LeaseTable` and the one timer that expires its leases."""
+class Reservations:
+    """The server's one :class:`ReservationTable` and the timer that enforces its deadlines."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock) -> None:
         self.loop = loop
         self.clock = clock
-        self.table = LeaseTable()
+        self.table = ReservationTable()
         self.closed = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
@@ -46,7 +48,7 @@ class LeaseService:
             self.arm()  # whatever happened, the leases still open keep their timer
 
     def close(self) -> None:
-        """Stop the timer for good (shutdown: the journal returns leased items at the next
+        """Stop the timer for good (shutdown: the journal returns reserved items at the next
         start)."""
         self.closed = True
         if self._timer is not None:

@@ -71,7 +71,7 @@ def queue_lines(server: ServerContext, q: PersistentQueue) -> list[tuple[str, ob
         ("journal_rotations", q.journal_rotations),
     ]
     # tercel's own, after Kestrel's: leases open now, items moved to the dead-letter queue.
-    lines.append(("open_leases", server.leases.table.open_count(q)))
+    lines.append(("open_leases", server.reservations.table.open_count(q)))
     lines.append(("dead_lettered", q.dead_lettered))
     children = server.collection.children(q.name)
     if children:

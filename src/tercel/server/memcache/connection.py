@@ -14,7 +14,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final
 
-from tercel.core.queue import QItem
+from tercel.core.queue import READ_GET, READ_OPEN, READ_PEEK, QItem
 from tercel.errors import (
     ConfigError,
     JournalError,
@@ -42,7 +42,7 @@ from tercel.protocol.commands import (
 from tercel.protocol.memcache import NEED_DATA
 from tercel.server import stats
 from tercel.server.connection import Connection
-from tercel.server.context import ServerContext, sampled
+from tercel.server.context import ANY, WRITES, ServerContext, sampled
 from tercel.server.memcache import leases as ext
 from tercel.server.status import parse_status
 
@@ -89,7 +89,10 @@ class MemcacheConnection(Connection):
             elif type(cmd) is GET_CLASS:
                 handle_get(self, cmd)
             else:
-                HANDLERS[type(cmd)](self, cmd)
+                handler, access = HANDLERS[type(cmd)]
+                if access:
+                    self.ctx.check(access)
+                handler(self, cmd)
             if self.parked is not None:
                 return
 
@@ -105,7 +108,7 @@ class MemcacheConnection(Connection):
 
     # ---- blocked gets ---------------------------------------------------------------------
 
-    def block_get(self, cmd: Get, mode: str, timeout_ms: int) -> None:
+    def block_get(self, cmd: Get, mode: int, timeout_ms: int) -> None:
         pending = self.session.wait(cmd.queue, mode, self._delivered)
         if pending is None:
             self.out.append(mc.END)
@@ -168,11 +171,11 @@ def handle_get(conn: MemcacheConnection, cmd: Get) -> None:
     ctx = conn.ctx
     if not ctx.readable:
         ctx.check_readable()
-    mode = "peek" if peek else "open" if open_ else "get"
+    mode = READ_PEEK if peek else READ_OPEN if open_ else READ_GET
     timed = sampled(ctx)
     t0 = perf_counter_ns() if timed else 0
     now = ctx.now
-    if mode == "get":
+    if mode == READ_GET:
         item = session.take(queue, now)
     else:
         got = session.fetch(queue, mode, now)
@@ -213,28 +216,24 @@ def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
 
 
 def handle_delete(conn: MemcacheConnection, cmd: Delete) -> None:
-    conn.ctx.check_writable()
     conn.ctx.collection.delete(cmd.queue)
     if not cmd.noreply:
         conn.out.append(mc.DELETED)
 
 
 def handle_flush(conn: MemcacheConnection, cmd: Flush) -> None:
-    conn.ctx.check_writable()
     conn.ctx.collection.flush(cmd.queue)
     if not cmd.noreply:
         conn.out.append(mc.END)
 
 
 def handle_flush_all(conn: MemcacheConnection, cmd: FlushAll) -> None:
-    conn.ctx.check_writable()
     conn.ctx.collection.flush_all()
     if not cmd.noreply:
         conn.out.append(mc.OK)
 
 
 def handle_flush_expired(conn: MemcacheConnection, cmd: FlushExpired) -> None:
-    conn.ctx.check_writable()
     conn.out.append(mc.number(conn.ctx.collection.flush_expired(cmd.queue)))
 
 
@@ -264,7 +263,10 @@ def handle_unknown(conn: MemcacheConnection, cmd: Unknown) -> None:
 
 
 def handle_simple(conn: MemcacheConnection, cmd: Simple) -> None:
-    SIMPLE[cmd.name](conn)
+    handler, access = SIMPLE[cmd.name]
+    if access:
+        conn.ctx.check(access)
+    handler(conn)
 
 
 def _version(conn: MemcacheConnection) -> None:
@@ -294,31 +296,34 @@ def _dump_config(conn: MemcacheConnection) -> None:
 
 
 def _flush_all_expired(conn: MemcacheConnection) -> None:
-    conn.ctx.check_writable()
     conn.out.append(mc.number(conn.ctx.collection.flush_all_expired()))
 
 
-SIMPLE: Final[dict[str, Callable[[MemcacheConnection], None]]] = {
-    "version": _version,
-    "quit": _quit,
-    "shutdown": _shutdown,
-    "reload": _reload,
-    "stats": _stats,
-    "dump_config": _dump_config,
-    "flush_all_expired": _flush_all_expired,
-    "features": ext.features,
+Operation = tuple[Callable[[MemcacheConnection, Any], None], int]
+"""A handler and the access it needs (``context.ANY``/``READS``/``WRITES``): the status check
+is declared here, once per operation, and made by the pump before the handler runs."""
+
+SIMPLE: Final[dict[str, tuple[Callable[[MemcacheConnection], None], int]]] = {
+    "version": (_version, ANY),
+    "quit": (_quit, ANY),
+    "shutdown": (_shutdown, ANY),
+    "reload": (_reload, ANY),
+    "stats": (_stats, ANY),
+    "dump_config": (_dump_config, ANY),
+    "flush_all_expired": (_flush_all_expired, WRITES),
+    "features": (ext.features, ANY),
 }
 
-HANDLERS: Final[dict[type, Callable[[MemcacheConnection, Any], None]]] = {
-    Get: handle_get,
-    Set: handle_set,
-    Delete: handle_delete,
-    Flush: handle_flush,
-    FlushAll: handle_flush_all,
-    FlushExpired: handle_flush_expired,
-    DumpStats: handle_dump_stats,
-    Simple: handle_simple,
-    Status: handle_status,
-    Unknown: handle_unknown,
+HANDLERS: Final[dict[type, Operation]] = {
+    # get and set test the status flags themselves (their own fast path; a get that only
+    # closes or aborts an open read is allowed whatever the status), so they are not here.
+    Delete: (handle_delete, WRITES),
+    Flush: (handle_flush, WRITES),
+    FlushAll: (handle_flush_all, WRITES),
+    FlushExpired: (handle_flush_expired, WRITES),
+    DumpStats: (handle_dump_stats, ANY),
+    Simple: (handle_simple, ANY),
+    Status: (handle_status, ANY),
+    Unknown: (handle_unknown, ANY),
 }
 HANDLERS.update(ext.HANDLERS)

@@ -1,5 +1,5 @@
 """Memcache extensions: ``features``, leases (``lease ack release renew``) and Kestrel 2.x's
-``monitor``/``confirm``; the wire side of :mod:`tercel.core.leases` (docs/protocol.md).
+``monitor``/``confirm``; the wire side of :mod:`tercel.core.reservations` (docs/protocol.md).
 
 The handlers follow :mod:`tercel.server.memcache`'s rules: they append replies to
 ``conn.out`` and raise the tree's errors, which the pump translates. A request that has to wait
@@ -16,13 +16,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tercel.core.leases import Lease
-from tercel.core.queue import QItem
-from tercel.errors import OpenReadError, TercelError
+from tercel.core.queue import READ_OPEN, QItem
+from tercel.core.reservations import Reservation, ReservationTable
+from tercel.errors import OpenReadError, TercelError, TooManyLeases
 from tercel.protocol import memcache as mc
 from tercel.protocol.commands import Ack, Confirm, Monitor, Release, Renew
 from tercel.protocol.commands import Lease as LeaseCmd
 from tercel.server.connection import Connection
+from tercel.server.context import ANY, READS
 from tercel.session import PendingRead
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,12 @@ FEATURES = [("lease", 1), ("item-id", 1), ("dead-letter", 1), ("monitor", 1)]
 """What ``features`` announces: one ``FEATURE <name> <version>`` line each."""
 
 
-def _leased_reply(out: list[bytes], leases: list[Lease]) -> None:
+def _leased_reply(out: list[bytes], table: ReservationTable, leases: list[Reservation]) -> None:
     for lease in leases:
         item = lease.item
         data = item.data
-        head = mc.leased(lease.id, item.id, item.deliveries, item.add_time, lease.deadline)
+        lease_id = table.lease_id(lease)
+        head = mc.leased(lease_id, item.id, item.deliveries, item.add_time, lease.deadline)
         out += (head, b"%d\r\n" % len(data), data, b"\r\n")
     out.append(mc.END)
 
@@ -58,16 +60,16 @@ class LeaseWaiter(PendingRead):
 def handle_lease(conn: Connection, cmd: LeaseCmd) -> None:
     """``lease <q> <max_items> <wait_ms> <lease_ms>``: wait only while the queue is empty."""
     ctx = conn.ctx
-    ctx.check_readable()
     if ctx.collection.is_alias(cmd.queue) or cmd.max_items == 0:
         conn.out.append(mc.END)
         return
     queue = ctx.collection.get_or_create(cmd.queue)
-    service = ctx.leases
-    leases = service.table.take(queue, cmd.max_items, cmd.lease_ms, ctx.clock.now_ms())
+    service = ctx.reservations
+    table = service.table
+    leases = table.take_leases(queue, cmd.max_items, cmd.lease_ms, ctx.clock.now_ms())
     if leases or not cmd.wait_ms:
         service.arm()
-        _leased_reply(conn.out, leases)
+        _leased_reply(conn.out, table, leases)
         return
 
     def delivered(xid: int, item: QItem | None) -> None:
@@ -76,57 +78,79 @@ def handle_lease(conn: Connection, cmd: LeaseCmd) -> None:
         assert item is not None
         # conn.parked stays set until _finish_lease has replied, so a command pipelined
         # behind this one cannot answer first.
-        first = service.table.adopt(queue, xid, item, cmd.lease_ms, ctx.clock.now_ms())
-        ctx.loop.call_soon(_finish_lease, conn, cmd, first)
+        full = table.room(queue) == 0  # other blocked leases took the room meanwhile
+        first = table.adopt(queue, xid, item, ctx.clock.now_ms(), ttl_ms=cmd.lease_ms)
+        ctx.loop.call_soon(_finish_lease, conn, cmd, first, full)
 
-    waiter = LeaseWaiter(conn.session, queue, "open", delivered)
+    waiter = LeaseWaiter(conn.session, queue, READ_OPEN, delivered)
     queue.wait(waiter)
     conn.session.pending = waiter
     conn.park(cmd, waiter, cmd.wait_ms, mc.END)
 
 
-def _finish_lease(conn: Connection, cmd: LeaseCmd, first: Lease) -> None:
-    """After a blocked lease got its first item: take the rest of the batch, then reply."""
+def _finish_lease(conn: Connection, cmd: LeaseCmd, first: Reservation, full: bool) -> None:
+    """After a blocked lease got its first item: take the rest of the batch, then reply.
+
+    Blocked leases on one queue wait side by side, each admitted while the queue had room: the
+    one served when the queue was already at ``max_open_leases`` (``full``) gives its item back
+    and gets the answer a lease with no room gets."""
     conn.parked = None
-    service = conn.ctx.leases
+    service = conn.ctx.reservations
+    table = service.table
     leases = [first]
+    queue = first.queue
     if conn.transport is None:  # the client left meanwhile: nobody knows the id
-        service.table.release(first.queue, [first.id])
+        table.abort(leases)
         return
-    room = min(cmd.max_items - 1, service.table.room(first.queue))
-    if room > 0 and not first.queue.closed:
+    if full:
+        table.abort(leases)
+        conn.error_reply(TooManyLeases())
+        conn.resume()
+        return
+    room = min(cmd.max_items - 1, table.room(queue))
+    if room > 0 and not queue.closed:
         now = conn.ctx.clock.now_ms()
         try:
-            leases += service.table.take(first.queue, room, cmd.lease_ms, now)
+            leases += table.take_leases(queue, room, cmd.lease_ms, now)
         except TercelError:
             log.exception("could not lease more of %s; replying with one item", cmd.queue)
     service.arm()
-    _leased_reply(conn.out, leases)
+    _leased_reply(conn.out, table, leases)
     conn.resume()
 
 
 # ---- ack, release, renew ------------------------------------------------------------------------
 
 
+def _named(conn: Connection, name: str, ids: tuple[str, ...]) -> list[Reservation]:
+    """The open leases of queue ``name`` among lease ids ``ids`` (unknown ones left out)."""
+    queue = conn.ctx.collection.queue(name)
+    if queue is None:
+        return []
+    table = conn.ctx.reservations.table
+    return table.find(queue, [table.parse_lease_id(i) for i in ids])
+
+
 def handle_ack(conn: Connection, cmd: Ack) -> None:
     """``ack <q> <id>...`` -> ``ACKED <n>``. The CONFIRM records are in the journal buffer, so
     the committer holds this reply until they are written (and fsynced if the queue says so)."""
-    queue = conn.ctx.collection.queue(cmd.queue)
-    conn.out.append(mc.counted(b"ACKED", conn.ctx.leases.table.ack(queue, cmd.ids)))
+    n = conn.ctx.reservations.table.confirm(_named(conn, cmd.queue, cmd.ids))
+    conn.out.append(mc.counted(b"ACKED", n))
 
 
 def handle_release(conn: Connection, cmd: Release) -> None:
     """``release <q> <id>...`` -> ``RELEASED <n>``: back to the head, in queue order."""
-    queue = conn.ctx.collection.queue(cmd.queue)
-    conn.out.append(mc.counted(b"RELEASED", conn.ctx.leases.table.release(queue, cmd.ids)))
+    n = conn.ctx.reservations.table.abort(_named(conn, cmd.queue, cmd.ids))
+    conn.out.append(mc.counted(b"RELEASED", n))
 
 
 def handle_renew(conn: Connection, cmd: Renew) -> None:
     """``renew <q> <lease_ms> <id>...`` -> ``RENEWED <n>``."""
     ctx = conn.ctx
-    queue = ctx.collection.queue(cmd.queue)
-    n = ctx.leases.table.renew(queue, cmd.ids, cmd.lease_ms, ctx.clock.now_ms())
-    ctx.leases.arm()
+    service = ctx.reservations
+    leases = _named(conn, cmd.queue, cmd.ids)
+    n = service.table.extend(leases, cmd.lease_ms, ctx.clock.now_ms())
+    service.arm()
     conn.out.append(mc.counted(b"RENEWED", n))
 
 
@@ -145,7 +169,6 @@ def handle_monitor(conn: Connection, cmd: Monitor) -> None:
     holds max_open_reads open reads on the queue (reference kestrel.md §1.5).
     """
     ctx = conn.ctx
-    ctx.check_readable()
     limit = conn.session.max_open_reads if cmd.max_items is None else cmd.max_items
     _monitor_step(conn, cmd, limit, ctx.clock.now_ms() + max(0, cmd.seconds) * 1000)
 
@@ -156,14 +179,14 @@ def _monitor_step(conn: Connection, cmd: Monitor, left: int, deadline: int) -> b
     now = conn.ctx.clock.now_ms()
     key = cmd.queue.encode()
     while left > 0 and session.open_count(cmd.queue) < session.max_open_reads:
-        got = session.fetch(cmd.queue, "open", now)
+        got = session.fetch(cmd.queue, READ_OPEN, now)
         if got is None:
             break
         _stream_value(conn, key, got[1])
         left -= 1
     room = left > 0 and session.open_count(cmd.queue) < session.max_open_reads
     if room and now < deadline:
-        pending = session.wait(cmd.queue, "open", _monitor_delivered(conn, cmd, left, deadline))
+        pending = session.wait(cmd.queue, READ_OPEN, _monitor_delivered(conn, cmd, left, deadline))
         if pending is not None:
             conn.park(cmd, pending, deadline - now, mc.END)
             return True
@@ -215,11 +238,12 @@ def handle_confirm(conn: Connection, cmd: Confirm) -> None:
     conn.out.append(mc.END)
 
 
-HANDLERS: dict[type, Callable[[Connection, Any], None]] = {
-    LeaseCmd: handle_lease,
-    Ack: handle_ack,
-    Release: handle_release,
-    Renew: handle_renew,
-    Monitor: handle_monitor,
-    Confirm: handle_confirm,
+HANDLERS: dict[type, tuple[Callable[[Connection, Any], None], int]] = {
+    LeaseCmd: (handle_lease, READS),
+    Ack: (handle_ack, ANY),
+    Release: (handle_release, ANY),
+    Renew: (handle_renew, ANY),
+    Monitor: (handle_monitor, READS),
+    Confirm: (handle_confirm, ANY),
 }
+"""Each handler with the access it needs (``context.READS``...), checked by the pump."""

@@ -1,0 +1,287 @@
+"""Reservations: items taken out of their queue until confirmed or returned (docs/architecture.md,
+"Reservations").
+
+A reservation is an open read (:meth:`PersistentQueue.remove_open`) with three optional
+properties, and every way of reading "reliably" is one combination of them:
+
+=========================== ======================= ========================= ==============
+case                        owner                   deadline                  addressed by
+=========================== ======================= ========================= ==============
+Kestrel ``/open`` read      the session             none                      oldest first
+memcache ``lease``          none                    ``lease_ms`` (renewable)  lease id
+Thrift ``get`` auto-abort   the connection          ``auto_abort_msec``       id, any conn
+beanstalkd ``reserve``      the connection          TTR (``touch`` extends)   job id
+=========================== ======================= ========================= ==============
+
+An owned reservation returns to its queue when its owner ends (:meth:`release_owner`); one
+with a deadline returns when the deadline passes (:meth:`expire`). Either way, and on
+:meth:`abort`, the item goes back to the head of its queue in its original order with its
+delivery count. They are all journaled the same way — the journal's OPEN, CONFIRM and ABORT
+records — so a restart returns every reserved item, whatever kind it was; nothing here is
+journaled itself.
+
+Ids: ``Reservation.id`` is an int unique to this server's run: a random 31-bit base drawn at
+start-up, shifted, plus a counter, so an id from before a restart, or from another server,
+never matches (Thrift's ids are i64; memcache's lease ids print it as ``<prefix>-<n>``, see
+:meth:`ReservationTable.lease_id`).
+
+Same contract as the rest of the core: synchronous, one thread, no timers. The caller passes
+``now`` (epoch ms) and calls :meth:`ReservationTable.expire` at
+:meth:`ReservationTable.next_deadline`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import secrets
+from collections.abc import Iterable
+
+from tercel.core.queue import PersistentQueue, QItem
+from tercel.errors import JournalError, TooManyLeases
+
+log = logging.getLogger(__name__)
+
+ID_SHIFT = 32
+"""The counter's bits below the random base of every id."""
+
+
+class Reservation:
+    """One reserved item: its queue and open read, owner (None: detached) and deadline (epoch
+    ms; 0: none)."""
+
+    __slots__ = ("deadline", "id", "item", "owner", "queue", "xid")
+
+    def __init__(
+        self, rid: int, queue: PersistentQueue, xid: int, item: QItem, owner: object | None
+    ) -> None:
+        self.id = rid
+        self.queue = queue
+        self.xid = xid
+        self.item = item
+        self.owner = owner
+        self.deadline = 0
+
+
+class ReservationTable:
+    """Every open reservation of a server (see the module docstring)."""
+
+    def __init__(self, prefix: str | None = None) -> None:
+        self.prefix = prefix if prefix is not None else secrets.token_hex(4)
+        """Printed before a lease id (``3fa9c2d1-1f``)."""
+        self._base = (int(self.prefix, 16) & 0x7FFFFFFF) << ID_SHIFT
+        self._seq = 0
+        self._open: dict[int, Reservation] = {}
+        self._detached: dict[PersistentQueue, int] = {}  # leases open per queue
+        self._owned: dict[object, dict[int, Reservation]] = {}
+        # (deadline, id); entries of reservations that ended or moved are skipped lazily.
+        self._deadlines: list[tuple[int, int]] = []
+        self.expired = 0
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def get(self, rid: int) -> Reservation | None:
+        """The open reservation ``rid``, or None."""
+        return self._open.get(rid)
+
+    def open_count(self, queue: PersistentQueue) -> int:
+        """Detached reservations (leases) open on ``queue``."""
+        return self._detached.get(queue, 0)
+
+    def room(self, queue: PersistentQueue) -> int:
+        """How many more leases ``queue`` may hand out (its ``max_open_leases``)."""
+        return max(0, queue.config.max_open_leases - self.open_count(queue))
+
+    def of_owner(self, owner: object) -> list[Reservation]:
+        """``owner``'s open reservations, oldest first."""
+        return list(self._owned.get(owner, {}).values())
+
+    # ---- ids ----------------------------------------------------------------------------------
+
+    def lease_id(self, res: Reservation) -> str:
+        """The memcache form of ``res.id``: ``<prefix>-<counter in hex>``."""
+        return f"{self.prefix}-{res.id - self._base:x}"
+
+    def parse_lease_id(self, text: str) -> int:
+        """The id a :meth:`lease_id` string stands for; -1 for one not of this table."""
+        prefix, _, n = text.partition("-")
+        if prefix != self.prefix or not n:
+            return -1
+        try:
+            return self._base + int(n, 16)
+        except ValueError:
+            return -1
+
+    # ---- opening ------------------------------------------------------------------------------
+
+    def take(
+        self, queue: PersistentQueue, now: int, *, owner: object | None = None, ttl_ms: int = 0
+    ) -> Reservation | None:
+        """Reserve the head item of ``queue`` (None when there is none ready). Raises the log's
+        error when it cannot write the OPEN record."""
+        got = queue.remove_open(now)
+        if got is None:
+            return None
+        return self.adopt(queue, got[0], got[1], now, owner=owner, ttl_ms=ttl_ms)
+
+    def take_leases(
+        self, queue: PersistentQueue, max_items: int, lease_ms: int, now: int
+    ) -> list[Reservation]:
+        """Lease up to ``max_items`` items from the head of ``queue`` (fewer when it runs dry).
+
+        Raises :class:`TooManyLeases` when ``queue`` has no room for even one lease, and the
+        log's error when it cannot write (leases already taken stay valid).
+        """
+        if max_items <= 0:
+            return []
+        n = min(max_items, self.room(queue))
+        if n == 0:
+            raise TooManyLeases()
+        out: list[Reservation] = []
+        for _ in range(n):
+            res = self.take(queue, now, ttl_ms=lease_ms)
+            if res is None:
+                break
+            out.append(res)
+        return out
+
+    def adopt(
+        self,
+        queue: PersistentQueue,
+        xid: int,
+        item: QItem,
+        now: int,
+        *,
+        owner: object | None = None,
+        ttl_ms: int = 0,
+    ) -> Reservation:
+        """Make open read ``xid`` of ``queue`` a reservation (a blocked read, whose item the
+        queue opened on its behalf, becomes one this way)."""
+        self._seq += 1
+        res = Reservation(self._base + self._seq, queue, xid, item, owner)
+        self._open[res.id] = res
+        if owner is None:
+            self._detached[queue] = self._detached.get(queue, 0) + 1
+        else:
+            mine = self._owned.get(owner)
+            if mine is None:
+                mine = self._owned[owner] = {}
+            mine[res.id] = res
+        if ttl_ms:
+            self._set_deadline(res, now + ttl_ms)
+        return res
+
+    # ---- ending -------------------------------------------------------------------------------
+
+    def find(self, queue: PersistentQueue | None, ids: Iterable[int]) -> list[Reservation]:
+        """The open reservations among ``ids`` (of ``queue`` unless it is None), each once."""
+        found: dict[int, Reservation] = {}
+        for rid in ids:
+            res = self._open.get(rid)
+            if res is not None and (queue is None or res.queue is queue):
+                found[rid] = res
+        return list(found.values())
+
+    def _drop(self, res: Reservation) -> None:
+        del self._open[res.id]
+        if res.owner is None:
+            left = self._detached[res.queue] - 1
+            if left:
+                self._detached[res.queue] = left
+            else:
+                del self._detached[res.queue]
+        else:
+            mine = self._owned[res.owner]
+            del mine[res.id]
+            if not mine:
+                del self._owned[res.owner]
+
+    def confirm(self, reservations: Iterable[Reservation]) -> int:
+        """Remove the reserved items for good; how many were still open."""
+        n = 0
+        for res in reservations:
+            if self._open.get(res.id) is not res:
+                continue
+            self._drop(res)
+            if res.queue.confirm(res.xid):
+                n += 1
+        return n
+
+    def abort(self, reservations: Iterable[Reservation]) -> int:
+        """Return the reserved items to the head of their queues, in their original order;
+        how many were still open."""
+        return self._return([r for r in reservations if self._open.get(r.id) is r])
+
+    def forget(self, reservations: Iterable[Reservation]) -> None:
+        """Drop reservations whose queue is gone (deleted): nothing to return them to."""
+        for res in reservations:
+            if self._open.get(res.id) is res:
+                self._drop(res)
+
+    def release_owner(self, owner: object) -> int:
+        """``owner`` ended: return every reservation it held (its connection closed)."""
+        mine = self._owned.get(owner)
+        return 0 if mine is None else self._return(list(mine.values()))
+
+    def _return(self, reservations: list[Reservation]) -> int:
+        # The items returned together keep their original queue order, and a blocked reader
+        # is served only once they are all back (it gets the oldest).
+        by_queue: dict[PersistentQueue, list[Reservation]] = {}
+        for res in sorted(reservations, key=lambda r: r.id):
+            by_queue.setdefault(res.queue, []).append(res)
+        n = 0
+        for queue, group in by_queue.items():
+            for res in group:
+                self._drop(res)
+            try:
+                n += queue.abort_many([res.xid for res in group])
+            except JournalError as exc:  # that queue's journal failed; the others go on
+                log.error("reads of %s not returned (they return at restart): %s", queue.name, exc)
+            except Exception:  # a bug in one queue must not strand the others' reservations
+                log.exception("reads of %s not returned", queue.name)
+        return n
+
+    def extend(self, reservations: Iterable[Reservation], ttl_ms: int, now: int) -> int:
+        """Move the deadlines to ``now + ttl_ms`` (0: none): renew, touch. How many."""
+        n = 0
+        for res in reservations:
+            if self._open.get(res.id) is not res:
+                continue
+            n += 1
+            if ttl_ms:
+                self._set_deadline(res, now + ttl_ms)
+            else:
+                res.deadline = 0
+        return n
+
+    # ---- deadlines ----------------------------------------------------------------------------
+
+    def _set_deadline(self, res: Reservation, deadline: int) -> None:
+        res.deadline = deadline
+        heapq.heappush(self._deadlines, (deadline, res.id))
+
+    def _live_top(self) -> tuple[int, int] | None:
+        heap = self._deadlines
+        while heap:
+            deadline, rid = heap[0]
+            res = self._open.get(rid)
+            if res is not None and res.deadline == deadline:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    def next_deadline(self) -> int | None:
+        """The earliest deadline of an open reservation (epoch ms), or None."""
+        top = self._live_top()
+        return None if top is None else top[0]
+
+    def expire(self, now: int) -> int:
+        """Return every reservation due by ``now`` to its queue; the count."""
+        due: dict[int, Reservation] = {}
+        while (top := self._live_top()) is not None and top[0] <= now:
+            heapq.heappop(self._deadlines)
+            due[top[1]] = self._open[top[1]]
+        n = self._return(list(due.values()))
+        self.expired += n
+        return n

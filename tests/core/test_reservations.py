@@ -1,0 +1,165 @@
+"""The reservation model: one table for open reads, leases, auto-abort reads and TTR reservations.
+
+Each case is a combination of owner (returned when it ends) and deadline (returned when it
+passes); all are journaled as OPEN/CONFIRM/ABORT, so a restart returns every one of them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tercel.clock import ManualClock
+from tercel.config import QueueConfig, parse_config
+from tercel.core.collection import QueueCollection
+from tercel.core.queue import PersistentQueue
+from tercel.core.reservations import ReservationTable
+from tercel.errors import TooManyLeases
+from tercel.journal import MemoryJournal
+from tercel.session import READ_OPEN, Session
+
+T0 = 1_700_000_000_000
+
+
+class World:
+    """A collection on RAM journals that survive a "restart" (a new collection, replayed)."""
+
+    def __init__(self, doc: dict[str, object] | None = None) -> None:
+        self.doc = doc or {}
+        self.journals: dict[str, MemoryJournal] = {}
+        self.clock = ManualClock(T0)
+        self.start()
+
+    def _log(self, name: str, config: QueueConfig) -> MemoryJournal:
+        return self.journals.setdefault(name, MemoryJournal())
+
+    def start(self) -> None:
+        self.qc = QueueCollection(parse_config(self.doc), self._log, self.clock)
+        self.qc.load(sorted(self.journals))
+        self.table = ReservationTable()
+
+    def restart(self) -> None:
+        """A crash: the old objects are dropped without closing anything."""
+        self.start()
+
+    def fill(self, name: str, *datas: bytes) -> PersistentQueue:
+        for data in datas:
+            self.qc.add(name, data, None, T0)
+        return self.qc.get_or_create(name)
+
+    def drain(self, name: str) -> list[bytes]:
+        q = self.qc.get_or_create(name)
+        out = []
+        while (item := q.remove(T0)) is not None:
+            out.append(item.data)
+        return out
+
+
+@pytest.fixture
+def w() -> World:
+    return World()
+
+
+def test_an_owned_reservation_returns_when_its_owner_ends(w: World) -> None:
+    q = w.fill("a", b"1", b"2", b"3")
+    conn, other = object(), object()
+    r1 = w.table.take(q, T0, owner=conn)
+    r2 = w.table.take(q, T0, owner=other)
+    r3 = w.table.take(q, T0, owner=conn)
+    assert r1 and r2 and r3
+    assert [r.item.data for r in w.table.of_owner(conn)] == [b"1", b"3"]
+    assert w.table.release_owner(conn) == 2
+    assert w.table.of_owner(conn) == []
+    assert w.table.get(r2.id) is r2
+    assert w.drain("a") == [b"1", b"3"]  # back at the head, in their order
+    assert w.table.confirm([r2]) == 1
+    assert (q.open_reads, len(w.table)) == (0, 0)
+
+
+def test_a_deadline_returns_the_item_when_it_passes_and_extend_moves_it(w: World) -> None:
+    q = w.fill("a", b"1", b"2")
+    conn = object()
+    r1 = w.table.take(q, T0, owner=conn, ttl_ms=100)  # beanstalkd: owned, with a TTR
+    r2 = w.table.take(q, T0, ttl_ms=200)  # a lease: no owner
+    assert r1 and r2
+    assert w.table.next_deadline() == T0 + 100
+    assert w.table.extend([r1], 500, T0 + 50) == 1  # touch
+    assert w.table.next_deadline() == T0 + 200
+    assert w.table.expire(T0 + 200) == 1
+    assert w.table.get(r2.id) is None and w.table.get(r1.id) is r1
+    assert w.table.expire(T0 + 550) == 1
+    assert w.table.expired == 2
+    assert w.table.release_owner(conn) == 0  # already returned
+    assert w.drain("a") == [b"1", b"2"]
+
+
+def test_ids_address_reservations_from_anywhere_and_only_of_the_named_queue(w: World) -> None:
+    qa, qb = w.fill("a", b"x"), w.fill("b", b"y")
+    ra = w.table.take(qa, T0, owner=object(), ttl_ms=1000)  # Thrift: owned, auto-abort
+    rb = w.table.take(qb, T0)
+    assert ra and rb
+    assert w.table.find(qb, [ra.id, rb.id, 12345]) == [rb]
+    assert w.table.find(None, [ra.id, ra.id]) == [ra]  # by id alone, each once
+    assert w.table.confirm(w.table.find(None, [ra.id])) == 1  # confirmed by anyone
+    assert w.table.confirm([ra]) == 0  # not twice
+    assert w.table.next_deadline() is None
+
+
+def test_ids_are_unique_to_the_table_and_lease_ids_round_trip() -> None:
+    one, two = ReservationTable("0000abcd"), ReservationTable("0000abce")
+    w = World()
+    q = w.fill("a", b"1", b"2")
+    r1 = one.take(q, T0)
+    r2 = two.take(q, T0)
+    assert r1 and r2 and r1.id != r2.id
+    text = one.lease_id(r1)
+    assert text == "0000abcd-1"
+    assert one.parse_lease_id(text) == r1.id
+    assert two.parse_lease_id(text) == -1
+    assert one.parse_lease_id("0000abcd-zz") == -1
+
+
+def test_leases_are_bounded_per_queue_owned_reservations_are_not() -> None:
+    w = World({"queues": {"max_open_leases": 2}})
+    q = w.fill("a", *(b"%d" % i for i in range(5)))
+    assert len(w.table.take_leases(q, 5, 1000, T0)) == 2
+    with pytest.raises(TooManyLeases):
+        w.table.take_leases(q, 1, 1000, T0)
+    assert w.table.take(q, T0, owner=object()) is not None  # an open read is not a lease
+    assert w.table.room(q) == 0 and w.table.open_count(q) == 2
+
+
+def test_a_restart_returns_every_kind_of_reservation(w: World) -> None:
+    q = w.fill("a", b"1", b"2", b"3", b"4", b"5")
+    session = Session(w.qc, 10, w.table)
+    got = session.fetch("a", READ_OPEN, T0)  # a Kestrel open read
+    assert got is not None
+    assert w.table.take(q, T0, ttl_ms=1000)  # a lease
+    assert w.table.take(q, T0, owner=object(), ttl_ms=1000)  # a TTR reservation
+    assert w.table.take(q, T0, owner=object())  # an owned read
+    confirmed = w.table.take(q, T0)
+    assert confirmed is not None and w.table.confirm([confirmed]) == 1
+    w.restart()
+    assert w.drain("a") == [b"1", b"2", b"3", b"4"]
+
+
+def test_a_session_holds_its_open_reads_in_the_table(w: World) -> None:
+    w.fill("a", b"1", b"2")
+    session = Session(w.qc, 10, w.table)
+    assert session.fetch("a", READ_OPEN, T0) is not None
+    assert session.fetch("a", READ_OPEN, T0) is not None
+    assert [r.item.data for r in w.table.of_owner(session)] == [b"1", b"2"]
+    assert session.confirm_oldest("a")
+    assert [r.item.data for r in w.table.of_owner(session)] == [b"2"]
+    session.close()
+    assert len(w.table) == 0
+    assert w.drain("a") == [b"2"]
+
+
+def test_reads_on_a_deleted_queue_are_forgotten_not_returned(w: World) -> None:
+    w.fill("a", b"1")
+    session = Session(w.qc, 10, w.table)
+    assert session.fetch("a", READ_OPEN, T0) is not None
+    w.qc.delete("a")
+    assert session.open_count("a") == 0
+    session.close()
+    assert len(w.table) == 0
