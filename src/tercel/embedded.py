@@ -8,24 +8,24 @@ before the call returns, so it survives a crash of the process (``kill -9``); wi
 ``sync_journal = 0`` in the config it is also fsynced, and survives a crash of the machine.
 
 Contract: one thread (or one event loop) uses a queue; :meth:`PersistentQueue.wait_remove` is
-the only coroutine. Two processes must not open the same queue: a lock file
-(``.<name>.lock`` in the folder) refuses the second.
+the only coroutine. The folder is a data dir like the server's, with its one lock
+(:mod:`tercel.storage`): a server, a journal tool or another process holding it refuses
+the queue, and the same queue is not opened twice in one process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from tercel import storage
 from tercel.clock import SystemClock
 from tercel.config import QueueConfig
 from tercel.core import queue as core
 from tercel.errors import ConfigError, TercelError
-from tercel.journal import FileJournal
 from tercel.names import valid_name
 
 
@@ -65,27 +65,20 @@ class PersistentQueue:
         self.path = str(path)
         self.name = name
         os.makedirs(self.path, exist_ok=True)
-        self._lock_fd = self._lock()
+        # The data dir's one lock (tercel.storage): refused while a server or a journal tool
+        # holds the folder; shared with this process's other embedded queues.
+        self._lock = storage.DataDirLock.for_queue(self.path, name)
         try:
-            self._journal = FileJournal(self.path, name)  # no on_dirty: write-through
+            self._journal = storage.FileJournal(self.path, name)  # no on_dirty: write-through
             self._queue = core.PersistentQueue(
                 name, config or QueueConfig(), self._journal, SystemClock()
             )
             self._queue.replay()
         except BaseException:
-            os.close(self._lock_fd)
+            self._lock.release()
             raise
         self._sync = self._queue.config.sync_journal == 0
         self._closed = False
-
-    def _lock(self) -> int:
-        fd = os.open(os.path.join(self.path, f".{self.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ConfigError(f"queue {self.name} in {self.path} is open elsewhere") from None
-        return fd
 
     def _durable(self) -> None:
         if self._sync and self._journal.needs_sync:
@@ -184,7 +177,7 @@ class PersistentQueue:
             return
         self._closed = True
         self._queue.close()
-        os.close(self._lock_fd)
+        self._lock.release()
 
     def __enter__(self) -> PersistentQueue:
         return self

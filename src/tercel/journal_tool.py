@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import fcntl
 import os
 import sys
 from collections.abc import Iterator
@@ -27,6 +26,8 @@ from tercel.names import valid_name
 
 if TYPE_CHECKING:  # the rest is imported when used: `tercel serve` starts without it
     from tqdm import tqdm
+
+    from tercel.storage import DataDirLock
 
 PROGRESS_OVER = 16 * 1024 * 1024
 """Show a progress bar when the files to read add up to more than this."""
@@ -87,17 +88,21 @@ def _queues(data_dir: str, queue: str | None) -> list[str]:
     return [queue] if queue else list_queue_names(data_dir)
 
 
-def _lock(data_dir: str) -> int | None:
-    """Take the data directory's lock (the one a running server holds); its fd, or None
-    (and a message) when a server or another tool holds it."""
-    lock = os.open(os.path.join(data_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+def _lock(data_dir: str) -> DataDirLock | None:
+    """Take the data directory's one lock (:mod:`tercel.storage`, the one a running server
+    and the embedded queues hold); None (and a message) when anything else holds it."""
+    from tercel.errors import ConfigError
+    from tercel.storage import DataDirLock
+
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(lock)
-        print(f"{data_dir} is in use by a running tercel; stop it first", file=sys.stderr)
+        return DataDirLock.exclusive(data_dir)
+    except ConfigError:
+        print(
+            f"{data_dir} is in use by a running tercel (a server, a tool or an embedded "
+            "queue); stop it first",
+            file=sys.stderr,
+        )
         return None
-    return lock
 
 
 def _bar(paths: list[str], desc: str) -> tqdm[Never]:
@@ -201,9 +206,8 @@ def compact(data_dir: str, queue: str | None, config_path: str | None, out: Text
     """Replay each queue and rewrite its journal into one snapshot."""
     from tercel.clock import SystemClock
     from tercel.config import ServerConfig, load_config
-    from tercel.core.queue import PersistentQueue
     from tercel.errors import JournalCorrupt
-    from tercel.journal import FileJournal
+    from tercel.storage import open_queue
 
     config = load_config(config_path) if config_path else ServerConfig()
     lock = _lock(data_dir)
@@ -212,9 +216,7 @@ def compact(data_dir: str, queue: str | None, config_path: str | None, out: Text
     try:
         for name in _queues(data_dir, queue):
             before = sum(os.path.getsize(p) for p in journal_files(data_dir, name))
-            q = PersistentQueue(
-                name, config.queue_config(name), FileJournal(data_dir, name), SystemClock()
-            )
+            q = open_queue(data_dir, name, config.queue_config(name), SystemClock())
             try:
                 q.replay()
             except JournalCorrupt as exc:
@@ -225,7 +227,7 @@ def compact(data_dir: str, queue: str | None, config_path: str | None, out: Text
             after = sum(os.path.getsize(p) for p in journal_files(data_dir, name))
             out.write(f"{name}: {len(q)} items, {before} -> {after} bytes\n")
     finally:
-        os.close(lock)
+        lock.release()
     return 0
 
 
@@ -243,7 +245,7 @@ def salvage(data_dir: str, queue: str, out: TextIO, *, dry_run: bool = False) ->
             result = salvage_queue(_with_seqs(paths), write=not dry_run)
             bar.update(bar.total)
     finally:
-        os.close(lock)
+        lock.release()
     for fp in result.files:
         kept = len(fp.keep)
         if not fp.damaged:

@@ -1,8 +1,8 @@
 """The composition root: wires config -> journals -> queues -> context -> listeners, and runs
 them until stopped. Imported by nothing but the CLI (and ``bench/``).
 
-This is the only place where the journal and the core meet: each queue gets a
-:class:`~tercel.journal.FileJournal` (or a null journal) through ``open_log``. The listeners
+The journal and the core meet through :mod:`tercel.storage` only: each queue gets its journal
+from ``storage.open_log``, and the data dir's one lock is ``storage.DataDirLock``. The listeners
 come from :data:`FRONT_ENDS`, one row per front end: the ``[server]`` key of its port and the
 factory of its connections (docs/architecture.md, "How to add a front end").
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -25,14 +24,12 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
-from tercel import native
+from tercel import native, storage
 from tercel.clock import Clock, SystemClock
 from tercel.config import QueueConfig, ServerConfig
 from tercel.core.collection import QueueCollection
 from tercel.core.log import QueueLog
 from tercel.errors import ConfigError
-from tercel.journal import FileJournal, NullJournal, list_queue_names
-from tercel.journal.journal import run_inline
 from tercel.server.commit import Committer
 from tercel.server.connection import Connection
 from tercel.server.context import ServerContext
@@ -43,8 +40,6 @@ if TYPE_CHECKING:
     from tercel.server.admin import AdminServer
 
 log = logging.getLogger(__name__)
-
-LOCK_FILE = ".lock"
 
 
 @dataclass(frozen=True)
@@ -114,7 +109,7 @@ class Server:
         self.admin: AdminServer | None = None
         self._listeners: list[asyncio.Server] = []
         self._timers: list[asyncio.TimerHandle] = []
-        self._lock_fd = -1
+        self._lock: storage.DataDirLock | None = None
 
     # ---- wiring ---------------------------------------------------------------------------
 
@@ -131,11 +126,10 @@ class Server:
         return self.ctx.ports
 
     def _open_log(self, name: str, cfg: QueueConfig) -> QueueLog:
-        if not cfg.journal:
-            return NullJournal()
-        return FileJournal(
+        return storage.open_log(
             self.data_dir,
             name,
+            cfg,
             on_dirty=self.committer.journal_dirty,
             background=self._background,
         )
@@ -148,7 +142,7 @@ class Server:
         Before the loop runs (replay at start-up) the work is done inline.
         """
         if not self.loop.is_running():
-            run_inline(work, done)
+            storage.run_inline(work, done)
             return
 
         def finished(fut: Future[None]) -> None:
@@ -199,7 +193,7 @@ class Server:
 
     def _replay(self) -> None:
         t0 = time.monotonic()
-        names = list_queue_names(self.data_dir)
+        names = storage.list_queue_names(self.data_dir)
         if names:
             log.info("replaying %d queue(s) from %s", len(names), self.data_dir)
         for i, name in enumerate(names, 1):
@@ -232,13 +226,7 @@ class Server:
         return await self.loop.create_server(protocol, host, port, backlog=1024)
 
     def _lock_data_dir(self) -> None:
-        fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ConfigError(f"data dir {self.data_dir} is in use by another tercel") from None
-        self._lock_fd = fd
+        self._lock = storage.DataDirLock.exclusive(self.data_dir)
 
     def write_ports_file(self, path: str) -> None:
         """Write ``{"memcache": N, ...}``: atomically (tmp file, then rename) for a regular
@@ -287,9 +275,9 @@ class Server:
             await listener.wait_closed()
         for sock in self._sockets.values():
             sock.close()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # ---- background work ------------------------------------------------------------------
 
