@@ -19,10 +19,11 @@ drained with plain gets, and every item is accounted for:
   when no plain get was interrupted). Removals do not carry the item id in the journal, so
   which item an interrupted get took cannot be named (docs/reliability.md).
 - **duplicates** are items delivered more than once. An item whose read was never confirmed
-  (the connection died with the read open, an ack that came too late) comes back: those are
-  ``redelivered`` and allowed. An item *completed* twice (two plain gets, a confirmed read and
-  a get, ...) is a ``duplicate_completed`` and must be 0. Items never sent (``phantom``) must
-  be 0.
+  (the connection died with the read open or the lease unacked, an ack that did not say
+  ``ACKED 1``) comes back: those are ``redelivered`` and allowed; a redelivered item that was
+  never such an unconfirmed read is ``unexplained_redelivered`` and must be 0. An item
+  *completed* twice (two plain gets, a confirmed read and a get, ...) is a
+  ``duplicate_completed`` and must be 0. Items never sent (``phantom``) must be 0.
 - **start-up failures**: a restart that exits or does not listen; must be 0. Tracebacks in the
   server log must be 0; ``tercel journal check`` on the final data directory must pass.
 
@@ -132,7 +133,8 @@ class Ledger:
     """Every payload handed to a client, completed or not."""
     completed: list[tuple[bytes, str]] = field(default_factory=list)
     interrupted_plain_gets: int = 0
-    unconfirmed: int = 0
+    unconfirmed: list[bytes] = field(default_factory=list)
+    """Items handed out whose confirmation (close reply, ACKED 1) never came."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -230,26 +232,24 @@ class Soak:
 
     def reliable(self, queue: str) -> None:
         ledger = self.ledgers[queue]
-        holding = [False]
+        holding: list[bytes] = []
 
         def body(conn: Conn) -> None:
             conn.send(b"get %s/t=100/open\r\n" % queue.encode())
             data = conn.value()
             if data is None:
                 return
-            holding[0] = True
+            holding.append(data)
             ledger.received.append(data)
             conn.send(b"get %s/close\r\n" % queue.encode())
             if conn.value() is not None:
                 raise Dead("close returned an item")
-            holding[0] = False
+            holding.clear()
             ledger.completed.append((data, "open/close"))
 
         def dead() -> None:
-            if holding[0]:
-                with self.lock:
-                    ledger.unconfirmed += 1
-            holding[0] = False
+            ledger.unconfirmed.extend(holding)
+            holding.clear()
 
         self._loop(body, dead, self.consuming)
 
@@ -275,12 +275,10 @@ class Soak:
                 if reply == b"ACKED 1":
                     ledger.completed.append((data, "lease"))
                 else:
-                    with self.lock:
-                        ledger.unconfirmed += 1
+                    ledger.unconfirmed.append(data)
 
         def dead() -> None:
-            with self.lock:
-                ledger.unconfirmed += len(holding)
+            ledger.unconfirmed.extend(holding)
             holding.clear()
 
         self._loop(body, dead, self.consuming)
@@ -388,7 +386,8 @@ class Soak:
             lost = len(acked - set(seen))
             unexplained = max(0, lost - led.interrupted_plain_gets)
             dup_completed = sum(1 for n in done.values() if n > 1)
-            redelivered = sum(1 for n in seen.values() if n > 1)
+            again = {data for data, n in seen.items() if n > 1}
+            unexplained_dup = len(again - set(led.unconfirmed))
             phantom = len(set(seen) - sent)
             queues[q] = {
                 "sync_journal": QUEUES[q],
@@ -401,13 +400,14 @@ class Soak:
                 "lost": lost,
                 "interrupted_plain_gets": led.interrupted_plain_gets,
                 "unexplained_lost": unexplained,
-                "unconfirmed_reads": led.unconfirmed,
-                "redelivered": redelivered,
+                "unconfirmed_reads": len(led.unconfirmed),
+                "redelivered": len(again),
+                "unexplained_redelivered": unexplained_dup,
                 "duplicate_completed": dup_completed,
                 "phantom": phantom,
                 "set_errors": led.errors[:5],
             }
-            bad += unexplained + dup_completed + phantom + len(led.errors)
+            bad += unexplained + unexplained_dup + dup_completed + phantom + len(led.errors)
         log = self.server.log()
         tracebacks = log.count("Traceback")
         check = subprocess.run(
