@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 NATIVE := $(VENV)/.native
 SOURCES := $(shell find src/tercel -name '*.py')
 
-.PHONY: serve test check unit unit-pure native bench clean example
+.PHONY: serve test check unit unit-pure native bench clean example soak fuzz
 
 # The server alone: what `make serve` needs.
 $(BASE): pyproject.toml
@@ -60,6 +60,17 @@ test: check unit unit-pure
 
 bench: $(STAMP) $(NATIVE)
 	bash bench/run
+
+# Reliability runs, bounded, not part of `make test` (docs/reliability.md): kill -9 under load
+# with every item accounted for; random and mutated requests against a real server.
+SOAK_SECONDS ?= 120
+FUZZ_SECONDS ?= 120
+soak: $(STAMP) $(NATIVE)
+	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS)
+
+fuzz: $(STAMP) $(NATIVE)
+	TERCEL_FUZZ_EXAMPLES=3000 $(BIN)/pytest -q -p no:cacheprovider tests/protocol/test_codec_fuzz.py
+	$(BIN)/python bench/fuzz.py --seconds $(FUZZ_SECONDS)
 
 example: $(STAMP)
 	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/python examples/pipeline.py

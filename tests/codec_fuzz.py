@@ -5,10 +5,10 @@ says it needs more, and raise one documented exception for input it refuses. The
 for a codec described by a :class:`Codec`:
 
 1. **Nothing but the clean error.** Random bytes, and valid streams mutated (bytes flipped,
-   inserted, deleted, duplicated; numbers swapped for huge or negative ones; line ends
-   dropped), fed in random pieces, produce outcomes and at most the codec's clean exception,
-   never any other exception (which, in the server, is an internal error that closes the
-   connection without a reply).
+   inserted, deleted, duplicated; whole numbers swapped for huge or negative ones, whole
+   words for other words; line ends dropped), fed in random pieces, produce outcomes and at
+   most the codec's clean exception, never any other exception (which, in the server, is an
+   internal error that closes the connection without a reply).
 2. **Any split is the whole.** The outcomes (commands, replies, errors) of a stream fed in
    random pieces are those of the stream fed at once, up to the first error that closes.
 3. **Progress.** A feed yields at most one outcome per byte (plus one): a codec that returns
@@ -42,6 +42,8 @@ more).
 from __future__ import annotations
 
 import os
+import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,14 +53,21 @@ from hypothesis import strategies as st
 
 EXAMPLES = int(os.environ.get("TERCEL_FUZZ_EXAMPLES", "150"))
 
-EXTREME = (
+NUMBERS = (
     b"0",
     b"-1",
+    b"-0",
+    b"00000000001",
     b"4294967296",
+    b"9223372036854775807",
     b"9223372036854776",
     b"-999999999999999999",
     b"99999999999999999999999",
     b"18446744073709551616",
+)
+"""What a number in a valid stream is swapped for."""
+EXTREME = (
+    *NUMBERS,
     b"",
     b"\x00",
     b"\xff",
@@ -113,23 +122,36 @@ def run(codec: Codec, pieces: Sequence[bytes]) -> list[object]:
     return out
 
 
+_PATTERNS = {"number": re.compile(rb"-?[0-9]+"), "word": re.compile(rb"[^ /\r\n]+")}
+
+
 @st.composite
 def _mutated(draw: st.DrawFn, seeds: tuple[bytes, ...], tokens: tuple[bytes, ...]) -> bytes:
-    stream = bytearray(b"".join(draw(st.lists(st.sampled_from(seeds), min_size=1, max_size=6))))
+    """Valid seeds, concatenated, then mutated a few times. The mutations come from a
+    ``random.Random`` seeded by Hypothesis: its own draws favour the simplest values. A planted
+    bug (a ``set`` with a negative exptime raising) was found at 150 examples under 6 of 6
+    Hypothesis seeds this way, under 2 of 6 with Hypothesis drawing every mutation."""
+    rng = random.Random(draw(st.integers(0, 2**64)))
+    stream = bytearray(b"".join(rng.choices(seeds, k=rng.randint(1, 4))))
     fragments = (*tokens, *EXTREME)
-    for _ in range(draw(st.integers(0, 6))):
-        at = draw(st.integers(0, len(stream)))
-        kind = draw(st.sampled_from(("flip", "insert", "token", "delete", "repeat")))
-        if kind == "flip" and at < len(stream):
-            stream[at] ^= 1 << draw(st.integers(0, 7))
+    for _ in range(rng.randint(1, 3)):  # a few: more of them only make junk
+        at = rng.randint(0, len(stream))
+        kind = rng.choice(("flip", "insert", "token", "delete", "repeat", "number", "word"))
+        if kind in ("number", "word"):  # swap a whole number, or any word, for another
+            spans = [m.span() for m in re.finditer(_PATTERNS[kind], stream)]
+            if spans:
+                a, b = rng.choice(spans)
+                stream[a:b] = rng.choice(NUMBERS if kind == "number" else fragments)
+        elif kind == "flip" and at < len(stream):
+            stream[at] ^= 1 << rng.randrange(8)
         elif kind == "insert":
-            stream[at:at] = draw(st.binary(min_size=1, max_size=8))
+            stream[at:at] = rng.randbytes(rng.randint(1, 8))
         elif kind == "token":
-            stream[at:at] = draw(st.sampled_from(fragments))
+            stream[at:at] = rng.choice(fragments)
         elif kind == "delete":
-            del stream[at : at + draw(st.integers(1, 8))]
+            del stream[at : at + rng.randint(1, 8)]
         elif kind == "repeat":
-            stream[at:at] = stream[at : at + draw(st.integers(1, 40))]
+            stream[at:at] = stream[at : at + rng.randint(1, 40)]
     return bytes(stream)
 
 

@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 from pymemcache.client.base import Client
 
+from tercel.clock import SystemClock
+from tercel.config import QueueConfig
+from tercel.core.queue import PersistentQueue
+from tercel.journal import FileJournal
 from tercel.journal import records as rec
 from tercel.testing import ServerProcess, ServerStartError
 
@@ -125,10 +129,20 @@ def test_a_torn_header_in_the_middle_and_a_record_ending_in_zeros(tmp_path: Path
 
 
 def test_damage_before_a_resume_position_moves_the_position(tmp_path: Path) -> None:
-    """Read-behind compaction wrote a RESUME that points into an older file; damage before
-    that point (already-read items) must move the pointer, and lose nothing still queued."""
+    """A compaction in read-behind wrote a RESUME that points into an older file; damage
+    before that point (items already taken) must move the pointer and lose nothing queued.
+    The queue is the server's own, in-process, so that the compaction runs when asked."""
     data = tmp_path / "data"
-    fill(data, READ_BEHIND, 300, consume=150)
+    data.mkdir()
+    config = QueueConfig(max_memory_size=2048, max_journal_size=4096)
+    q = PersistentQueue("q", config, FileJournal(str(data), "q"), SystemClock())
+    q.replay()
+    for i in range(300):
+        q.add(item(i))
+    for i in range(150):
+        assert q.remove().data == item(i)  # type: ignore[union-attr]
+    q.compact()
+    q.close()
     dumped = tool("dump", str(data), "q").stdout
     resume = next(line for line in dumped.splitlines() if "RESUME" in line)
     seq, offset = resume.split("cursor=(")[1].split(")")[0].split(", ")

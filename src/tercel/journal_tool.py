@@ -242,8 +242,7 @@ def salvage(data_dir: str, queue: str, out: TextIO, *, dry_run: bool = False) ->
     try:
         paths = journal_files(data_dir, queue)
         with _bar(paths, queue) as bar:
-            result = salvage_queue(_with_seqs(paths), write=not dry_run)
-            bar.update(bar.total)
+            result = salvage_queue(_with_seqs(paths), write=not dry_run, progress=bar.update)
     finally:
         lock.release()
     for fp in result.files:

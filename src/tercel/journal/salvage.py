@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tercel.journal import records as rec
@@ -178,15 +179,20 @@ def _patched(fp: FilePlan, buf: bytes, by_seq: dict[int, FilePlan], notes: list[
     return bytes(out)
 
 
-def salvage_queue(files: list[tuple[int, str]], *, write: bool) -> QueuePlan:
+def salvage_queue(
+    files: list[tuple[int, str]], *, write: bool, progress: Callable[[int], object] | None = None
+) -> QueuePlan:
     """Plan (and with ``write``, carry out) the salvage of one queue whose files are
-    ``(seq, path)`` in replay order."""
+    ``(seq, path)`` in replay order; ``progress(n)`` is called with each file's size once it
+    is scanned."""
     contents = {}
     plans = []
     for seq, path in files:
         with open(path, "rb") as fh:
             contents[path] = fh.read()
         plans.append(plan(path, seq, contents[path]))
+        if progress is not None:
+            progress(len(contents[path]))
     result = QueuePlan(plans)
     by_seq = {fp.seq: fp for fp in plans}
     rewritten = []
