@@ -75,7 +75,7 @@ def _leased_reply(out: list[bytes], leases: list[Lease]) -> None:
     for lease in leases:
         item = lease.item
         data = item.data
-        head = mc.leased(lease.id, item.id, item.deliveries, item.add_time, lease.deadline)
+        head = mc.leased(lease.id, item.id, item.deliveries, item.add_time, item.expiry)
         out += (head, b"%d\r\n" % len(data), data, b"\r\n")
     out.append(mc.END)
 
