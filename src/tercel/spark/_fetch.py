@@ -24,6 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 
@@ -62,11 +63,33 @@ def to_batch(items: list[Leased], fetched_at: float) -> pa.RecordBatch:
         pa.array([i.deliveries for i in items], pa.int32()),
         pa.array([_micros(i.add_time) for i in items], STAGE_SCHEMA.field("enqueued_at").type),
         pa.array([fetched] * len(items), STAGE_SCHEMA.field("fetched_at").type),
-        # The lease reply carries the lease's deadline, not the item's expiry: unknown here.
-        pa.nulls(len(items), STAGE_SCHEMA.field("expiry").type),
+        pa.array([_micros(i.expiry) for i in items], STAGE_SCHEMA.field("expiry").type),
         pa.array([i.lease_id for i in items], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=STAGE_SCHEMA)
+
+
+@dataclass
+class FetchMetrics:
+    """The fetcher's counters since its process started (reported in the query progress)."""
+
+    fetches: int = 0
+    leased: int = 0
+    staged: int = 0
+    acked: int = 0
+    dropped: int = 0
+    """Redelivered suspects acked and dropped (they were already staged)."""
+    recovered: int = 0
+    lease_ms: float = 0.0
+    ack_ms: float = 0.0
+    last_fetch_ms: float = 0.0
+
+    def report(self, suspects: int) -> dict[str, float | int]:
+        out: dict[str, float | int] = asdict(self)
+        out["lease_ms"] = round(self.lease_ms, 1)
+        out["ack_ms"] = round(self.ack_ms, 1)
+        out["suspects"] = suspects
+        return out
 
 
 class Fetcher:
@@ -96,8 +119,9 @@ class Fetcher:
         """Items that may be handed out again although they are staged; saved in the staging
         directory whenever the set changes, so they outlive any number of crashes."""
         self._recovered = False
-        self.dropped = 0
-        """Redelivered items dropped because they were already staged."""
+        self._queues: dict[str, list[str]] = {}
+        """The queues read on each server (:meth:`resolve_queues`)."""
+        self.metrics = FetchMetrics()
         self._down_since: float | None = None
         self._paused = False
 
@@ -137,6 +161,7 @@ class Fetcher:
                     self._clear({(i.server, i.queue, i.id) for i in items})
                 failpoint("recover.acked")
         self._recovered = True
+        self.metrics.recovered += rows
         return rows
 
     def _suspect(self, keys: set[Key]) -> None:
@@ -168,7 +193,9 @@ class Fetcher:
         """
         if not self._recovered:
             self.recover()
+        self.resolve_queues()
         opts = self.opts
+        started = self.clock()
         deadline = self.clock() + opts.max_fetch_ms / 1000
         writer = SegmentWriter(self.staging.root, pos)
         got = 0
@@ -207,24 +234,51 @@ class Fetcher:
             self._recovered = False
             raise
         writer.finish()
+        self.metrics.staged += got
+        self.metrics.fetches += 1
+        self.metrics.last_fetch_ms = round((self.clock() - started) * 1000, 1)
         return pos + got, drained
 
     def _round(self, ask: int, wait: float | None) -> tuple[list[Leased], bool]:
-        """One lease per available server; (items, whether any server filled its batch)."""
+        """One lease per available server and queue, up to ``ask`` items in all; (items,
+        whether any lease filled its request). Only the first lease may wait."""
         leased: list[Leased] = []
         full = False
         answered = 0
+        started = self.clock()
         for address, client in self.clients.items():
             try:
-                items = client.lease(self.opts.queue, ask, wait, self.opts.lease_ms / 1000)
+                for queue in self._queues.get(address, ()):
+                    n = ask - len(leased)
+                    if n <= 0:
+                        full = True
+                        break
+                    items = client.lease(queue, n, wait, self.opts.lease_ms / 1000)
+                    wait = None
+                    leased += items
+                    full = full or len(items) >= n
             except ClientError as exc:
                 log.warning("tercel source: %s skipped this round: %s", address, exc)
                 continue
             answered += 1
-            leased += items
-            full = full or len(items) >= ask
+        self.metrics.lease_ms += (self.clock() - started) * 1000
+        self.metrics.leased += len(leased)
         self._health(answered)
         return leased, full
+
+    def resolve_queues(self) -> None:
+        """The queues to read on each server: the named ones, or those matching
+        ``queuePattern`` now (one ``dump_stats`` per server)."""
+        if self.opts.queue_pattern is None:
+            self._queues = {a: list(self.opts.queues) for a in self.clients}
+            return
+        for address, client in self.clients.items():
+            try:
+                names = client.queue_stats().get(address, {})
+            except ClientError as exc:
+                log.warning("tercel source: no queue list from %s: %s", address, exc)
+                continue
+            self._queues[address] = sorted(q for q in names if self.opts.matches(q))
 
     def _health(self, answered: int) -> None:
         if answered:
@@ -249,7 +303,7 @@ class Fetcher:
             key = (item.server, item.queue, item.id)
             if item.deliveries > 1 and key in self.suspects:
                 dropped.add(key)
-                self.dropped += 1
+                self.metrics.dropped += 1
                 continue
             kept.append(item)
         return kept, dropped
@@ -258,8 +312,11 @@ class Fetcher:
         """Ack staged (or dropped) items; whether every one was acked. Otherwise they may come
         back (the server could not be reached, or some leases ran out first: ``ACKED`` counts
         fewer, and which ones the reply does not say), so all become suspects."""
+        started = self.clock()
         try:
             acked = self.clients[server].ack(items)
+            self.metrics.acked += acked
+            self.metrics.ack_ms += (self.clock() - started) * 1000
         except ClientError as exc:
             log.warning(
                 "tercel source: ack of %d item(s) on %s failed: %s", len(items), server, exc
@@ -289,18 +346,21 @@ class Fetcher:
 
     # ---- queue depth ------------------------------------------------------------------
 
-    def queue_depth(self) -> int:
-        """Items waiting in the queue over every reachable server (``dump_stats``)."""
-        total = 0
+    def queue_depth(self) -> dict[str, dict[str, int]]:
+        """Items waiting in the queues read, per reachable server (``dump_stats``)."""
+        depth: dict[str, dict[str, int]] = {}
         for address, client in self.clients.items():
             try:
-                stats = client.queue_stats()
+                stats = client.queue_stats().get(address, {})
             except ClientError as exc:
                 log.warning("tercel source: no stats from %s: %s", address, exc)
                 continue
-            for per_queue in stats.values():
-                total += int(per_queue.get(self.opts.queue, {}).get("items", "0"))
-        return total
+            depth[address] = {
+                q: int(v.get("items", "0"))
+                for q, v in sorted(stats.items())
+                if self.opts.matches(q)
+            }
+        return depth
 
     def close(self) -> None:
         for client in self.clients.values():

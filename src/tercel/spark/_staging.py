@@ -175,6 +175,32 @@ class StagingLog:
     def ensure(self) -> None:
         os.makedirs(self.root, exist_ok=True)
 
+    def bind(self, identity: dict[str, object], checkpoint: str | None) -> None:
+        """Bind this directory to its query: the first run writes :data:`MARKER` (the queues
+        read, and the checkpoint when the source was given one); later runs must match it, so
+        a staging directory cannot be paired with another query by mistake."""
+        path = os.path.join(self.root, MARKER)
+        mine = {"version": 1, **identity, "checkpoint": checkpoint}
+        try:
+            with open(path, encoding="utf-8") as f:
+                theirs = json.load(f)
+        except FileNotFoundError:
+            _write_durably(path, json.dumps(mine, sort_keys=True))
+            return
+        known = theirs.get("checkpoint")
+        differs = [k for k in identity if theirs.get(k) != mine[k]]
+        if None not in (known, checkpoint) and known != checkpoint:
+            differs.append("checkpoint")
+        if differs:
+            raise ValueError(
+                f"tercel source: stagingLocation {self.root} belongs to another query "
+                f"({', '.join(f'{k}={theirs.get(k)!r}' for k in differs)}; this one has "
+                f"{', '.join(f'{k}={mine[k]!r}' for k in differs)}): give this query its own "
+                "stagingLocation"
+            )
+        if theirs.get("checkpoint") is None and checkpoint is not None:
+            _write_durably(path, json.dumps(mine, sort_keys=True))
+
     def segments(self) -> list[Segment]:
         """Finished segments, by start position."""
         if not os.path.isdir(self.root):
@@ -337,6 +363,9 @@ def to_output(batch: pa.RecordBatch, first_seq: int) -> pa.RecordBatch:
 Key = tuple[str, str, int]
 """(server, queue, item_id): an item's identity (ids are per queue and survive restarts)."""
 
+MARKER = "query.json"
+"""The file binding a staging directory to its query (:meth:`StagingLog.bind`)."""
+
 SUSPECTS = "suspects.json"
 """The file under ``stagingLocation`` holding the suspect keys (absent when there are none)."""
 
@@ -351,18 +380,22 @@ def load_suspects(root: str) -> set[Key]:
 
 
 def save_suspects(root: str, keys: set[Key]) -> None:
-    """Replace the saved suspects durably: write a new file, fsync, rename over the old one,
-    fsync the directory (no file when ``keys`` is empty)."""
+    """Replace the saved suspects durably (no file when ``keys`` is empty)."""
     path = os.path.join(root, SUSPECTS)
     if not keys:
         if os.path.exists(path):
             os.unlink(path)
             fsync_dir(root)
         return
+    _write_durably(path, json.dumps(sorted(keys), separators=(",", ":")))
+
+
+def _write_durably(path: str, text: str) -> None:
+    """Replace ``path``: write ``<path>.new``, fsync, rename over ``path``, fsync the dir."""
     new = path + ".new"
     with open(new, "w", encoding="utf-8") as f:
-        json.dump(sorted(keys), f, separators=(",", ":"))
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.rename(new, path)
-    fsync_dir(root)
+    fsync_dir(os.path.dirname(path))
