@@ -114,7 +114,7 @@ def test_lease_ack_release_renew(client: Client, qname: str) -> None:
     client.put_many(qname, [b"%d" % i for i in range(5)])
     batch = client.lease(qname, 3, lease_time=60)
     assert [x.data for x in batch] == [b"0", b"1", b"2"]
-    assert all(x.deliveries == 1 and x.lease_expiry for x in batch)
+    assert all(x.deliveries == 1 and x.expiry is None for x in batch)
     assert client.renew(batch, 120) == 3
     assert client.ack(batch[:1]) == 1
     assert client.ack(batch[:1]) == 0
@@ -126,7 +126,10 @@ def test_lease_ack_release_renew(client: Client, qname: str) -> None:
         (b"3", 1),
         (b"4", 1),
     ]
-    assert again[0].lease_expiry is None
+    client.put(qname, b"expiring", expiry=3600)
+    (timed,) = client.lease(qname, 1)
+    assert timed.expiry is not None and abs(timed.expiry - (time.time() + 3600)) < 60
+    assert client.ack([timed]) == 1
     assert client.ack(again) == 4
     assert client.lease(qname, 10, wait=0.05) == []
 

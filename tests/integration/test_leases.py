@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def test_expiry_returns_items_to_the_head(raw: Raw, qname: str) -> None:
     q = qname.encode()
     put(raw, qname, b"x", b"y")
     first = lease(raw, qname, 2, lease_ms=50)
-    assert first[0][3] > 0  # an expiry time is announced
+    assert first[0][3] == 0  # the item's own expiry: none
     # Blocks while empty; the expiry hands both items back, in order, to this waiting lease.
     again = lease(raw, qname, 2, wait_ms=10_000)
     assert [(x[4], x[2]) for x in again] == [(b"x", 2), (b"y", 2)]
@@ -275,3 +276,10 @@ def test_blocked_leases_do_not_exceed_max_open_leases(data_dir: Path) -> None:
 )
 def test_lease_verbs_on_a_missing_queue(raw: Raw, line: bytes, reply: bytes) -> None:
     raw.call(line + b"\r\n", reply + b"\r\n")
+
+
+def test_leased_carries_the_items_own_expiry(raw: Raw, qname: str) -> None:
+    before = int(time.time() * 1000)
+    raw.call(b"set %s 0 3600 1\r\nx\r\n" % qname.encode(), b"STORED\r\n")
+    ((_, _, _, expiry_ms, data),) = lease(raw, qname, 1, lease_ms=50)
+    assert data == b"x" and before + 3_599_000 <= expiry_ms <= int(time.time() * 1000) + 3_600_000

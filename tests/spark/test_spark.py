@@ -112,7 +112,7 @@ def test_stop_and_restart_mid_stream_sees_every_item_exactly_once(
     query.awaitTermination(300)
     assert query.exception() is None
     assert_exactly_once(sunk(spark, work), produced)
-    assert not os.listdir(work / "stage")  # everything committed was garbage-collected
+    assert os.listdir(work / "stage") == ["query.json"]  # everything committed was collected
 
 
 def test_available_now_drains_in_batches_of_max_items_per_trigger(
@@ -219,8 +219,17 @@ def test_writer_round_trip_dataframe_to_queue_to_stream(
     binary.write.format("tercel").option("servers", addresses).option("queue", qb).mode(
         "append"
     ).save()
-    with pytest.raises(Exception, match="overwrite"):
+    with pytest.raises(Exception, match="use mode\\('append'\\)"):
         df.write.format("tercel").option("servers", addresses).mode("overwrite").save()
+    # overwrite with flushOnOverwrite: the queue is emptied first, then written
+    flushed = f"{qname}_flushed"
+    with Client(addresses.split(",")) as c:
+        c.put_many(flushed, [b"old"] * 3)
+    spark.createDataFrame([("new",)], "value string").write.format("tercel").option(
+        "servers", addresses
+    ).option("queue", flushed).option("flushOnOverwrite", "true").mode("overwrite").save()
+    with Client(addresses.split(",")) as c:
+        assert [c.get(flushed) for _ in range(2)] == [b"new", None]
     with pytest.raises(Exception, match="unexpected column"):
         df.selectExpr("value", "queue", "1 as n").write.format("tercel").option(
             "servers", addresses
@@ -300,6 +309,10 @@ def test_journal_reader_on_a_journal_with_known_contents(spark: Any, work: Path)
     strict = spark.read.format("tercel-journal").option("ignoreCorruptTail", "false")
     with pytest.raises(Exception, match="jq"):
         strict.load(str(data)).collect()
+    (work / "empty").mkdir()
+    assert spark.read.format("tercel-journal").load(str(work / "empty")).count() == 0
+    none = spark.read.format("tercel-journal").option("queues", "no_such_queue")
+    assert none.load(str(data)).collect() == []
 
 
 def test_journal_reader_on_a_killed_servers_fsynced_journal(spark: Any, work: Path) -> None:
@@ -313,3 +326,43 @@ def test_journal_reader_on_a_killed_servers_fsynced_journal(spark: Any, work: Pa
         strict = spark.read.format("tercel-journal").option("ignoreCorruptTail", "false")
         rows = strict.load(str(data)).orderBy("offset").collect()
     assert [(r.op, r.payload) for r in rows] == [("ADD", b"a"), ("ADD", b"bb"), ("ADD", b"ccc")]
+
+
+def test_a_failed_batch_replays_with_its_real_row_count_and_lag_is_reported(
+    spark: Any, servers: list[ServerProcess], work: Path, qname: str
+) -> None:
+    """The sink fails batch 1 after the offsets were logged; the restarted query replays it
+    from staging (same rows, real numInputRows). Progress carries the lag and the metrics."""
+    produced = produce(servers[0], qname, 50)
+    out = work / "out"
+
+    def write(fail_batch: int | None) -> Callable[[Any, int], None]:
+        def sink(df: Any, batch_id: int) -> None:  # idempotent by batch id, like a file sink
+            df.write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
+            if batch_id == fail_batch:
+                raise RuntimeError("sink failure")
+
+        return sink
+
+    def run(fail_batch: int | None) -> Any:
+        df = source(spark, [servers[0].address], qname, work / "stage", maxItemsPerTrigger=20)
+        writer = df.writeStream.foreachBatch(write(fail_batch)).option(
+            "checkpointLocation", str(work / "ck")
+        )
+        if fail_batch is None:
+            return writer.trigger(availableNow=True).start()
+        return writer.trigger(processingTime="0 seconds").start()
+
+    query = run(fail_batch=1)
+    with pytest.raises(Exception, match="sink failure"):
+        query.awaitTermination(300)
+    query = run(fail_batch=None)
+    query.awaitTermination(300)
+    assert query.exception() is None
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    assert [(p["batchId"], p["numInputRows"]) for p in progress] == [(1, 20), (2, 10)]
+    got = [bytes(r.value) for r in spark.read.parquet(str(out)).select("value").collect()]
+    assert_exactly_once(got, produced)
+    reported = json.loads(progress[-1]["sources"][0]["latestOffset"])
+    assert reported["lag"] == 0 and reported["queued"] == {servers[0].address: {qname: 0}}
+    assert reported["metrics"]["staged"] == reported["metrics"]["acked"] == 10

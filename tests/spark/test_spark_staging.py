@@ -11,7 +11,7 @@ import pytest
 
 from tercel.client import Client, Leased
 from tercel.spark._fetch import AllServersDown, Fetcher, to_batch
-from tercel.spark._options import SourceOptions
+from tercel.spark._options import JournalOptions, SinkOptions, SourceOptions
 from tercel.spark._staging import (
     OUTPUT_SCHEMA,
     DataLoss,
@@ -91,16 +91,19 @@ def test_torn_tmp_segment_is_recovered_up_to_its_last_complete_round(tmp_path: P
     # a crash in the middle of the third round: only half of its bytes reached the disk
     os.truncate(writer.path, before + (after - before) // 2)
     assert log.lowest_start() == 0
-    rounds = log.recover()
-    assert [b.num_rows for b in rounds] == [3, 2]
+    rounds: list[int] = []
+    assert log.recover(lambda batches: rounds.extend(b.num_rows for b in batches)) == 5
+    assert rounds == [3, 2]
     assert [(s.start, s.end) for s in log.segments()] == [(0, 5)]
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
     assert values(log, 0, 5, 10) == [[b"v%d" % i for i in range(5)]]
 
 
 def opts(servers: list[str], staging: Path, **kw: object) -> SourceOptions:
-    base = {"servers": ",".join(servers), "queue": "q", "stagingLocation": str(staging)}
+    base = {"servers": ",".join(servers), "stagingLocation": str(staging)}
     base.update({k: str(v) for k, v in kw.items()})
+    if "queues" not in base:
+        base["queue"] = "q"
     return SourceOptions.parse(base)
 
 
@@ -138,7 +141,7 @@ def test_crash_between_fsync_and_ack_loses_nothing_and_duplicates_nothing(
         f = Fetcher(opts([srv.address], tmp_path / "stage", leaseBatch=7), log)
         assert f.recover() == 20
         end, _ = f.fetch(log.end_from(0), 1000, wait_first=False)
-        assert end == 30 and f.dropped == 20
+        assert end == 30 and f.metrics.dropped == 20
         got = [v for p in log.slices(0, end, 1000, True) for b in read_slice(p) for v in b["value"]]
         assert sorted(v.as_py() for v in got) == sorted(b"x%d" % i for i in range(30))
         f.close()
@@ -159,7 +162,7 @@ def test_leases_that_ran_out_before_the_ack_are_not_staged_twice(tmp_path: Path)
         time.sleep(0.5)  # ... and the leases ran out before the ack
         f._ack(srv.address, leased)  # ACKED 0: no error, but nothing was acked
         end, _ = f.fetch(log.end_from(0), 1000, wait_first=False)
-        assert end == 5 and f.dropped == 5  # the redelivered items were not staged again
+        assert end == 5 and f.metrics.dropped == 5  # the redelivered items were not staged again
         f.close()
 
 
@@ -179,4 +182,86 @@ def test_fetch_skips_a_dead_server_and_fails_only_after_max_unavailable(
         time.sleep(0.3)
         with pytest.raises(AllServersDown):
             f.fetch(5, 100, wait_first=False)
+        f.close()
+
+
+def test_a_truncated_finished_segment_is_data_loss(tmp_path: Path) -> None:
+    """A finished segment was fsynced whole before its rename: reading it short is loss."""
+    log = StagingLog(str(tmp_path))
+    log.ensure()
+    stage(log, 0, 4, 4)
+    (seg,) = log.segments()
+    os.truncate(seg.path, os.path.getsize(seg.path) - 20)  # the tail of the second round
+    with pytest.raises(DataLoss, match="damaged"):
+        values(log, 0, 8, 100)
+    os.truncate(seg.path, os.path.getsize(seg.path) // 2)
+    with pytest.raises(DataLoss):
+        values(log, 0, 8, 100)
+    (lenient,) = log.slices(0, 8, 100, fail_on_loss=False)
+    got = [v for b in read_slice(lenient, fail_on_loss=False) for v in b["value"].to_pylist()]
+    assert got == [b"v%d" % i for i in range(len(got))] and len(got) < 8
+
+
+def test_unknown_or_misspelt_options_name_the_closest_valid_one(tmp_path: Path) -> None:
+    base = {"servers": "h:1", "queue": "q", "stagingLocation": str(tmp_path)}
+    with pytest.raises(ValueError, match="'maxitempertrigger'; did you mean 'maxItemsPerTrigger'"):
+        SourceOptions.parse({**base, "maxItemPerTrigger": "7"})
+    with pytest.raises(ValueError, match="unknown option 'colour'"):
+        SinkOptions.parse({"servers": "h:1", "colour": "red"})
+    with pytest.raises(ValueError, match="did you mean 'includePayload'"):
+        JournalOptions.parse({"path": "/x", "includepayloads": "false"})
+    with pytest.raises(ValueError, match="exactly one of"):
+        SourceOptions.parse({**base, "queues": "a,b"})
+    assert SourceOptions.parse({**base, "path": "ignored"}).queues == ("q",)
+    o = SourceOptions.parse({"servers": "h:1", "queues": "a, b", "checkpointLocation": "/ck/"})
+    assert o.queues == ("a", "b") and o.staging == "/ck/tercel-staging"
+    with pytest.raises(ValueError, match="stagingLocation"):
+        SourceOptions.parse({"servers": "h:1", "queue": "q"})
+    assert SinkOptions.parse({"servers": "h:1"}).batch_size == 5000
+
+
+def test_a_staging_directory_is_bound_to_its_query(tmp_path: Path) -> None:
+    log = StagingLog(str(tmp_path))
+    log.ensure()
+    a = opts(["h:1"], tmp_path, queues="a,b")
+    log.bind(a.identity(), None)
+    log.bind(a.identity(), "/ck1")  # the checkpoint becomes known: recorded
+    log.bind(opts(["h:2", "h:1"], tmp_path, queues="b,a").identity(), None)  # servers may change
+    with pytest.raises(ValueError, match=r"belongs to another query.*queues"):
+        log.bind(opts(["h:1"], tmp_path, queues="c").identity(), None)
+    with pytest.raises(ValueError, match="checkpoint"):
+        log.bind(a.identity(), "/ck2")
+
+
+def test_several_queues_by_pattern_with_queue_and_expiry_columns(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "d") as srv, Client(srv.address) as c:
+        c.put_many("ev_a", [b"a%d" % i for i in range(5)])
+        c.put_many("ev_b", [b"b%d" % i for i in range(4)], expiry=3600)
+        c.put_many("other", [b"o"])
+        log = StagingLog(str(tmp_path / "stage"))
+        log.ensure()
+        o = SourceOptions.parse(
+            {
+                "servers": srv.address,
+                "queuePattern": "ev_.*",
+                "stagingLocation": str(log.root),
+                "leaseBatch": "3",
+            }
+        )
+        f = Fetcher(o, log)
+        assert f.queue_depth() == {srv.address: {"ev_a": 5, "ev_b": 4}}
+        end, drained = f.fetch(0, 100, wait_first=False)
+        assert (end, drained) == (9, True)
+        rows = [
+            r for p in log.slices(0, end, 100, True) for b in read_slice(p) for r in b.to_pylist()
+        ]
+        assert sorted(r["value"] for r in rows) == sorted(
+            [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(4)]
+        )
+        assert {r["queue"] for r in rows} == {"ev_a", "ev_b"}
+        for r in rows:
+            assert (r["expiry"] is None) == (r["queue"] == "ev_a")
+        assert f.queue_depth() == {srv.address: {"ev_a": 0, "ev_b": 0}}
+        report = f.metrics.report(len(f.suspects))
+        assert report["leased"] == report["staged"] == report["acked"] == 9
         f.close()

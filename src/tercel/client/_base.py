@@ -96,9 +96,9 @@ def exptime(expiry: float | None, now: float) -> int:
 class Leased:
     """An item held under a lease: ack, release or renew it through the client that leased it.
 
-    ``lease_expiry`` is the server's epoch time in seconds when the lease runs out (None:
-    never); ``add_time`` the epoch time the item was added; ``deliveries`` how often it has
-    been handed out, this time included.
+    ``expiry`` is the item's own expiry, epoch seconds (None: it never expires);
+    ``add_time`` the epoch time the item was added; ``deliveries`` how often it has been
+    handed out, this time included.
     """
 
     queue: str
@@ -107,7 +107,7 @@ class Leased:
     id: int
     deliveries: int
     add_time: float
-    lease_expiry: float | None
+    expiry: float | None
     data: bytes
 
 

@@ -528,7 +528,8 @@ def version(text: str) -> bytes:
 
 def leased(lease_id: str, item_id: int, deliveries: int, add_ms: int, expiry_ms: int) -> bytes:
     """``LEASED <lease_id> <item_id> <deliveries> <add_ms> <expiry_ms> ``: the start of one
-    item of a lease batch; ``<bytes>\\r\\n<data>\\r\\n`` follow, and ``END`` ends the batch."""
+    item of a lease batch (``expiry_ms``: the item's own expiry, 0 = none);
+    ``<bytes>\\r\\n<data>\\r\\n`` follow, and ``END`` ends the batch."""
     return b"LEASED %b %d %d %d %d " % (
         lease_id.encode("latin-1"),
         item_id,

@@ -24,18 +24,24 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 
 from tercel.client import Client, Leased
 from tercel.errors import ClientError
+from tercel.spark._failpoints import failpoint
 from tercel.spark._options import SourceOptions
-from tercel.spark._staging import STAGE_SCHEMA, SegmentWriter, StagingLog
+from tercel.spark._staging import (
+    STAGE_SCHEMA,
+    Key,
+    SegmentWriter,
+    StagingLog,
+    load_suspects,
+    save_suspects,
+)
 
 log = logging.getLogger(__name__)
-
-Key = tuple[str, str, int]
-"""(server, queue, item_id): an item's identity (ids are per queue and survive restarts)."""
 
 
 class AllServersDown(RuntimeError):
@@ -57,11 +63,33 @@ def to_batch(items: list[Leased], fetched_at: float) -> pa.RecordBatch:
         pa.array([i.deliveries for i in items], pa.int32()),
         pa.array([_micros(i.add_time) for i in items], STAGE_SCHEMA.field("enqueued_at").type),
         pa.array([fetched] * len(items), STAGE_SCHEMA.field("fetched_at").type),
-        # The lease reply carries the lease's deadline, not the item's expiry: unknown here.
-        pa.nulls(len(items), STAGE_SCHEMA.field("expiry").type),
+        pa.array([_micros(i.expiry) for i in items], STAGE_SCHEMA.field("expiry").type),
         pa.array([i.lease_id for i in items], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=STAGE_SCHEMA)
+
+
+@dataclass
+class FetchMetrics:
+    """The fetcher's counters since its process started (reported in the query progress)."""
+
+    fetches: int = 0
+    leased: int = 0
+    staged: int = 0
+    acked: int = 0
+    dropped: int = 0
+    """Redelivered suspects acked and dropped (they were already staged)."""
+    recovered: int = 0
+    lease_ms: float = 0.0
+    ack_ms: float = 0.0
+    last_fetch_ms: float = 0.0
+
+    def report(self, suspects: int) -> dict[str, float | int]:
+        out: dict[str, float | int] = asdict(self)
+        out["lease_ms"] = round(self.lease_ms, 1)
+        out["ack_ms"] = round(self.ack_ms, 1)
+        out["suspects"] = suspects
+        return out
 
 
 class Fetcher:
@@ -87,9 +115,13 @@ class Fetcher:
             )
             for s in opts.servers
         }
-        self.suspects: set[Key] = set()
-        self.dropped = 0
-        """Redelivered items dropped because they were already staged."""
+        self.suspects: set[Key] = load_suspects(staging.root)
+        """Items that may be handed out again although they are staged; saved in the staging
+        directory whenever the set changes, so they outlive any number of crashes."""
+        self._recovered = False
+        self._queues: dict[str, list[str]] = {}
+        """The queues read on each server (:meth:`resolve_queues`)."""
+        self.metrics = FetchMetrics()
         self._down_since: float | None = None
         self._paused = False
 
@@ -97,23 +129,53 @@ class Fetcher:
 
     def recover(self) -> int:
         """Finish the ``.tmp`` segments of a crashed run and re-ack their leases; the number of
-        rows recovered. Call once per process before the first fetch."""
-        batches = self.staging.recover()
-        for batch in batches:
+        rows recovered. Runs before the first fetch of a process and after a failed fetch.
+
+        The recovered items become saved suspects *before* their ``.tmp`` goes: their leases
+        may have run out (or their server restarted), and then they come back. An item whose
+        re-ack succeeded is confirmed and stops being a suspect."""
+        rounds: list[pa.RecordBatch] = []
+
+        def hold(batches: list[pa.RecordBatch]) -> None:
+            keys: set[Key] = set()
+            for batch in batches:
+                cols = batch.select(["server", "queue", "item_id"]).to_pydict()
+                keys.update(zip(cols["server"], cols["queue"], cols["item_id"], strict=True))
+            self._suspect(keys)
+            failpoint("recover.suspects")
+            rounds.extend(batches)
+
+        rows = self.staging.recover(hold)
+        for batch in rounds:
             cols = batch.to_pydict()
-            groups: dict[tuple[str, str], list[Leased]] = {}
+            groups: dict[str, list[Leased]] = {}
             for server, queue, item_id, lease_id in zip(
                 cols["server"], cols["queue"], cols["item_id"], cols["lease_id"], strict=True
             ):
-                self.suspects.add((server, queue, item_id))
                 fake = Leased(queue, server, lease_id, item_id, 0, 0.0, None, b"")
-                groups.setdefault((server, queue), []).append(fake)
-            for (server, _), items in groups.items():
-                if server in self.clients:
-                    self._ack(server, items)
-                else:
+                groups.setdefault(server, []).append(fake)
+            for server, items in groups.items():
+                if server not in self.clients:
                     log.warning("tercel source: %s is no longer listed; not re-acked", server)
-        return sum(b.num_rows for b in batches)
+                elif self._ack(server, items):
+                    self._clear({(i.server, i.queue, i.id) for i in items})
+                failpoint("recover.acked")
+        self._recovered = True
+        self.metrics.recovered += rows
+        return rows
+
+    def _suspect(self, keys: set[Key]) -> None:
+        """Make ``keys`` suspects, durably (before anything else happens)."""
+        if keys - self.suspects:
+            self.suspects |= keys
+            save_suspects(self.staging.root, self.suspects)
+            failpoint("suspects.saved")
+
+    def _clear(self, keys: set[Key]) -> None:
+        """``keys`` were acked (confirmed on their server): they cannot come back."""
+        if keys & self.suspects:
+            self.suspects -= keys
+            save_suspects(self.staging.root, self.suspects)
 
     # ---- fetching ---------------------------------------------------------------------
 
@@ -129,7 +191,11 @@ class Fetcher:
         (``fetchWaitMs``), and only if ``wait_first``. Raises AllServersDown when no server has
         answered for ``maxUnavailableMs``.
         """
+        if not self._recovered:
+            self.recover()
+        self.resolve_queues()
         opts = self.opts
+        started = self.clock()
         deadline = self.clock() + opts.max_fetch_ms / 1000
         writer = SegmentWriter(self.staging.root, pos)
         got = 0
@@ -142,38 +208,77 @@ class Fetcher:
                 first = False
                 ask = min(opts.lease_batch, limit - got)
                 leased, full = self._round(ask, wait)
-                kept = self._drop_redelivered(leased)
+                failpoint("fetch.leased")
+                kept, dropped = self._split(leased)
                 if kept:
                     writer.append(to_batch(kept, time.time()))
                     self._maybe_pause()
+                    failpoint("fetch.staged")
                 for server in {i.server for i in leased}:
-                    self._ack(server, [i for i in leased if i.server == server])
+                    mine = [i for i in leased if i.server == server]
+                    if self._ack(server, mine):
+                        self._clear({k for k in dropped if k[0] == server})
+                        if dropped:
+                            failpoint("drop.acked")
+                    failpoint("fetch.acked")
                 got += len(kept)
                 if not full:
                     drained = True
                     break
                 if self.clock() >= deadline:
                     break
-        finally:
-            writer.finish()
+        except Exception:
+            # Not finished: the staged rounds stay a .tmp, recovered (re-acked, their items
+            # made suspects) before the next fetch.
+            writer.abandon()
+            self._recovered = False
+            raise
+        writer.finish()
+        self.metrics.staged += got
+        self.metrics.fetches += 1
+        self.metrics.last_fetch_ms = round((self.clock() - started) * 1000, 1)
         return pos + got, drained
 
     def _round(self, ask: int, wait: float | None) -> tuple[list[Leased], bool]:
-        """One lease per available server; (items, whether any server filled its batch)."""
+        """One lease per available server and queue, up to ``ask`` items in all; (items,
+        whether any lease filled its request). Only the first lease may wait."""
         leased: list[Leased] = []
         full = False
         answered = 0
+        started = self.clock()
         for address, client in self.clients.items():
             try:
-                items = client.lease(self.opts.queue, ask, wait, self.opts.lease_ms / 1000)
+                for queue in self._queues.get(address, ()):
+                    n = ask - len(leased)
+                    if n <= 0:
+                        full = True
+                        break
+                    items = client.lease(queue, n, wait, self.opts.lease_ms / 1000)
+                    wait = None
+                    leased += items
+                    full = full or len(items) >= n
             except ClientError as exc:
                 log.warning("tercel source: %s skipped this round: %s", address, exc)
                 continue
             answered += 1
-            leased += items
-            full = full or len(items) >= ask
+        self.metrics.lease_ms += (self.clock() - started) * 1000
+        self.metrics.leased += len(leased)
         self._health(answered)
         return leased, full
+
+    def resolve_queues(self) -> None:
+        """The queues to read on each server: the named ones, or those matching
+        ``queuePattern`` now (one ``dump_stats`` per server)."""
+        if self.opts.queue_pattern is None:
+            self._queues = {a: list(self.opts.queues) for a in self.clients}
+            return
+        for address, client in self.clients.items():
+            try:
+                names = client.queue_stats().get(address, {})
+            except ClientError as exc:
+                log.warning("tercel source: no queue list from %s: %s", address, exc)
+                continue
+            self._queues[address] = sorted(q for q in names if self.opts.matches(q))
 
     def _health(self, answered: int) -> None:
         if answered:
@@ -188,39 +293,46 @@ class Fetcher:
                 f"{now - self._down_since:.1f}s (maxUnavailableMs={self.opts.max_unavailable_ms})"
             )
 
-    def _drop_redelivered(self, leased: list[Leased]) -> list[Leased]:
+    def _split(self, leased: list[Leased]) -> tuple[list[Leased], set[Key]]:
+        """(items to stage, keys of redelivered suspects to ack and drop: already staged)."""
         if not self.suspects:
-            return leased
+            return leased, set()
         kept = []
+        dropped: set[Key] = set()
         for item in leased:
             key = (item.server, item.queue, item.id)
             if item.deliveries > 1 and key in self.suspects:
-                self.suspects.discard(key)
-                self.dropped += 1
+                dropped.add(key)
+                self.metrics.dropped += 1
                 continue
             kept.append(item)
-        return kept
+        return kept, dropped
 
-    def _ack(self, server: str, items: list[Leased]) -> None:
-        """Ack staged items. Those that may come back (the server could not be reached, or
-        some leases ran out first: ``ACKED`` counts fewer) become suspects, dropped when
-        redelivered."""
+    def _ack(self, server: str, items: list[Leased]) -> bool:
+        """Ack staged (or dropped) items; whether every one was acked. Otherwise they may come
+        back (the server could not be reached, or some leases ran out first: ``ACKED`` counts
+        fewer, and which ones the reply does not say), so all become suspects."""
+        started = self.clock()
         try:
             acked = self.clients[server].ack(items)
+            self.metrics.acked += acked
+            self.metrics.ack_ms += (self.clock() - started) * 1000
         except ClientError as exc:
             log.warning(
                 "tercel source: ack of %d item(s) on %s failed: %s", len(items), server, exc
             )
             acked = -1
-        if acked < len(items):  # which ones ran out the reply does not say: all are suspect
-            if acked >= 0:
-                log.warning(
-                    "tercel source: %d of %d lease(s) on %s ran out before the ack",
-                    len(items) - acked,
-                    len(items),
-                    server,
-                )
-            self.suspects.update((i.server, i.queue, i.id) for i in items)
+        if acked >= len(items):
+            return True
+        if acked >= 0:
+            log.warning(
+                "tercel source: %d of %d lease(s) on %s ran out before the ack",
+                len(items) - acked,
+                len(items),
+                server,
+            )
+        self._suspect({(i.server, i.queue, i.id) for i in items})
+        return False
 
     def _maybe_pause(self) -> None:
         marker = self.opts.test_pause_after_stage
@@ -234,18 +346,21 @@ class Fetcher:
 
     # ---- queue depth ------------------------------------------------------------------
 
-    def queue_depth(self) -> int:
-        """Items waiting in the queue over every reachable server (``dump_stats``)."""
-        total = 0
+    def queue_depth(self) -> dict[str, dict[str, int]]:
+        """Items waiting in the queues read, per reachable server (``dump_stats``)."""
+        depth: dict[str, dict[str, int]] = {}
         for address, client in self.clients.items():
             try:
-                stats = client.queue_stats()
+                stats = client.queue_stats().get(address, {})
             except ClientError as exc:
                 log.warning("tercel source: no stats from %s: %s", address, exc)
                 continue
-            for per_queue in stats.values():
-                total += int(per_queue.get(self.opts.queue, {}).get("items", "0"))
-        return total
+            depth[address] = {
+                q: int(v.get("items", "0"))
+                for q, v in sorted(stats.items())
+                if self.opts.matches(q)
+            }
+        return depth
 
     def close(self) -> None:
         for client in self.clients.values():

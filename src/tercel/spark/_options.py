@@ -5,6 +5,8 @@ is then pickled with the reader or writer; nothing here imports pyspark.
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -12,32 +14,56 @@ _TRUE = frozenset(("true", "1", "yes", "on"))
 _FALSE = frozenset(("false", "0", "no", "off"))
 
 
+SPARK_OPTIONS = ("path", "checkpointLocation")
+"""Options Spark itself may pass to a format (``load(path)``, ``writeStream``'s checkpoint)."""
+
+
 class Options:
-    """Typed, case-insensitive access to a Spark options mapping; errors name the option."""
+    """Typed, case-insensitive access to a Spark options mapping; errors name the option.
+
+    Every name asked for is remembered, so :meth:`reject_unknown` can refuse the rest (a
+    misspelt option is an error naming the closest valid one, never silently ignored)."""
 
     def __init__(self, options: Mapping[str, str], fmt: str) -> None:
         self._opts = {str(k).lower(): str(v) for k, v in options.items()}
         self._fmt = fmt
+        self._known: dict[str, str] = {n.lower(): n for n in SPARK_OPTIONS}
+
+    def reject_unknown(self) -> None:
+        """Raise ValueError for the first option no parser asked for, naming the closest."""
+        for key in sorted(self._opts):
+            if key in self._known:
+                continue
+            close = difflib.get_close_matches(key, list(self._known), n=1, cutoff=0.6)
+            hint = f"; did you mean {self._known[close[0]]!r}?" if close else ""
+            valid = ", ".join(sorted(self._known.values(), key=str.lower))
+            raise ValueError(f"{self._fmt}: unknown option {key!r}{hint} (valid: {valid})")
 
     def _error(self, name: str, problem: str) -> ValueError:
         return ValueError(f"{self._fmt}: option {name!r} {problem}")
 
+    def _get(self, name: str) -> str | None:
+        self._known[name.lower()] = name
+        return self._opts.get(name.lower())
+
     def has(self, name: str) -> bool:
-        return name.lower() in self._opts
+        return self._get(name) is not None
 
     def text(self, name: str, default: str | None = None) -> str:
         """The option's value; a ValueError naming it when it is missing and has no default."""
-        value = self._opts.get(name.lower(), default)
+        value = self._get(name)
+        if value is None:
+            value = default
         if value is None or value == "":
             raise self._error(name, "is required")
         return value
 
     def optional(self, name: str) -> str | None:
-        value = self._opts.get(name.lower())
+        value = self._get(name)
         return value if value else None
 
     def integer(self, name: str, default: int, minimum: int = 0) -> int:
-        raw = self._opts.get(name.lower())
+        raw = self._get(name)
         if raw is None:
             return default
         try:
@@ -49,7 +75,7 @@ class Options:
         return value
 
     def flag(self, name: str, default: bool) -> bool:
-        raw = self._opts.get(name.lower())
+        raw = self._get(name)
         if raw is None:
             return default
         low = raw.strip().lower()
@@ -67,13 +93,22 @@ class Options:
         return names
 
 
+STAGING_UNDER_CHECKPOINT = "tercel-staging"
+"""``stagingLocation`` defaults to this directory under the source's ``checkpointLocation``."""
+
+
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
     """Options of the ``tercel`` streaming source (docs/spark.md has the table)."""
 
     servers: tuple[str, ...]
-    queue: str
+    queues: tuple[str, ...]
+    """The queues named by ``queue`` or ``queues`` (empty when ``queuePattern`` is used)."""
+    queue_pattern: str | None
+    """``queuePattern``: every queue whose whole name matches this regular expression, on
+    each server, looked up at each fetch (like Kafka's ``subscribePattern``)."""
     staging: str
+    checkpoint: str | None
     max_items_per_trigger: int
     max_items_per_fetch: int
     lease_batch: int
@@ -93,10 +128,38 @@ class SourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         o = Options(options, "tercel source")
-        return cls(
+        named = [o.optional(n) for n in ("queue", "queues", "queuePattern")]
+        if sum(v is not None for v in named) != 1:
+            raise ValueError(
+                "tercel source: set exactly one of the options 'queue', 'queues' (a comma "
+                "list) and 'queuePattern' (a regular expression over queue names)"
+            )
+        queue, queues, pattern = named
+        names = tuple(q.strip() for q in (queue or queues or "").split(",") if q.strip())
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"tercel source: option 'queuePattern': {exc}") from None
+        elif not names:
+            raise ValueError("tercel source: option 'queues' must name at least one queue")
+        checkpoint = o.optional("checkpointLocation")
+        staging = o.optional("stagingLocation")
+        if staging is None:
+            if checkpoint is None:
+                raise ValueError(
+                    "tercel source: set 'stagingLocation' (a directory for this query only), "
+                    "or give the source the query's 'checkpointLocation' and the staging log "
+                    f"goes under it ({STAGING_UNDER_CHECKPOINT}/); Spark does not tell a "
+                    "Python source its checkpoint"
+                )
+            staging = checkpoint.rstrip("/") + "/" + STAGING_UNDER_CHECKPOINT
+        parsed = cls(
             servers=o.servers(),
-            queue=o.text("queue"),
-            staging=o.text("stagingLocation"),
+            queues=names,
+            queue_pattern=pattern,
+            staging=staging,
+            checkpoint=checkpoint,
             max_items_per_trigger=o.integer("maxItemsPerTrigger", 10_000, 1),
             max_items_per_fetch=o.integer("maxItemsPerFetch", 100_000, 1),
             lease_batch=o.integer("leaseBatch", 1_000, 1),
@@ -111,6 +174,22 @@ class SourceOptions:
             socket_timeout_ms=o.integer("socketTimeoutMs", 10_000, 1),
             test_pause_after_stage=o.optional("testPauseAfterStage"),
         )
+        o.reject_unknown()
+        return parsed
+
+    def matches(self, queue: str) -> bool:
+        """Whether ``queue`` is one this source reads."""
+        if self.queue_pattern is not None:
+            return re.fullmatch(self.queue_pattern, queue) is not None
+        return queue in self.queues
+
+    def identity(self) -> dict[str, object]:
+        """What binds a staging directory to its query (the marker, docs/spark.md): the
+        queues read (servers may be added or removed between runs)."""
+        return {
+            "queues": sorted(self.queues),
+            "queuePattern": self.queue_pattern,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,18 +203,23 @@ class SinkOptions:
     batch_size: int
     connect_timeout_ms: int
     socket_timeout_ms: int
+    flush_on_overwrite: bool
+    """``mode("overwrite")`` empties the target queues first (only with this set)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
         o = Options(options, "tercel sink")
-        return cls(
+        parsed = cls(
             servers=o.servers(),
             queue=o.optional("queue"),
             ignore_extra_columns=o.flag("ignoreExtraColumns", False),
-            batch_size=o.integer("batchSize", 500, 1),
+            batch_size=o.integer("batchSize", 5_000, 1),
             connect_timeout_ms=o.integer("connectTimeoutMs", 2_000, 1),
             socket_timeout_ms=o.integer("socketTimeoutMs", 10_000, 1),
+            flush_on_overwrite=o.flag("flushOnOverwrite", False),
         )
+        o.reject_unknown()
+        return parsed
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +236,11 @@ class JournalOptions:
     def parse(cls, options: Mapping[str, str]) -> JournalOptions:
         o = Options(options, "tercel-journal")
         queues = o.optional("queues") or ""
-        return cls(
+        parsed = cls(
             path=o.text("path"),
             queues=tuple(q.strip() for q in queues.split(",") if q.strip()),
             include_payload=o.flag("includePayload", True),
             ignore_corrupt_tail=o.flag("ignoreCorruptTail", True),
         )
+        o.reject_unknown()
+        return parsed

@@ -17,15 +17,20 @@ kept one. The driver writes (:class:`SegmentWriter`, :meth:`StagingLog.recover`,
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from tercel.journal.journal import fsync_dir
+from tercel.spark._failpoints import failpoint
+
+log = logging.getLogger(__name__)
 
 TS = pa.timestamp("us", tz="UTC")
 STAGE_SCHEMA = pa.schema(
@@ -101,14 +106,26 @@ def read_complete_batches(path: str) -> list[pa.RecordBatch]:
     return batches
 
 
-class SegmentWriter:
-    """The open segment of one fetch (driver only): append rounds, then :meth:`finish`."""
+_FINISH_POINTS = {
+    ".tmp": ("fetch.finishing", "fetch.finished"),
+    ".rec": ("recover.written", "recover.renamed"),
+}
+"""The fail points just before and just after a segment's rename, by its writing suffix."""
 
-    def __init__(self, root: str, start: int) -> None:
+
+class SegmentWriter:
+    """The open segment of one fetch (driver only): append rounds, then :meth:`finish`.
+
+    ``suffix`` names the file while it is written: ``.tmp`` for a fetch (recovered after a
+    crash), ``.rec`` while :meth:`StagingLog.recover` rewrites a ``.tmp`` (a crash leaves a
+    ``.rec`` that the next recovery deletes: its ``.tmp`` is still there)."""
+
+    def __init__(self, root: str, start: int, suffix: str = ".tmp") -> None:
         self.root = root
         self.start = start
         self.end = start
-        self.path = os.path.join(root, f"seg-{start:020d}.arrows.tmp")
+        self.path = os.path.join(root, f"seg-{start:020d}.arrows{suffix}")
+        self._points = _FINISH_POINTS[suffix]
         self._file: Any = None
         self._writer: Any = None
 
@@ -126,7 +143,8 @@ class SegmentWriter:
         self.end += batch.num_rows
 
     def finish(self) -> Segment | None:
-        """Close, fsync and rename to ``seg-<start>-<end>.arrows``; None if nothing was staged."""
+        """Close, fsync and rename to ``seg-<start>-<end>.arrows``, then fsync the directory;
+        None if nothing was staged."""
         if self._file is None:
             return None
         self._writer.close()
@@ -134,10 +152,18 @@ class SegmentWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         self._file = self._writer = None
+        failpoint(self._points[0])
         final = os.path.join(self.root, f"seg-{self.start:020d}-{self.end:020d}.arrows")
         os.rename(self.path, final)
         fsync_dir(self.root)
+        failpoint(self._points[1])
         return Segment(self.start, self.end, final)
+
+    def abandon(self) -> None:
+        """Close without finishing (a fetch that failed): the file stays for recovery."""
+        if self._file is not None:
+            self._file.close()
+            self._file = self._writer = None
 
 
 class StagingLog:
@@ -148,6 +174,32 @@ class StagingLog:
 
     def ensure(self) -> None:
         os.makedirs(self.root, exist_ok=True)
+
+    def bind(self, identity: dict[str, object], checkpoint: str | None) -> None:
+        """Bind this directory to its query: the first run writes :data:`MARKER` (the queues
+        read, and the checkpoint when the source was given one); later runs must match it, so
+        a staging directory cannot be paired with another query by mistake."""
+        path = os.path.join(self.root, MARKER)
+        mine = {"version": 1, **identity, "checkpoint": checkpoint}
+        try:
+            with open(path, encoding="utf-8") as f:
+                theirs = json.load(f)
+        except FileNotFoundError:
+            _write_durably(path, json.dumps(mine, sort_keys=True))
+            return
+        known = theirs.get("checkpoint")
+        differs = [k for k in identity if theirs.get(k) != mine[k]]
+        if None not in (known, checkpoint) and known != checkpoint:
+            differs.append("checkpoint")
+        if differs:
+            raise ValueError(
+                f"tercel source: stagingLocation {self.root} belongs to another query "
+                f"({', '.join(f'{k}={theirs.get(k)!r}' for k in differs)}; this one has "
+                f"{', '.join(f'{k}={mine[k]!r}' for k in differs)}): give this query its own "
+                "stagingLocation"
+            )
+        if theirs.get("checkpoint") is None and checkpoint is not None:
+            _write_durably(path, json.dumps(mine, sort_keys=True))
 
     def segments(self) -> list[Segment]:
         """Finished segments, by start position."""
@@ -168,27 +220,41 @@ class StagingLog:
             starts += [int(m[1]) for n in os.listdir(self.root) if (m := _TMP.match(n))]
         return min(starts, default=0)
 
-    def recover(self) -> list[pa.RecordBatch]:
-        """Finish every ``.tmp`` a crash left behind (its complete rounds become a segment,
-        the torn tail is dropped) and return the recovered rounds, whose leases may still be
-        open on the servers: the caller re-acks them."""
-        recovered: list[pa.RecordBatch] = []
+    def recover(self, before_finish: Callable[[list[pa.RecordBatch]], None]) -> int:
+        """Finish every ``.tmp`` a crash left behind: its complete rounds become a finished
+        segment, the torn tail (never fsynced, so never acked) is dropped. Returns the rows
+        recovered.
+
+        ``before_finish(rounds)`` runs first for each file, while the ``.tmp`` is still the
+        record of these rounds (the fetcher makes their items durable suspects there, so a
+        second crash cannot stage them twice). Then: write the rounds to ``.rec``, fsync,
+        rename to the final name, fsync the directory, and only then delete the ``.tmp``. A
+        crash at any step leaves the ``.tmp``, and recovering it again rewrites the same
+        segment."""
         if not os.path.isdir(self.root):
-            return recovered
-        for name in sorted(os.listdir(self.root)):
+            return 0
+        names = sorted(os.listdir(self.root))
+        for name in names:
+            if name.endswith(".arrows.rec"):  # a recovery that crashed: its .tmp is still here
+                os.unlink(os.path.join(self.root, name))
+        rows = 0
+        for name in names:
             m = _TMP.match(name)
             if not m:
                 continue
             path = os.path.join(self.root, name)
             batches = read_complete_batches(path)
-            os.unlink(path)  # rewritten whole below, without the torn tail
-            writer = SegmentWriter(self.root, int(m[1]))
+            failpoint("recover.read")
+            before_finish(batches)
+            writer = SegmentWriter(self.root, int(m[1]), suffix=".rec")
             for batch in batches:
                 writer.append(batch)
             writer.finish()
+            os.unlink(path)
             fsync_dir(self.root)
-            recovered += batches
-        return recovered
+            failpoint("recover.unlinked")
+            rows += writer.end - writer.start
+        return rows
 
     def end_from(self, start: int) -> int:
         """The end of the contiguous staged run that covers ``start`` (``start`` if none)."""
@@ -205,6 +271,7 @@ class StagingLog:
             if seg.end <= upto:
                 os.unlink(seg.path)
                 n += 1
+                failpoint("gc.deleted")
         return n
 
     def slices(self, start: int, end: int, rows: int, fail_on_loss: bool) -> list[list[Piece]]:
@@ -239,15 +306,32 @@ class StagingLog:
         return out
 
 
+def _finished_batches(path: str, fail_on_loss: bool) -> Iterator[pa.RecordBatch]:
+    """The record batches of a finished segment. Unlike a ``.tmp``, a finished segment was
+    fsynced whole before its rename, so a missing file or a torn batch is data loss."""
+    try:
+        with pa.OSFile(path, "rb") as f:
+            reader = pa.ipc.open_stream(f)
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    return
+                yield batch
+    except (pa.ArrowInvalid, OSError, EOFError) as exc:
+        if fail_on_loss:
+            raise DataLoss(f"staged segment {path} is damaged or gone: {exc}") from exc
+        log.warning("tercel source: skipping the unreadable rest of %s: %s", path, exc)
+
+
 def read_slice(pieces: list[Piece], fail_on_loss: bool = True) -> Iterator[pa.RecordBatch]:
-    """The staged rows of ``pieces`` with their ``seq`` column, in OUTPUT_SCHEMA (executors)."""
+    """The staged rows of ``pieces`` with their ``seq`` column, in OUTPUT_SCHEMA (executors).
+
+    A piece whose file is gone, damaged or shorter than its positions raises
+    :class:`DataLoss`, or with ``fail_on_loss`` false yields what is readable."""
     for piece in pieces:
-        if not os.path.exists(piece.path):
-            if fail_on_loss:
-                raise DataLoss(f"staged segment {piece.path} is gone")
-            continue
         pos = piece.start
-        for batch in read_complete_batches(piece.path):
+        for batch in _finished_batches(piece.path, fail_on_loss):
             b_lo, b_hi = pos, pos + batch.num_rows
             pos = b_hi
             lo, hi = max(b_lo, piece.lo), min(b_hi, piece.hi)
@@ -257,6 +341,15 @@ def read_slice(pieces: list[Piece], fail_on_loss: bool = True) -> Iterator[pa.Re
                 continue
             part = batch.slice(lo - b_lo, hi - lo)
             yield to_output(part, lo)
+        if pos < piece.hi:
+            if fail_on_loss:
+                raise DataLoss(
+                    f"staged segment {piece.path} ends at position {pos}, "
+                    f"positions {pos}..{piece.hi} are missing"
+                )
+            log.warning(
+                "tercel source: positions %d..%d of %s are missing", pos, piece.hi, piece.path
+            )
 
 
 def to_output(batch: pa.RecordBatch, first_seq: int) -> pa.RecordBatch:
@@ -265,3 +358,44 @@ def to_output(batch: pa.RecordBatch, first_seq: int) -> pa.RecordBatch:
     seq = pa.array(range(first_seq, first_seq + n), type=pa.int64())
     cols = [batch.column(name) if name != "seq" else seq for name in OUTPUT_SCHEMA.names]
     return pa.RecordBatch.from_arrays(cols, schema=OUTPUT_SCHEMA)
+
+
+Key = tuple[str, str, int]
+"""(server, queue, item_id): an item's identity (ids are per queue and survive restarts)."""
+
+MARKER = "query.json"
+"""The file binding a staging directory to its query (:meth:`StagingLog.bind`)."""
+
+SUSPECTS = "suspects.json"
+"""The file under ``stagingLocation`` holding the suspect keys (absent when there are none)."""
+
+
+def load_suspects(root: str) -> set[Key]:
+    """The suspects saved by :func:`save_suspects` (an empty set when there is no file)."""
+    try:
+        with open(os.path.join(root, SUSPECTS), encoding="utf-8") as f:
+            return {(str(s), str(q), int(i)) for s, q, i in json.load(f)}
+    except FileNotFoundError:
+        return set()
+
+
+def save_suspects(root: str, keys: set[Key]) -> None:
+    """Replace the saved suspects durably (no file when ``keys`` is empty)."""
+    path = os.path.join(root, SUSPECTS)
+    if not keys:
+        if os.path.exists(path):
+            os.unlink(path)
+            fsync_dir(root)
+        return
+    _write_durably(path, json.dumps(sorted(keys), separators=(",", ":")))
+
+
+def _write_durably(path: str, text: str) -> None:
+    """Replace ``path``: write ``<path>.new``, fsync, rename over ``path``, fsync the dir."""
+    new = path + ".new"
+    with open(new, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(new, path)
+    fsync_dir(os.path.dirname(path))

@@ -157,11 +157,13 @@ class JournalReader(DataSourceReader):
         self.opts = opts
 
     def partitions(self) -> Sequence[InputPartition]:
+        """One per journal file; none when there is no file (Spark then runs one task with
+        its default partition, which :meth:`read` answers with no rows)."""
         return plan_files(self.opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, JournalFile)
-        yield from read_records(partition, self.opts)
+        if isinstance(partition, JournalFile):
+            yield from read_records(partition, self.opts)
 
 
 class TercelJournalDataSource(DataSource):

@@ -9,7 +9,9 @@ or <= 0: no expiry). Rows whose absolute expiry has already passed are not writt
 The writer objects are built on the driver and pickled; ``write`` runs on executors, once per
 task, with its own :class:`~tercel.client.Client` (sets are pipelined ``batchSize`` at a time,
 each batch to a random healthy server, failing over to another). ``commit`` and ``abort`` run
-on the driver and only log: enqueued items cannot be taken back.
+on the driver and only log: enqueued items cannot be taken back. Save modes: ``append``;
+``overwrite`` only with ``flushOnOverwrite=true`` (the ``queue`` option's queue is flushed on
+every server when the writer is built on the driver, then the rows are written).
 
 Delivery is at-least-once: a retried task, a re-run streaming batch or a connection lost in
 mid-pipeline can enqueue items twice. Consumers must be idempotent (Kestrel's own rule).
@@ -55,8 +57,13 @@ class WriteCounts(WriterCommitMessage):
 
 def check_schema(opts: SinkOptions, schema: StructType, overwrite: bool) -> None:
     """Validate the DataFrame's columns on the driver (see the module docstring)."""
-    if overwrite:
-        raise ValueError("tercel sink: mode('overwrite') is not supported (it would flush)")
+    if overwrite and not opts.flush_on_overwrite:
+        raise ValueError(
+            "tercel sink: mode('overwrite') would empty the queue first: use mode('append'), "
+            "or set flushOnOverwrite=true to flush the 'queue' option's queue, then write"
+        )
+    if overwrite and opts.queue is None:
+        raise ValueError("tercel sink: mode('overwrite') needs the 'queue' option (to flush)")
     types = {f.name: f.dataType for f in schema.fields}
     if "value" not in types:
         raise ValueError("tercel sink: a 'value' column (binary or string) is required")
@@ -158,6 +165,10 @@ class TercelWriter(DataSourceArrowWriter):
     def __init__(self, opts: SinkOptions, schema: StructType, overwrite: bool) -> None:
         check_schema(opts, schema, overwrite)
         self.opts = opts
+        if overwrite and opts.queue is not None:  # flushOnOverwrite (check_schema): driver
+            with Client(list(opts.servers), timeout=opts.socket_timeout_ms / 1000) as client:
+                client.flush(opts.queue)
+            log.warning("tercel sink: flushed %r on every server (mode overwrite)", opts.queue)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCounts:
         return write_task(self.opts, iterator)

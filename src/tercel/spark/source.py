@@ -60,8 +60,8 @@ SOURCE_SCHEMA = (
 from; ``seq`` its staging-log position (unique and increasing per query, like Kafka's
 ``offset``); ``item_id`` the server's per-queue id, stable across redeliveries and restarts;
 ``deliveries`` how often the server handed it out (> 1: redelivered); ``enqueued_at`` the
-server's add time; ``fetched_at`` when the driver leased it; ``expiry`` always null (the lease
-reply carries the lease deadline, not the item's expiry)."""
+server's add time; ``fetched_at`` when the driver leased it; ``expiry`` the item's own expiry
+(null: none)."""
 
 SOURCE_STRUCT = StructType(
     [
@@ -105,10 +105,17 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The fetcher, created on first use in this process (recovering a crashed run)."""
         if self._fetcher is None:
             self.staging.ensure()
+            self.staging.bind(self.opts.identity(), self.opts.checkpoint)
             fetcher = Fetcher(self.opts, self.staging)
             recovered = fetcher.recover()
             if recovered:
-                log.warning("tercel source: recovered %d staged item(s) of a crash", recovered)
+                log.warning(
+                    "tercel source: recovered %d staged item(s) of a crashed run in %s "
+                    "(re-acked; %d suspect(s) will be dropped if redelivered)",
+                    recovered,
+                    self.staging.root,
+                    len(fetcher.suspects),
+                )
             self._fetcher = fetcher
         return self._fetcher
 
@@ -122,7 +129,8 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: fetch at most what the queue holds now, then stop."""
-        self._budget = self._driver().queue_depth()
+        depth = self._driver().queue_depth()
+        self._budget = sum(n for per_server in depth.values() for n in per_server.values())
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         """Plan the next batch: reuse what is staged beyond ``start``, lease and stage more
@@ -144,6 +152,18 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._budget = 0 if drained else max(0, self._budget - (new_end - end))
             end = new_end
         return {"seq": first + min(end - first, want)}
+
+    def reportLatestOffset(self) -> dict[str, Any]:
+        """Shown as the source's ``latestOffset`` in the query progress: the lag (items still
+        queued, per server and queue, and in all) and the connector's own counters."""
+        fetcher = self._driver()
+        depth = fetcher.queue_depth()
+        return {
+            "lag": sum(n for per_server in depth.values() for n in per_server.values()),
+            "queued": depth,
+            "staged_end": self.staging.end_from(self.staging.lowest_start()),
+            "metrics": fetcher.metrics.report(len(fetcher.suspects)),
+        }
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         """Slices of the staged range of at most ``itemsPerPartition`` rows."""
@@ -175,8 +195,10 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 class TercelDataSource(DataSource):
     """``format("tercel")``: stream items out of tercel queues, or write DataFrames into them.
 
-    Source options: ``servers`` (``h1:p,h2:p``), ``queue`` and ``stagingLocation`` are
-    required; docs/spark.md lists the others. Sink options: ``servers``, ``queue``.
+    Source options: ``servers`` (``h1:p,h2:p``), one of ``queue``/``queues``/``queuePattern``,
+    and ``stagingLocation`` (or ``checkpointLocation``) are required; docs/spark.md lists the
+    others; an unknown option is an error naming the closest valid one. Sink options:
+    ``servers``, ``queue``.
     """
 
     @classmethod

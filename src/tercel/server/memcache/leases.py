@@ -37,7 +37,7 @@ def _leased_reply(out: list[bytes], table: ReservationTable, leases: list[Reserv
         item = lease.item
         data = item.data
         lease_id = table.lease_id(lease)
-        head = mc.leased(lease_id, item.id, item.deliveries, item.add_time, lease.deadline)
+        head = mc.leased(lease_id, item.id, item.deliveries, item.add_time, item.expiry)
         out += (head, b"%d\r\n" % len(data), data, b"\r\n")
     out.append(mc.END)
 
