@@ -4,8 +4,9 @@ Starts ``tercel serve`` on 127.0.0.1:0 (tiny memory/journal limits, so read-behi
 compaction run too) and drives it from several connections at once. Each connection sends a
 batch made of valid requests of every kind (gets with every option, sets, leases, acks with
 random ids, monitor, confirm, flush, delete, stats, ...), mutated (bytes flipped, inserted,
-deleted, repeated; numbers swapped for extreme ones), in random pieces, reads what comes back
-for a moment, and closes, sometimes with a reset in the middle of a command. ``shutdown`` and
+deleted, repeated; numbers swapped for extreme ones), in random pieces, half-closes and reads
+until the server has answered and closed (or 2 s), or one time in ten resets the connection at
+once. ``shutdown`` and
 ``status`` are never sent (they would end or freeze the run, not find a bug).
 
 It fails (exit 1) on: a traceback or ``bug while`` in the server log, the server dying, a
@@ -31,6 +32,10 @@ from pathlib import Path
 
 from tercel.testing import ServerProcess
 
+DRAIN_S = 2.0
+"""How long a connection waits for the server to answer its batch and close."""
+PROBE_S = 10.0
+"""The longest a ``version`` request on a new connection may wait for its answer."""
 CONFIG = """[queues]
 max_memory_size = "4KB"
 max_journal_size = "16KB"
@@ -146,8 +151,10 @@ class Fuzzer:
         self.connections = connections
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.counts = {"requests": 0, "bytes": 0, "connections": 0, "resets": 0, "refused": 0}
+        self.counts = dict.fromkeys(("requests", "bytes", "connections", "resets", "slow"), 0)
+        self.counts["refused"] = 0
         self.failures: list[str] = []
+        self.probe_max_s = 0.0
 
     def _count(self, **add: int) -> None:
         with self.lock:
@@ -176,26 +183,46 @@ class Fuzzer:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self._count(resets=1)
                 else:
-                    sock.settimeout(0.05)
-                    while sock.recv(65536):
-                        pass
+                    self._drain(sock)
             except OSError:
                 pass
             finally:
                 sock.close()
 
+    def _drain(self, sock: socket.socket) -> None:
+        """Half-close and read until the server has answered everything and closed (closed
+        loop: a client that sends and leaves at once outruns any server, and the probe then
+        waits behind a full accept queue of abandoned batches the server still executes).
+        A blocking request (a long ``/t=``, a lease's wait, a monitor) may hold the answer:
+        after ``DRAIN_S`` the connection is closed anyway and counted as ``slow``."""
+        sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + DRAIN_S
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                if not sock.recv(65536):
+                    return
+            except TimeoutError:
+                break
+        self._count(slow=1)
+
     def _probe(self) -> None:
-        """The server is alive and answers; else a failure."""
+        """The server is alive and answers ``version`` within ``PROBE_S``; else a failure.
+        A slow answer is waited for (up to a minute) so that a stall is told from a hang."""
         if not self.server.running:
             self.failures.append("the server died")
             raise SystemExit
+        began = time.monotonic()
         try:
-            with socket.create_connection(("127.0.0.1", self.server.port), timeout=10) as s:
+            with socket.create_connection(("127.0.0.1", self.server.port), timeout=60) as s:
                 s.sendall(b"version\r\n")
-                if not s.recv(100).startswith(b"VERSION "):
-                    self.failures.append("version probe: no VERSION")
+                answer = s.recv(100)
         except OSError as exc:
-            self.failures.append(f"version probe: {exc}")
+            answer = str(exc).encode()
+        took = time.monotonic() - began
+        self.probe_max_s = max(self.probe_max_s, took)
+        if not answer.startswith(b"VERSION ") or took > PROBE_S:
+            self.failures.append(f"version probe: {answer[:60]!r} after {took:.1f} s")
 
     def run(self) -> dict[str, object]:
         self.server.start()
@@ -243,6 +270,7 @@ class Fuzzer:
             "seed": self.seed,
             **self.counts,
             "failures": self.failures,
+            "probe_max_s": round(self.probe_max_s, 3),
             "log_lines": len(lines),
             "log_warnings_and_errors": len(warnings),
             "log_warning_samples": sorted({w.split(" ", 3)[-1][:120] for w in warnings})[:10],
