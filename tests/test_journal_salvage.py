@@ -89,7 +89,7 @@ def test_a_bad_checksum_cuts_one_record_and_keeps_the_rest(tmp_path: Path) -> No
     assert out.returncode == 1, out.stderr
     size = at[6] - at[5]
     assert f"cut [{at[5]}, {at[6]}) {size} bytes: checksum mismatch" in out.stdout
-    assert f"(it claims to be an ADD of {size} bytes)" in out.stdout
+    assert f"(its header says: ADD of {size} bytes)" in out.stdout
     assert f"{journal}: 19 records kept, {size} bytes cut in 1 spans" in out.stdout
     kept = [p for p in os.listdir(data) if p.startswith("q.damaged-")]
     assert len(kept) == 1 and (data / kept[0]).read_bytes() == before

@@ -253,7 +253,7 @@ def salvage(data_dir: str, queue: str, out: TextIO, *, dry_run: bool = False) ->
         cut = sum(c.stop - c.start for c in fp.cuts)
         out.write(f"{fp.path}: {kept} records kept, {cut} bytes cut in {len(fp.cuts)} spans\n")
         for c in fp.cuts:
-            what = f" (it claims to be an {c.guess})" if c.guess else ""
+            what = f" (its header says: {c.guess})" if c.guess else ""
             out.write(f"  cut [{c.start}, {c.stop}) {c.stop - c.start} bytes: {c.reason}{what}\n")
     for note in result.resumes:
         out.write(f"  moved {note}\n")
