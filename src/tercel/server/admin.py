@@ -19,14 +19,25 @@ path                        method answer
 
 A GET on a POST path is a 405 (aiohttp's router). Snapshots are taken on request; the
 ``?period=N`` windows (Ostrich's latched collectors) snapshot every N seconds once asked for.
+
+What a web page in a browser must not do with this port (:class:`Guard`, before any handler):
+read it through DNS rebinding — a request whose ``Host`` is neither the listening address (an
+IP literal; any one when listening on a wildcard address), ``localhost`` on loopback, nor one of
+``admin_hosts`` is refused (421); drive it cross-site — a POST with an ``Origin`` that is not
+such a host, or with a "simple" content type (form or ``text/plain``, which a page may send
+without a preflight) is refused (403, 415). With ``admin_token`` set, a POST without
+``Authorization: Bearer <token>`` is refused (401); the token is required when ``host`` is not
+a loopback address. Each refusal, and each malformed request, is one log line (no traceback).
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +48,7 @@ from prometheus_client.metrics_core import SummaryMetricFamily
 from prometheus_client.samples import Sample
 
 from tercel import native
+from tercel.config import ServerSettings
 from tercel.errors import ConfigError
 from tercel.server.context import ServerContext
 from tercel.server.metrics import PERCENTILES, LogHistogram
@@ -262,6 +274,107 @@ def _family(kind: str, name: str, stat: str, value: Any) -> CounterMetricFamily 
     return GaugeMetricFamily(name, doc, value=value, labels=labels)
 
 
+SIMPLE_CONTENT_TYPES = frozenset(
+    {"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"}
+)
+"""Content types a web page may POST cross-site without a CORS preflight."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Guard:
+    """The admin port's checks of Host, Origin, content type and token (module docstring)."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        host = settings.host.strip("[]").lower()
+        self.token = settings.admin_token
+        if self.token is None and not is_loopback(host):
+            raise ConfigError(
+                f"server.admin_token is required: the admin port listens on {settings.host}, "
+                "beyond loopback (or set admin_port = false)"
+            )
+        self.names = set(settings.admin_hosts)
+        self.address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
+        self.wildcard = False
+        try:
+            self.address = ipaddress.ip_address(host)
+            self.wildcard = self.address.is_unspecified
+        except ValueError:
+            self.names.add(host)  # listening on a name: that name
+        if is_loopback(host):
+            self.names.add("localhost")
+
+    def host_ok(self, value: str | None) -> bool:
+        """Whether a ``Host`` (or an origin's host) names this server."""
+        if value is None:
+            return True  # HTTP/1.0 without Host: no browser sends that
+        value = value.strip().lower()
+        if value.startswith("["):
+            name = value[1 : value.find("]")] if "]" in value else value
+        else:
+            name = value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+        name = name.rstrip(".")
+        if name in self.names:
+            return True
+        try:
+            ip = ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        if self.wildcard or ip == self.address:
+            return True
+        return self.address is not None and self.address.is_loopback and ip.is_loopback
+
+    def refusal(self, request: web.Request) -> tuple[int, str] | None:
+        """``(status, reason)`` when ``request`` is refused, else None."""
+        if not self.host_ok(request.headers.get("Host")):
+            return 421, "unknown Host"
+        if request.method in ("GET", "HEAD"):
+            return None
+        origin = request.headers.get("Origin")
+        if origin is not None:
+            scheme, _, rest = origin.partition("://")
+            if scheme not in ("http", "https") or not self.host_ok(rest.split("/", 1)[0]):
+                return 403, "foreign Origin"
+        if request.content_type in SIMPLE_CONTENT_TYPES and "Content-Type" in request.headers:
+            return 415, f"content type {request.content_type} refused on a POST"
+        if self.token is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                return 401, "missing or wrong admin token"
+        return None
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        refused = self.refusal(request)
+        if refused is None:
+            return await handler(request)
+        status, reason = refused
+        log.warning(
+            "admin: refused %s %s from %s: %s", request.method, request.path, request.remote, reason
+        )
+        return _error(status, reason)
+
+
+class _OneLineLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server logger, but a malformed request is one line, not a traceback."""
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        reason = exc if isinstance(exc, BaseException) else "bad request"
+        text = " ".join(str(reason).split())[:200] or type(reason).__name__
+        self.logger.warning("admin: %s: %s", str(msg) % args if args else msg, text)
+
+
 class AdminServer:
     """The admin HTTP listener of one :class:`~tercel.server.app.Server`."""
 
@@ -270,7 +383,8 @@ class AdminServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_PrometheusCollector(server))
         self._periods: dict[int, tuple[PeriodCollector, TimerHandle]] = {}
-        app = web.Application()
+        self.guard = Guard(server.config.server)  # raises ConfigError: before listening
+        app = web.Application(middlewares=[self.guard.middleware])
         app.add_routes(
             [
                 web.get("/ping", self.ping),
@@ -285,7 +399,12 @@ class AdminServer:
                 web.post("/status/{status}", self.set_status),
             ]
         )
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            shutdown_timeout=2.0,
+            logger=_OneLineLogger(logging.getLogger("aiohttp.server"), {}),
+        )
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: any free port); the bound port."""
