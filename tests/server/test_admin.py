@@ -380,3 +380,32 @@ def test_the_token_is_required_beyond_loopback_and_names_can_be_added() -> None:
     loopback = Guard(ServerSettings())
     assert loopback.host_ok("localhost") and loopback.host_ok("127.0.0.1:1")
     assert not loopback.host_ok("10.1.2.3") and not loopback.host_ok("rebind.example:2223")
+
+
+def test_memcache_stats_json_and_metrics_render_one_snapshot(tmp_path: Path) -> None:
+    """``mem_items``/``mem_bytes`` are the in-memory part (not the queue totals) everywhere, and
+    each front end's counters appear under its name."""
+    config = '[queues]\nmax_memory_size = "1KB"\n'
+    with ServerProcess(tmp_path, config) as srv:
+        raw = Raw(srv.connect())
+        raw.call(b"".join(set_cmd("rb", b"x" * 100) for _ in range(30)), b"STORED\r\n" * 30)
+        raw.send(b"stats\r\n")
+        lines = {}
+        while (line := raw.read_line()) != b"END\r\n":
+            _, key, value = line.decode().split(" ", 2)
+            lines[key] = value.strip()
+        mem_items, mem_bytes = int(lines["queue_rb_mem_items"]), int(lines["queue_rb_mem_bytes"])
+        assert int(lines["queue_rb_items"]) == 30 and 0 < mem_items < 30  # read-behind
+        assert mem_bytes == 100 * mem_items
+        assert lines["memcache_curr_connections"] == "1"
+        doc = get_json(srv, "/stats.json")
+        assert doc["gauges"]["q/rb/items"] == 30
+        assert (doc["gauges"]["q/rb/mem_items"], doc["gauges"]["q/rb/mem_bytes"]) == (
+            mem_items,
+            mem_bytes,
+        )
+        assert doc["counters"]["memcache/total_connections"] >= 1
+        text = http(srv, "/metrics")[1].decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        sample = [s for s in families["tercel_mem_items"].samples if s.labels["queue"] == "rb"]
+        assert [s.value for s in sample] == [mem_items]

@@ -50,9 +50,9 @@ from prometheus_client.samples import Sample
 from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
+from tercel.server import stats
 from tercel.server.context import ServerContext
 from tercel.server.metrics import PERCENTILES, LogHistogram
-from tercel.server.stats import global_lines
 from tercel.server.status import parse_status
 
 if TYPE_CHECKING:
@@ -140,45 +140,46 @@ class Snapshot:
 
 
 def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
-    """Read every stat of ``server`` now; ``copy`` the histograms to keep the snapshot."""
+    """Every stat of ``server`` now in Ostrich's groups, from the one typed snapshot
+    (``server/stats.py``); ``copy`` the histograms to keep the snapshot."""
+    stat = stats.snapshot(server)
     snap = Snapshot()
-    glob = dict(global_lines(server))
-    snap.counters.update({k: int(str(glob[k])) for k in _GLOBAL_COUNTERS})
-    status = server.status.current
+    snap.counters.update({k: getattr(stat, k) for k in _GLOBAL_COUNTERS})
+    for fe, counters in stat.front_ends.items():
+        for k, v in counters.items():  # curr_* are levels, the rest counts
+            (snap.gauges if k.startswith("curr_") else snap.counters)[f"{fe}/{k}"] = v
     snap.gauges.update(
-        items=server.collection.total_length,
-        bytes=server.collection.total_bytes,
-        reserved_memory_ratio=float(str(glob["reserved_memory_ratio"])),
-        connections=len(server.connections),
-        uptime=int(str(glob["uptime"])),
+        items=stat.curr_items,
+        bytes=stat.bytes,
+        reserved_memory_ratio=round(stat.reserved_memory_ratio, 3),
+        connections=stat.curr_connections,
+        uptime=stat.uptime,
     )
-    snap.gauges["status/readable"] = int(status.readable)
-    snap.gauges["status/writeable"] = int(status.writable)
-    snap.labels.update(version=server.version, status=status.name)
-    now = server.clock.now_ms()
-    coll = server.collection
-    for q in coll:
+    snap.gauges["status/readable"] = int(stat.readable)
+    snap.gauges["status/writeable"] = int(stat.writable)
+    snap.labels.update(version=stat.version, status=stat.status)
+    for q in stat.queues:
         p = f"q/{q.name}/"
         snap.counters.update({p + k: getattr(q, k) for k in _QUEUE_COUNTERS})
-        cfg = q.config
         gauges: dict[str, int | float] = {
-            "items": len(q),
-            "max_items": cfg.max_items,
+            "items": q.items,
+            "max_items": q.max_items,
             "bytes": q.bytes,
-            "max_bytes": cfg.max_size,
-            "journal_size": q.log.size,
-            "mem_items": len(q),
-            "mem_bytes": q.bytes,
-            "age_msec": q.age(now),
+            "max_bytes": q.max_bytes,
+            "journal_size": q.journal_size,
+            "mem_items": q.mem_items,
+            "mem_bytes": q.mem_bytes,
+            "age_msec": q.age,
             "waiters": q.waiters,
-            "open_transactions": q.open_reads,
+            "open_transactions": q.open_transactions,
             "create_time": q.create_time // 1000,
         }
         snap.gauges.update({p + k: v for k, v in gauges.items()})
-    for name, (items, nbytes) in coll.alias_puts.items():
+    for name, (items, nbytes) in stat.alias_puts.items():
         snap.counters[f"q/{name}/put_items"] = items
         snap.counters[f"q/{name}/put_bytes"] = nbytes
     metrics = server.metrics
+    coll = server.collection
     metrics.prune({q.name for q in coll} | set(coll.config.aliases))
     for key, h in metrics.total.items():
         snap.metrics[key] = h.copy() if copy else h
