@@ -214,6 +214,25 @@ class ServerSettings:
     latency_sample_every: int = 16
     """Time one command in this many for the latency distributions (1: every command)."""
     max_connections: int | None = None
+    admin_token: str | None = None
+    """Bearer token every admin POST must carry; required when the admin port listens beyond
+    loopback."""
+    admin_hosts: tuple[str, ...] = ()
+    """Host names the admin port answers to besides its listening address (DNS rebinding)."""
+
+
+def _parse_token(value: object, key: str) -> str | None:
+    if value is None or value is False:
+        return None
+    if isinstance(value, str) and len(value) >= 8 and value.isprintable() and " " not in value:
+        return value
+    raise ConfigError(f"{key}: expected a string of at least 8 characters without spaces")
+
+
+def _parse_names(value: object, key: str) -> tuple[str, ...]:
+    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+        return tuple(v.lower().rstrip(".") for v in value)
+    raise ConfigError(f"{key}: expected a list of host names, got {value!r}")
 
 
 def _parse_port(value: object, key: str) -> int | None:
@@ -250,6 +269,8 @@ _SERVER_PARSERS: dict[str, Any] = {
     "expiration_timer_frequency": parse_duration,
     "latency_sample_every": _parse_positive,
     "max_connections": lambda v, k: _parse_count(v, k) or None,
+    "admin_token": _parse_token,
+    "admin_hosts": _parse_names,
 }
 
 

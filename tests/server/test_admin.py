@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,7 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import Raw
 from tercel import native
-from tercel.server.admin import PeriodCollector, Snapshot
+from tercel.config import ServerSettings
+from tercel.errors import ConfigError
+from tercel.server.admin import Guard, PeriodCollector, Snapshot
 from tercel.server.metrics import BUCKETS, LogHistogram, bucket_bounds, bucket_index
 from tercel.testing import ServerProcess
 
@@ -295,3 +298,114 @@ def test_period_collector_latches_windows() -> None:
         {"cmd_set": 7},
         {"items": 100},
     )
+
+
+# ---- what a web page must not do with the admin port (issue 21 item 6) ----------------------
+
+
+def raw_http(srv: ServerProcess, request: bytes) -> bytes:
+    """The status line of the answer to a hand-written request."""
+    with socket.create_connection(("127.0.0.1", srv.ports["admin"]), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+def post(path: str, *headers: bytes) -> bytes:
+    return b"POST %s HTTP/1.1\r\n%sContent-Length: 0\r\n\r\n" % (
+        path.encode(),
+        b"".join(h + b"\r\n" for h in headers),
+    )
+
+
+def test_foreign_host_origin_and_simple_content_types_are_refused(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path) as srv:
+        port = srv.ports["admin"]
+        own = b"Host: 127.0.0.1:%d" % port
+        ping = b"GET /ping HTTP/1.1\r\n%s\r\n\r\n"
+        assert raw_http(srv, ping % b"Host: evil.example") == b"HTTP/1.1 421 Misdirected Request"
+        assert raw_http(srv, ping % own) == b"HTTP/1.1 200 OK"
+        assert raw_http(srv, ping % b"Host: localhost:%d" % port) == b"HTTP/1.1 200 OK"
+        shutdown = post("/shutdown", own, b"Origin: http://evil.example")
+        assert raw_http(srv, shutdown) == b"HTTP/1.1 403 Forbidden"
+        shutdown = post("/shutdown", own, b"Content-Type: text/plain")
+        assert raw_http(srv, shutdown) == b"HTTP/1.1 415 Unsupported Media Type"
+        shutdown = post("/shutdown", own, b"Content-Type: application/x-www-form-urlencoded")
+        assert raw_http(srv, shutdown) == b"HTTP/1.1 415 Unsupported Media Type"
+        assert srv.running
+        same_origin = post("/status/up", own, b"Origin: http://127.0.0.1:%d" % port)
+        assert raw_http(srv, same_origin) == b"HTTP/1.1 200 OK"
+        log = srv.log()
+        assert log.count("admin: refused") == 4 and "Traceback" not in log
+
+
+def test_malformed_requests_get_a_status_and_no_traceback(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path) as srv:
+        for request in (
+            b"GARBAGE\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n",
+            b"\x00\x01\x02\r\n\r\n",
+            b"GET /stats.json?period=%ff HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        ):
+            assert raw_http(srv, request).split(b" ")[1] == b"400", request
+        assert "Traceback" not in srv.log()
+        assert srv.running
+
+
+def test_admin_token_guards_every_post(tmp_path: Path) -> None:
+    config = '[server]\nadmin_token = "s3cret-token"\n'
+    with ServerProcess(tmp_path, config) as srv:
+        own = b"Host: 127.0.0.1"
+        assert raw_http(srv, post("/status/up", own)) == b"HTTP/1.1 401 Unauthorized"
+        wrong = b"Authorization: Bearer nope"
+        assert raw_http(srv, post("/status/up", own, wrong)) == b"HTTP/1.1 401 Unauthorized"
+        right = b"Authorization: Bearer s3cret-token"
+        assert raw_http(srv, post("/status/up", own, right)) == b"HTTP/1.1 200 OK"
+        assert get_json(srv, "/ping") == {"response": "pong"}  # reads need no token
+
+
+def test_the_token_is_required_beyond_loopback_and_names_can_be_added() -> None:
+    with pytest.raises(ConfigError, match="admin_token"):
+        Guard(ServerSettings(host="0.0.0.0"))
+    guard = Guard(
+        ServerSettings(host="0.0.0.0", admin_token="abcdefgh", admin_hosts=("q.example",))
+    )
+    assert guard.host_ok("10.1.2.3:2223") and guard.host_ok("[::1]:2223")  # any IP literal
+    assert guard.host_ok("Q.example:2223") and not guard.host_ok("evil.example")
+    loopback = Guard(ServerSettings())
+    assert loopback.host_ok("localhost") and loopback.host_ok("127.0.0.1:1")
+    assert not loopback.host_ok("10.1.2.3") and not loopback.host_ok("rebind.example:2223")
+
+
+def test_memcache_stats_json_and_metrics_render_one_snapshot(tmp_path: Path) -> None:
+    """``mem_items``/``mem_bytes`` are the in-memory part (not the queue totals) everywhere, and
+    each front end's counters appear under its name."""
+    config = '[queues]\nmax_memory_size = "1KB"\n'
+    with ServerProcess(tmp_path, config) as srv:
+        raw = Raw(srv.connect())
+        raw.call(b"".join(set_cmd("rb", b"x" * 100) for _ in range(30)), b"STORED\r\n" * 30)
+        raw.send(b"stats\r\n")
+        lines = {}
+        while (line := raw.read_line()) != b"END\r\n":
+            _, key, value = line.decode().split(" ", 2)
+            lines[key] = value.strip()
+        mem_items, mem_bytes = int(lines["queue_rb_mem_items"]), int(lines["queue_rb_mem_bytes"])
+        assert int(lines["queue_rb_items"]) == 30 and 0 < mem_items < 30  # read-behind
+        assert mem_bytes == 100 * mem_items
+        assert lines["memcache_curr_connections"] == "1"
+        doc = get_json(srv, "/stats.json")
+        assert doc["gauges"]["q/rb/items"] == 30
+        assert (doc["gauges"]["q/rb/mem_items"], doc["gauges"]["q/rb/mem_bytes"]) == (
+            mem_items,
+            mem_bytes,
+        )
+        assert doc["counters"]["memcache/total_connections"] >= 1
+        text = http(srv, "/metrics")[1].decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        sample = [s for s in families["tercel_mem_items"].samples if s.labels["queue"] == "rb"]
+        assert [s.value for s in sample] == [mem_items]

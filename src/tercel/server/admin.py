@@ -19,14 +19,25 @@ path                        method answer
 
 A GET on a POST path is a 405 (aiohttp's router). Snapshots are taken on request; the
 ``?period=N`` windows (Ostrich's latched collectors) snapshot every N seconds once asked for.
+
+What a web page in a browser must not do with this port (:class:`Guard`, before any handler):
+read it through DNS rebinding — a request whose ``Host`` is neither the listening address (an
+IP literal; any one when listening on a wildcard address), ``localhost`` on loopback, nor one of
+``admin_hosts`` is refused (421); drive it cross-site — a POST with an ``Origin`` that is not
+such a host, or with a "simple" content type (form or ``text/plain``, which a page may send
+without a preflight) is refused (403, 415). With ``admin_token`` set, a POST without
+``Authorization: Bearer <token>`` is refused (401); the token is required when ``host`` is not
+a loopback address. Each refusal, and each malformed request, is one log line (no traceback).
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,10 +48,11 @@ from prometheus_client.metrics_core import SummaryMetricFamily
 from prometheus_client.samples import Sample
 
 from tercel import native
+from tercel.config import ServerSettings
 from tercel.errors import ConfigError
+from tercel.server import stats
 from tercel.server.context import ServerContext
 from tercel.server.metrics import PERCENTILES, LogHistogram
-from tercel.server.stats import global_lines
 from tercel.server.status import parse_status
 
 if TYPE_CHECKING:
@@ -128,45 +140,46 @@ class Snapshot:
 
 
 def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
-    """Read every stat of ``server`` now; ``copy`` the histograms to keep the snapshot."""
+    """Every stat of ``server`` now in Ostrich's groups, from the one typed snapshot
+    (``server/stats.py``); ``copy`` the histograms to keep the snapshot."""
+    stat = stats.snapshot(server)
     snap = Snapshot()
-    glob = dict(global_lines(server))
-    snap.counters.update({k: int(str(glob[k])) for k in _GLOBAL_COUNTERS})
-    status = server.status.current
+    snap.counters.update({k: getattr(stat, k) for k in _GLOBAL_COUNTERS})
+    for fe, counters in stat.front_ends.items():
+        for k, v in counters.items():  # curr_* are levels, the rest counts
+            (snap.gauges if k.startswith("curr_") else snap.counters)[f"{fe}/{k}"] = v
     snap.gauges.update(
-        items=server.collection.total_length,
-        bytes=server.collection.total_bytes,
-        reserved_memory_ratio=float(str(glob["reserved_memory_ratio"])),
-        connections=len(server.connections),
-        uptime=int(str(glob["uptime"])),
+        items=stat.curr_items,
+        bytes=stat.bytes,
+        reserved_memory_ratio=round(stat.reserved_memory_ratio, 3),
+        connections=stat.curr_connections,
+        uptime=stat.uptime,
     )
-    snap.gauges["status/readable"] = int(status.readable)
-    snap.gauges["status/writeable"] = int(status.writable)
-    snap.labels.update(version=server.version, status=status.name)
-    now = server.clock.now_ms()
-    coll = server.collection
-    for q in coll:
+    snap.gauges["status/readable"] = int(stat.readable)
+    snap.gauges["status/writeable"] = int(stat.writable)
+    snap.labels.update(version=stat.version, status=stat.status)
+    for q in stat.queues:
         p = f"q/{q.name}/"
         snap.counters.update({p + k: getattr(q, k) for k in _QUEUE_COUNTERS})
-        cfg = q.config
         gauges: dict[str, int | float] = {
-            "items": len(q),
-            "max_items": cfg.max_items,
+            "items": q.items,
+            "max_items": q.max_items,
             "bytes": q.bytes,
-            "max_bytes": cfg.max_size,
-            "journal_size": q.log.size,
-            "mem_items": len(q),
-            "mem_bytes": q.bytes,
-            "age_msec": q.age(now),
+            "max_bytes": q.max_bytes,
+            "journal_size": q.journal_size,
+            "mem_items": q.mem_items,
+            "mem_bytes": q.mem_bytes,
+            "age_msec": q.age,
             "waiters": q.waiters,
-            "open_transactions": q.open_reads,
+            "open_transactions": q.open_transactions,
             "create_time": q.create_time // 1000,
         }
         snap.gauges.update({p + k: v for k, v in gauges.items()})
-    for name, (items, nbytes) in coll.alias_puts.items():
+    for name, (items, nbytes) in stat.alias_puts.items():
         snap.counters[f"q/{name}/put_items"] = items
         snap.counters[f"q/{name}/put_bytes"] = nbytes
     metrics = server.metrics
+    coll = server.collection
     metrics.prune({q.name for q in coll} | set(coll.config.aliases))
     for key, h in metrics.total.items():
         snap.metrics[key] = h.copy() if copy else h
@@ -262,6 +275,107 @@ def _family(kind: str, name: str, stat: str, value: Any) -> CounterMetricFamily 
     return GaugeMetricFamily(name, doc, value=value, labels=labels)
 
 
+SIMPLE_CONTENT_TYPES = frozenset(
+    {"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"}
+)
+"""Content types a web page may POST cross-site without a CORS preflight."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Guard:
+    """The admin port's checks of Host, Origin, content type and token (module docstring)."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        host = settings.host.strip("[]").lower()
+        self.token = settings.admin_token
+        if self.token is None and not is_loopback(host):
+            raise ConfigError(
+                f"server.admin_token is required: the admin port listens on {settings.host}, "
+                "beyond loopback (or set admin_port = false)"
+            )
+        self.names = set(settings.admin_hosts)
+        self.address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
+        self.wildcard = False
+        try:
+            self.address = ipaddress.ip_address(host)
+            self.wildcard = self.address.is_unspecified
+        except ValueError:
+            self.names.add(host)  # listening on a name: that name
+        if is_loopback(host):
+            self.names.add("localhost")
+
+    def host_ok(self, value: str | None) -> bool:
+        """Whether a ``Host`` (or an origin's host) names this server."""
+        if value is None:
+            return True  # HTTP/1.0 without Host: no browser sends that
+        value = value.strip().lower()
+        if value.startswith("["):
+            name = value[1 : value.find("]")] if "]" in value else value
+        else:
+            name = value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+        name = name.rstrip(".")
+        if name in self.names:
+            return True
+        try:
+            ip = ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        if self.wildcard or ip == self.address:
+            return True
+        return self.address is not None and self.address.is_loopback and ip.is_loopback
+
+    def refusal(self, request: web.Request) -> tuple[int, str] | None:
+        """``(status, reason)`` when ``request`` is refused, else None."""
+        if not self.host_ok(request.headers.get("Host")):
+            return 421, "unknown Host"
+        if request.method in ("GET", "HEAD"):
+            return None
+        origin = request.headers.get("Origin")
+        if origin is not None:
+            scheme, _, rest = origin.partition("://")
+            if scheme not in ("http", "https") or not self.host_ok(rest.split("/", 1)[0]):
+                return 403, "foreign Origin"
+        if request.content_type in SIMPLE_CONTENT_TYPES and "Content-Type" in request.headers:
+            return 415, f"content type {request.content_type} refused on a POST"
+        if self.token is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                return 401, "missing or wrong admin token"
+        return None
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        refused = self.refusal(request)
+        if refused is None:
+            return await handler(request)
+        status, reason = refused
+        log.warning(
+            "admin: refused %s %s from %s: %s", request.method, request.path, request.remote, reason
+        )
+        return _error(status, reason)
+
+
+class _OneLineLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server logger, but a malformed request is one line, not a traceback."""
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        reason = exc if isinstance(exc, BaseException) else "bad request"
+        text = " ".join(str(reason).split())[:200] or type(reason).__name__
+        self.logger.warning("admin: %s: %s", str(msg) % args if args else msg, text)
+
+
 class AdminServer:
     """The admin HTTP listener of one :class:`~tercel.server.app.Server`."""
 
@@ -270,7 +384,8 @@ class AdminServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_PrometheusCollector(server))
         self._periods: dict[int, tuple[PeriodCollector, TimerHandle]] = {}
-        app = web.Application()
+        self.guard = Guard(server.config.server)  # raises ConfigError: before listening
+        app = web.Application(middlewares=[self.guard.middleware])
         app.add_routes(
             [
                 web.get("/ping", self.ping),
@@ -285,7 +400,12 @@ class AdminServer:
                 web.post("/status/{status}", self.set_status),
             ]
         )
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            shutdown_timeout=2.0,
+            logger=_OneLineLogger(logging.getLogger("aiohttp.server"), {}),
+        )
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: any free port); the bound port."""

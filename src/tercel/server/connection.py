@@ -66,8 +66,10 @@ class Parked:
 class Connection:
     """One client connection of any front end (an asyncio protocol by duck typing)."""
 
-    def __init__(self, ctx: ServerContext) -> None:
+    def __init__(self, ctx: ServerContext, front_end: str) -> None:
         self.ctx = ctx
+        self.front_end = front_end
+        """The listener's name (``memcache``, ...), under which the connection is counted."""
         self.session = Session(ctx.collection, ctx.max_open_reads, ctx.reservations.table)
         self.transport: asyncio.Transport | None = None
         self.out: list[bytes] = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Final, Protocol
 
 from tercel import __version__
@@ -41,6 +42,8 @@ WRITES: Final = 2
 
 class Closable(Protocol):
     """What the context needs of a connection of any front end (see ``server.connection``)."""
+
+    front_end: str
 
     def end_session(self) -> None: ...
 
@@ -90,6 +93,8 @@ class ServerContext:
         self.bytes_written = 0
         self.connections: set[Closable] = set()
         self.total_connections = 0
+        self._per_front_end: dict[str, list[int]] = {}  # name -> [open now, ever opened]
+        self._counters: dict[str, Callable[[], dict[str, int]]] = {}
         self.ports: dict[str, int] = {}
         """The bound port of each listener by name (``memcache``, ``admin``, ...)."""
         self._stop = asyncio.Event()
@@ -103,10 +108,33 @@ class ServerContext:
             return False
         self.connections.add(conn)
         self.total_connections += 1
+        counts = self._per_front_end.get(conn.front_end)
+        if counts is None:
+            counts = self._per_front_end[conn.front_end] = [0, 0]
+        counts[0] += 1
+        counts[1] += 1
         return True
 
     def connection_closed(self, conn: Closable) -> None:
-        self.connections.discard(conn)
+        if conn in self.connections:
+            self.connections.discard(conn)
+            self._per_front_end[conn.front_end][0] -= 1
+
+    # ---- per-front-end counters -----------------------------------------------------------
+
+    def add_counters(self, front_end: str, provider: Callable[[], dict[str, int]]) -> None:
+        """Register a front end's own counters (e.g. its ``cmd_*``), read at each stats
+        snapshot (``server/stats.py``)."""
+        self._counters[front_end] = provider
+
+    def front_end_counters(self) -> dict[str, dict[str, int]]:
+        """Per front end: ``curr_connections``, ``total_connections`` and its own counters."""
+        out: dict[str, dict[str, int]] = {}
+        for name, (now, ever) in self._per_front_end.items():
+            out[name] = {"curr_connections": now, "total_connections": ever}
+        for name, provider in self._counters.items():
+            out.setdefault(name, {}).update(provider())
+        return out
 
     # ---- status ---------------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ class MemcacheConnection(Connection):
     for the pump it runs on)."""
 
     def __init__(self, ctx: ServerContext) -> None:
-        super().__init__(ctx)
+        super().__init__(ctx, "memcache")
         self.codec = mc.MemcacheServerCodec()
 
     # ---- the hooks of server.connection ---------------------------------------------------
