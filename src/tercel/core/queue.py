@@ -26,7 +26,7 @@ from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
-from tercel.clock import Clock
+from tercel.clock import MAX_TIME_MS, Clock
 from tercel.config import QueueConfig
 from tercel.core.log import ItemReader, Position, QueueLog
 from tercel.errors import ItemTooLarge, JournalError
@@ -208,7 +208,7 @@ class PersistentQueue:
         self._max_item_size = min(config.max_item_size, NO_LIMIT)
 
     def _cap(self, item: QItem) -> None:
-        cap = item.add_time + self.config.max_age  # type: ignore[operator]
+        cap = min(item.add_time + self.config.max_age, MAX_TIME_MS)  # type: ignore[operator]
         if not item.expiry or item.expiry > cap:
             item.expiry = cap
 
@@ -233,7 +233,8 @@ class PersistentQueue:
     def add(self, data: builtins.bytes, expiry: int | None = None, now: int | None = None) -> bool:
         """Append an item; False when the queue is full (and may not discard) or closed.
 
-        ``expiry`` is absolute epoch ms (None or 0: none), capped by ``max_age``. Raises
+        ``expiry`` is absolute epoch ms (None or 0: none), capped by ``max_age``, and clamped
+        to 1 (already expired) .. :data:`~tercel.clock.MAX_TIME_MS` (never, in practice). Raises
         :class:`ItemTooLarge` above ``max_item_size``, and the log's error when it cannot write.
         """
         cfg = self.config
@@ -262,6 +263,8 @@ class PersistentQueue:
         if cfg.max_age is not None:
             cap = now + cfg.max_age
             expiry = cap if not expiry or expiry > cap else expiry
+        if expiry and not 0 < expiry <= MAX_TIME_MS:  # any number a protocol parsed fits
+            expiry = MAX_TIME_MS if expiry > 0 else 1  # negative: already expired (epoch 1 ms)
         item_id = self._next_id
         if self.disk_items or (self.mem_bytes >= cfg.max_memory_size and self.log.pages):
             if not self.disk_items:
