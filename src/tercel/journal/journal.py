@@ -17,7 +17,8 @@ The queue decides *when* to rotate or compact; this module only executes. Compac
 snapshot file (state at a rotation point, see docs/journal_format.md) through an injected
 ``background`` runner (a worker thread in the server; inline by default), then switches over
 on the owner's thread in one short step: rename over the newest obsolete file, delete the
-older ones. Every crash window has a named fail point (:func:`failpoint`).
+older ones. Every crash window of it can be hit by a test through the file seam
+(:data:`tercel.journal.faults.COMPACTION_CRASHES`).
 
 Threading: single-threaded, except :meth:`FileJournal.sync` and the snapshot writer, which run
 on worker threads and touch only their own file descriptors.
@@ -59,21 +60,6 @@ PREALLOCATE_FIRST = 64 << 10
 """The first step ahead in a file. Each step doubles up to :data:`PREALLOCATE`, so a queue that
 writes little keeps little zeroed space on disk, and a busy one extends once per MiB."""
 _ZEROS = memoryview(bytes(PREALLOCATE))
-
-FAILPOINTS = (
-    "compact_before_write",
-    "compact_after_write",
-    "compact_after_rename",
-    "compact_after_delete",
-)
-"""Crash windows of a compaction, in order. With ``TERCEL_FAILPOINT=<name>`` in the
-environment the process exits at once (``os._exit(99)``, no cleanup) on reaching it."""
-
-
-def failpoint(name: str) -> None:
-    """Die here if the environment asks for it (crash tests; see :data:`FAILPOINTS`)."""
-    if os.environ.get("TERCEL_FAILPOINT") == name:
-        os._exit(99)
 
 
 class ItemLike(Protocol):
@@ -753,7 +739,6 @@ class FileJournal:
         self.compacting = True
 
         def work() -> None:
-            failpoint("compact_before_write")
             _write_snapshot(
                 tmp,
                 ops=self._ops,
@@ -764,7 +749,6 @@ class FileJournal:
                 cursor=cursor,
                 taken=taken,
             )
-            failpoint("compact_after_write")
 
         self._background(work, lambda exc: self._switch_over(tmp, target, obsolete, exc))
         return True
@@ -782,13 +766,11 @@ class FileJournal:
             return
         ops.rename(tmp, f"{self.path}.{target}")
         fsync_dir(self.data_dir, ops)
-        failpoint("compact_after_rename")
         for seq in obsolete:
             if seq != target:
                 ops.unlink(f"{self.path}.{seq}")
                 del self._older[seq]
         fsync_dir(self.data_dir, ops)
-        failpoint("compact_after_delete")
         self._older[target] = os.path.getsize(f"{self.path}.{target}")
         self._older_total = sum(self._older.values())
         self.compactions += 1
