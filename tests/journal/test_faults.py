@@ -69,20 +69,21 @@ def test_a_full_disk_or_a_failing_fsync_fails_the_journal_and_keeps_what_was_wri
 def test_emfile_on_open_parks_a_pooled_journal_and_goes_on(tmp_path: Path) -> None:
     faults = FaultyFiles()
     files = DataDir(str(tmp_path), max_open=8, ops=faults)
-    a = journal(tmp_path, "a", files)
+    a = journal(tmp_path, "a", files)  # a new file: its journal holds the descriptor
     a.add(1, 1, 0, b"a1")
-    a.write_out()  # a holds its descriptor now
+    a.write_out()
     assert files.held == 1
     faults.fail("open", errno.EMFILE, times=1, path="/b")
     b = journal(tmp_path, "b", files)  # the first open of b's file fails: a is parked
-    assert files.evictions == 1
+    assert (files.evictions, files.held) == (1, 1)
     b.add(1, 1, 0, b"b1")
     b.write_out()
     a.add(2, 2, 0, b"a2")  # a reopens its file by path
     a.write_out()
+    assert files.held == 2
     faults.fail("open", errno.EMFILE, times=3, path="/c")
-    c = journal(tmp_path, "c", files)  # a and b are parked, then the reserve is given up
-    assert files.evictions == 3 and files.held == 0
+    c = journal(tmp_path, "c", files)  # b and a are parked, then the reserve is given up
+    assert (files.evictions, files.held) == (3, 1)
     c.add(1, 1, 0, b"c1")
     c.write_out()
     for j in (a, b, c):

@@ -218,6 +218,7 @@ class FileJournal:
         self._ops = self._dir.ops
         self.closed = True
         """Not opened yet (before :meth:`replay`) or closed: nothing is written."""
+        self._current_version: int | None = None  # of the current file, read by replay
         self._on_dirty = on_dirty if on_dirty is not None else FileJournal.write_out
         self._background = background or run_inline
         self._parts: list[bytes] = []  # records not yet written, in order, as pieces
@@ -304,11 +305,14 @@ class FileJournal:
             self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         self._older_total = sum(self._older.values())
-        if self._open() != rec.VERSION:  # older versions are read, never appended to
+        size = os.path.getsize(self.path) if listed.current else 0
+        if size >= rec.HEADER_SIZE and self._current_version == rec.VERSION:
+            # Ready for appends; the file is opened on first use (an idle queue holds no
+            # descriptor, and a start with many queues opens each file once, not twice).
+            self._written = self._allocated = size
+            self.closed = False
+        elif self._open() != rec.VERSION:  # older versions are read, never appended to
             self.rotate()
-        if self._dir.max_open:  # an idle queue holds no descriptor
-            self.park()
-            self._dir.forget(self)
         return report
 
     def _replay_file(
@@ -326,6 +330,8 @@ class FileJournal:
             return
         head = _read_head(self._dir, path, rec.HEADER_SIZE)
         good = self._check_header(head, path, newest)
+        if path == self.path:
+            self._current_version = rec.header_version(head)
         torn: Truncation | None = None
         if not good:
             torn = Truncation(path, 0, size, "torn file header")
