@@ -198,16 +198,27 @@ class QueueCollection:
             except Exception:
                 log.exception("could not move an expired item from %s to %s", q.name, target)
 
-    def _dead_letter(self, q: PersistentQueue, item: QItem) -> None:
+    def _dead_letter(self, q: PersistentQueue, item: QItem) -> bool:
+        """Move ``item`` to ``q``'s dead-letter queue (or drop it when there is none); False
+        when that queue refuses it (full, item too large, not creatable, journal failed):
+        the item then stays in ``q`` and is handed out again, never lost."""
         target = q.config.dead_letter_queue
         if target is None or target == q.name:
             log.warning("dropping an item of %s delivered %d times", q.name, item.deliveries)
-            return
+            return True
         try:
-            if not self.add(target, item.data, item.expiry or None, self.clock.now_ms()):
-                log.warning("dead-letter queue %s is full: an item of %s is lost", target, q.name)
-        except Exception:
-            log.exception("could not move an item from %s to dead-letter queue %s", q.name, target)
+            if self.add(target, item.data, item.expiry or None, self.clock.now_ms()):
+                return True
+            reason = "it is full"
+        except Exception as exc:  # any failure: the item must not be lost
+            reason = str(exc) or type(exc).__name__
+        log.warning(
+            "dead-letter queue %s refused an item of %s (%s): it stays and is handed out again",
+            target,
+            q.name,
+            reason,
+        )
+        return False
 
     def delete(self, name: str) -> bool:
         """Delete a queue and its journal; its fanout registration ends too. An alias (or

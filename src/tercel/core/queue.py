@@ -117,8 +117,9 @@ class PersistentQueue:
         self.log = log
         self.clock = clock
         self.on_expired = on_expired
-        self.on_dead_letter: Callable[[PersistentQueue, QItem], None] | None = None
-        """Called with an item handed out ``max_deliveries`` times, before it is removed."""
+        self.on_dead_letter: Callable[[PersistentQueue, QItem], bool] | None = None
+        """Called with an item handed out ``max_deliveries`` times, before it is removed;
+        False when the item could not be moved (then it stays and is handed out again)."""
         self._items: deque[QItem] = deque()
         self._open: dict[int, QItem] = {}
         self._waiters: dict[Waiter, None] = {}
@@ -144,6 +145,8 @@ class PersistentQueue:
         self.canceled_transactions = 0
         self.total_flushes = 0
         self.dead_lettered = 0
+        self.dead_letter_refusals = 0
+        """Items the dead-letter queue refused (each stayed and was handed out again)."""
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -306,7 +309,8 @@ class PersistentQueue:
             return None
         limit = self.config.max_deliveries
         while limit and self._items[0].deliveries >= limit:
-            self._dead_letter(self._items[0])
+            if not self._dead_letter(self._items[0]):
+                break  # the dead-letter queue refused it: handed out again, never lost
             if not self._head(now):
                 return None
         xid = self._new_xid()
@@ -326,7 +330,8 @@ class PersistentQueue:
             self._discard_expired(now, self.config.max_expire_sweep)
         return bool(items)
 
-    def _dead_letter(self, item: QItem) -> None:
+    def _dead_letter(self, item: QItem) -> bool:
+        """Move the head ``item`` out (see :attr:`on_dead_letter`); False when it stays."""
         # The copy is added to the dead-letter queue before the REMOVE is written here, so a
         # crash in between duplicates the item rather than losing it. That add may lead back
         # into this queue (the dead-letter queue is its fanout parent, or an alias naming
@@ -335,11 +340,15 @@ class PersistentQueue:
         if self.on_dead_letter is not None:
             waiters, self._waiters = self._waiters, {}
             try:
-                self.on_dead_letter(self, item)
+                moved = self.on_dead_letter(self, item)
             finally:
                 self._waiters = waiters
+            if not moved:
+                self.dead_letter_refusals += 1
+                return False
         self._pop_head()
         self.dead_lettered += 1
+        return True
 
     def _taken(self, item: QItem) -> None:
         self.mem_bytes -= len(item.data)
