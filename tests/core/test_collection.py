@@ -382,9 +382,7 @@ def test_expire_to_queue_failure_is_logged_not_raised(
 
 
 @pytest.mark.parametrize("refusal", ["full", "too large", "too many queues"])
-def test_an_item_the_dead_letter_queue_refuses_stays_in_its_queue(
-    logs: Logs, refusal: str
-) -> None:
+def test_an_item_the_dead_letter_queue_refuses_stays_in_its_queue(logs: Logs, refusal: str) -> None:
     """A dead-letter add that fails (the dead-letter queue is full, the item is too large for
     it, or it cannot be created) used to drop the item anyway. It stays at the head of its
     queue and is handed out again: a duplicate delivery rather than a loss."""

@@ -192,10 +192,12 @@ class PersistentQueue:
     def reconfigure(self, config: QueueConfig) -> None:
         """Take new settings (``reload``). A ``max_age`` caps the expiry of items already
         queued too, measured from their add time, as Kestrel re-applies it: items in memory
-        now, items on disk as they are read back."""
+        and items held by open reads (and leases) now, items on disk as they are read back."""
         self.config = config
         if config.max_age is not None:
             for item in self._items:
+                self._cap(item)
+            for item in self._open.values():
                 self._cap(item)
 
     @property

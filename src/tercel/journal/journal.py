@@ -345,9 +345,15 @@ class FileJournal:
                         raise rec.BadRecord(good, "zero bytes where a record starts")
                     reader.check_end()
             except rec.BadRecord as bad:
-                if not newest or _valid_data_after(path, bad.offset):
-                    raise JournalCorrupt(bad.reason, path, bad.offset) from None
-                torn = Truncation(path, bad.offset, size - bad.offset, bad.reason)
+                reason = bad.reason
+                if not newest:
+                    raise JournalCorrupt(reason, path, bad.offset) from None
+                if _valid_data_after(path, bad.offset):
+                    if not _hole_after(path, bad.offset):
+                        raise JournalCorrupt(reason, path, bad.offset) from None
+                    reason = f"{reason}: a hole of zeros, power loss in the unsynced tail"
+                    self._keep_cut(path, bad.offset, size)
+                torn = Truncation(path, bad.offset, size - bad.offset, reason)
                 good = bad.offset
             finally:
                 reader.close()
@@ -370,6 +376,28 @@ class FileJournal:
                 self._ops.fsync(fd)
             finally:
                 self._ops.close(fd)
+
+    def _keep_cut(self, path: str, offset: int, size: int) -> None:
+        """Copy the bytes from ``offset`` to the end of ``path`` to ``<path>.cut-<offset>``
+        (never replayed: not a journal file name) before a hole cuts them off."""
+        ops = self._ops
+        src = self._dir.open(path, os.O_RDONLY)
+        dst = -1
+        try:
+            dst = self._dir.open(f"{path}.cut-{offset}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            pos = offset
+            while pos < size:
+                data = ops.pread(src, min(1 << 20, size - pos), pos)
+                if not data:
+                    break
+                _write_all(ops, dst, data, pos - offset)
+                pos += len(data)
+            ops.fsync(dst)
+        finally:
+            ops.close(src)
+            if dst >= 0:
+                ops.close(dst)
+        fsync_dir(self.data_dir, ops)
 
     def _replay_records(
         self,
@@ -1041,6 +1069,28 @@ def _valid_data_after(path: str, bad: int) -> bool:
         # may hold record bytes (a journal stored as an item). Only a run of records that
         # goes on to the end of the data shows damage before it.
         return any(_records_up_to(buf, pos, end) for pos in scan)
+
+
+HOLE: Final = 4096
+"""The unit of a power-loss hole: a page (and the usual filesystem block)."""
+
+
+def _hole_after(path: str, bad: int) -> bool:
+    """True when the bad record at ``bad`` is cut by a hole: a whole aligned :data:`HOLE` of
+    zero bytes at the first page boundary at or after ``bad``, reached by the bad record
+    (its claimed length runs into it, or only zeros lie between them). A power loss leaves
+    such holes in the unsynced tail of a file (pages written back out of order); other damage
+    rarely looks like one."""
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        page = -(-bad // HOLE) * HOLE
+        if page + HOLE > len(buf) or buf[page : page + HOLE].count(0) != HOLE:
+            return False
+        if buf[bad:page].count(0) == page - bad:
+            return True  # zeros from the bad record on
+        if bad + rec.PREFIX_SIZE > page:
+            return False  # the length field itself is cut: nothing tells its span
+        length = int.from_bytes(buf[bad : bad + 4], "little")
+        return bad + rec.PREFIX_SIZE + length > page
 
 
 def _records_up_to(buf: mmap.mmap, pos: int, end: int) -> bool:
