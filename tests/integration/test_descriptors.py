@@ -10,6 +10,7 @@ refuses new queues with ``SERVER_ERROR too many queues``.
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 from conftest import Raw, drain, set_cmd
@@ -83,3 +84,45 @@ def test_max_queues_refuses_a_new_queue_and_restart_loads_them_all(data_dir: Pat
         conn.call(b"delete q1\r\n", b"DELETED\r\n")
         conn.call(set_cmd("new", b"z"), b"STORED\r\n")  # room again: 3 queues
         conn.call(b"get new\r\n", b"VALUE new 0 1\r\nz\r\nEND\r\n")
+
+
+def test_connections_that_use_every_descriptor_refuse_nothing_else_for_good(
+    data_dir: Path,
+) -> None:
+    """More connections than descriptors: the server neither crashes nor stops for good.
+    Requests on accepted connections get a reply (a new queue may be refused with
+    ``SERVER_ERROR too many open files``); once connections close, new ones are served again,
+    and the log holds no traceback."""
+    config = "[server]\nmax_open_journals = 4\n"
+    with ServerProcess(data_dir, config, open_files=64, admin_port=None) as srv:
+        first = Raw(srv.connect())
+        first.call(set_cmd("kept", b"0"), b"STORED\r\n")
+        socks = [srv.connect() for _ in range(100)]  # the kernel queues what is not accepted
+        first.call(set_cmd("kept", b"1"), b"STORED\r\n")  # a file reopened from the pool
+        replies = set()
+        for i in range(20):
+            first.send(set_cmd(f"new{i}", b"x"))
+            replies.add(first.read_line())
+        assert replies <= {b"STORED\r\n", b"SERVER_ERROR too many open files\r\n"}
+        for s in socks:
+            s.close()
+        # Out of descriptors, the loop accepts and closes at once what waits in the backlog
+        # (libuv's answer to EMFILE); once the server has seen these closes, it serves again.
+        deadline = time.monotonic() + 30
+        while not _served(srv):
+            assert time.monotonic() < deadline, "the server never accepted again"
+            time.sleep(0.05)
+        first.call(set_cmd("late", b"y"), b"STORED\r\n")
+        assert drain(first, "kept") == [b"0", b"1"]
+        assert "Traceback" not in srv.log()
+
+
+def _served(srv: ServerProcess) -> bool:
+    """One new connection gets its ``version`` answered."""
+    try:
+        with srv.connect() as sock:
+            sock.settimeout(5)
+            sock.sendall(b"version\r\n")
+            return sock.recv(100).startswith(b"VERSION ")
+    except OSError:
+        return False
