@@ -219,6 +219,7 @@ class FileJournal:
         self.closed = True
         """Not opened yet (before :meth:`replay`) or closed: nothing is written."""
         self._current_version: int | None = None  # of the current file, read by replay
+        self._current_size = 0  # of the current file after replay
         self._on_dirty = on_dirty if on_dirty is not None else FileJournal.write_out
         self._background = background or run_inline
         self._parts: list[bytes] = []  # records not yet written, in order, as pieces
@@ -305,7 +306,7 @@ class FileJournal:
             self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         self._older_total = sum(self._older.values())
-        size = os.path.getsize(self.path) if listed.current else 0
+        size = self._current_size if listed.current else 0
         if size >= rec.HEADER_SIZE and self._current_version == rec.VERSION:
             # Ready for appends; the file is opened on first use (an idle queue holds no
             # descriptor, and a start with many queues opens each file once, not twice).
@@ -358,6 +359,8 @@ class FileJournal:
             finally:
                 reader.close()
         report.bytes += good
+        if path == self.path:
+            self._current_size = good  # what is left once the cuts below are made
         if torn is not None:
             report.truncations.append(torn)
             log.warning(
