@@ -12,11 +12,14 @@ What is timed:
 - *create*: one client, pipelined ``set`` of ``--items`` 16-byte items to each of
   ``--queues`` distinct queues (batches of 1,000 commands), from the first byte sent to the
   last ``STORED`` read;
-- *restart*: SIGKILL, then ``tercel serve`` again on the same data dir, from the exec to the
-  ports file (the server replays every queue before it listens); then one ``get`` per
-  thousandth queue checks the items are there;
+- *restart*: SIGKILL, ``sync`` (the writeback of the 100,000 new files is not the restart's),
+  then ``tercel serve`` again on the same data dir, from the exec to the ports file (the
+  server replays every queue before it listens); then one ``get`` per hundredth queue checks
+  the items are there;
 - *RSS*: the server's resident set (``/proc/<pid>/status`` VmRSS) after creating, and after
-  the restart.
+  the restart;
+- *server CPU*: user + system time of the server process over each phase (``/proc/<pid>/stat``),
+  the fairer figure on a shared host, where wall time includes waiting for a CPU.
 
 The server runs under ``ulimit -n`` of ``--open-files`` (soft and hard limit, so it cannot
 raise it) through :class:`tercel.testing.ServerProcess`. Prints one line per phase and a JSON
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import sys
@@ -45,6 +49,12 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system) ``pid`` has used so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def read_replies(sock: socket.socket, count: int, buf: bytes) -> bytes:
@@ -95,25 +105,34 @@ def run(queues: int, items: int, open_files: int) -> dict[str, float]:
         with ServerProcess(data, open_files=open_files, admin_port=None) as srv:
             assert srv.proc is not None
             sock = srv.connect(timeout=600)
+            cpu0 = cpu_s(srv.proc.pid)
             created = create(sock, queues, items)
             sock.close()
+            cpu_created = cpu_s(srv.proc.pid) - cpu0
             rss_created = rss_mb(srv.proc.pid)
             print(
-                f"create  {queues} queues x {items} items: {created:.2f} s,",
-                f"RSS {rss_created:.0f} MB",
+                f"create  {queues} queues x {items} items: {created:.2f} s",
+                f"(server CPU {cpu_created:.2f} s), RSS {rss_created:.0f} MB",
             )
             srv.kill()
+            os.sync()  # the killed server's files reach the disk first: not timed as restart
             t0 = time.perf_counter()
             srv.start(timeout=600)
             restarted = time.perf_counter() - t0
+            cpu_restarted = cpu_s(srv.proc.pid)  # from exec to listening
             rss_restarted = rss_mb(srv.proc.pid)
-            print(f"restart {queues} queues: {restarted:.2f} s, RSS {rss_restarted:.0f} MB")
+            print(
+                f"restart {queues} queues: {restarted:.2f} s (server CPU {cpu_restarted:.2f} s),",
+                f"RSS {rss_restarted:.0f} MB",
+            )
             sock = srv.connect(timeout=60)
             check(sock, queues, items)
             sock.close()
         return {
             "create_s": round(created, 2),
+            "create_cpu_s": round(cpu_created, 2),
             "restart_s": round(restarted, 2),
+            "restart_cpu_s": round(cpu_restarted, 2),
             "rss_created_mb": round(rss_created),
             "rss_restarted_mb": round(rss_restarted),
         }
