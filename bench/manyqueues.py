@@ -102,7 +102,7 @@ def check(sock: socket.socket, queues: int, items: int) -> None:
 def run(queues: int, items: int, open_files: int) -> dict[str, float]:
     data = Path(tempfile.mkdtemp(prefix="tercel-manyqueues-"))
     try:
-        with ServerProcess(data, open_files=open_files, admin_port=None) as srv:
+        with ServerProcess(data, open_files=open_files) as srv:
             assert srv.proc is not None
             sock = srv.connect(timeout=600)
             cpu0 = cpu_s(srv.proc.pid)
