@@ -7,7 +7,12 @@ Kestrel's journal). Tests use :class:`ManualClock` to move time without sleeping
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Final, Protocol
+
+MAX_TIME_MS: Final = (1 << 63) - 1
+"""The latest time an item can carry (the journal stores times as signed 64-bit ms, about
+292 million years after 1970): later expiries are clamped to it, which means "never" in
+practice."""
 
 
 class Clock(Protocol):

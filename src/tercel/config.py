@@ -214,6 +214,13 @@ class ServerSettings:
     latency_sample_every: int = 16
     """Time one command in this many for the latency distributions (1: every command)."""
     max_connections: int | None = None
+    max_queues: int | None = None
+    """Queues that may exist at once; creating one more gets ``SERVER_ERROR too many
+    queues`` (queues found on disk at start-up are always loaded). None: no limit."""
+    max_open_journals: int = 0
+    """Journal descriptors held open at once (the pool of :mod:`tercel.journal.files`); the
+    least recently used are closed and reopened on demand. 0: a quarter of the open-file
+    limit, between 16 and 4096."""
     admin_token: str | None = None
     """Bearer token every admin POST must carry; required when the admin port listens beyond
     loopback."""
@@ -271,6 +278,8 @@ _SERVER_PARSERS: dict[str, Any] = {
     "max_connections": lambda v, k: _parse_count(v, k) or None,
     "admin_token": _parse_token,
     "admin_hosts": _parse_names,
+    "max_queues": lambda v, k: _parse_count(v, k) or None,
+    "max_open_journals": _parse_count,
 }
 
 

@@ -10,7 +10,9 @@ Every error tercel raises on purpose is one of these::
     │   ├── ItemTooLarge      the item exceeds the queue's max_item_size
     │   └── OpenReadError     Kestrel's open-read violations (answered with bare ``ERROR``)
     ├── UnavailableError      the server's status (or shutdown) forbids the operation
-    │   └── TooManyLeases     the queue's ``max_open_leases`` leases are all open
+    │   ├── TooManyLeases     the queue's ``max_open_leases`` leases are all open
+    │   ├── TooManyQueues     ``max_queues`` queues exist: no new one is created
+    │   └── TooManyOpenFiles  the process is out of file descriptors (EMFILE, ENFILE)
     ├── ConfigError           a configuration file or value is invalid
     ├── JournalError          something is wrong with a journal file (carries path and offset)
     │   ├── JournalCorrupt    a bad record that is not a torn tail: start-up must stop
@@ -88,6 +90,21 @@ class TooManyLeases(UnavailableError):
 
     def __init__(self) -> None:
         super().__init__("too many open leases")
+
+
+class TooManyQueues(UnavailableError):
+    """``max_queues`` queues exist already: the request would create one more."""
+
+    def __init__(self) -> None:
+        super().__init__("too many queues")
+
+
+class TooManyOpenFiles(UnavailableError):
+    """The process (EMFILE) or the system (ENFILE) has no file descriptor left for this
+    request; the request is refused, nothing else is affected."""
+
+    def __init__(self) -> None:
+        super().__init__("too many open files")
 
 
 class ConfigError(TercelError):

@@ -30,15 +30,19 @@ from tercel.core.log import QueueLog
 from tercel.core.queue import PersistentQueue
 from tercel.errors import ConfigError
 from tercel.journal import FileJournal, NullJournal, list_queue_names
+from tercel.journal.files import DataDir, auto_max_open, raise_open_files_limit
 from tercel.journal.journal import run_inline
 
 __all__ = [
     "LOCK_FILE",
+    "DataDir",
     "DataDirLock",
     "FileJournal",
+    "auto_max_open",
     "list_queue_names",
     "open_log",
     "open_queue",
+    "raise_open_files_limit",
     "run_inline",
 ]
 
@@ -118,14 +122,18 @@ def open_log(
     *,
     on_dirty: Callable[[FileJournal], None] | None = None,
     background: Background | None = None,
+    directory: DataDir | None = None,
 ) -> QueueLog:
     """Queue ``name``'s journal in ``data_dir`` (a null one for ``journal = false``).
 
     ``on_dirty`` makes writes buffered until the caller's group commit (the server);
-    without it the journal writes through (the embedded queue, the tools)."""
+    without it the journal writes through (the embedded queue, the tools). ``directory`` is
+    the data dir's shared listing and descriptor pool (the server's; one of its own without)."""
     if not config.journal:
         return NullJournal()
-    return FileJournal(data_dir, name, on_dirty=on_dirty, background=background)
+    return FileJournal(
+        data_dir, name, on_dirty=on_dirty, background=background, directory=directory
+    )
 
 
 def open_queue(data_dir: str, name: str, config: QueueConfig, clock: Clock) -> PersistentQueue:

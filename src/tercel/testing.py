@@ -25,6 +25,14 @@ class ServerStartError(RuntimeError):
     """The server process exited, or did not bind its ports in time."""
 
 
+_LIMITED = (
+    "import resource, runpy, sys; "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, ({n}, {n})); "
+    "sys.argv[0] = 'tercel'; "
+    "runpy.run_module('tercel', run_name='__main__', alter_sys=True)"
+)
+
+
 class ServerProcess:
     """A ``tercel serve`` subprocess (context manager: started on enter, stopped on exit)."""
 
@@ -37,6 +45,7 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         log_level: str = "warning",
         admin_port: int | None = 0,
+        open_files: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.config_text = config
@@ -46,6 +55,8 @@ class ServerProcess:
         self.admin_port = admin_port
         """Passed as ``--admin-port`` (0: any free port, in ``ports["admin"]``); None: the
         config file's setting or the default, 2223."""
+        self.open_files = open_files
+        """When set, the server runs under ``ulimit -n`` of this (soft and hard limit)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = ""
         self.ports: dict[str, int] = {}
@@ -72,10 +83,11 @@ class ServerProcess:
         if os.path.exists(fifo):
             os.unlink(fifo)
         os.mkfifo(fifo)
+        launch = [sys.executable, "-m", "tercel"]
+        if self.open_files:  # ulimit -n N, soft and hard, then run tercel as -m would
+            launch = [sys.executable, "-c", _LIMITED.format(n=self.open_files)]
         args = [
-            sys.executable,
-            "-m",
-            "tercel",
+            *launch,
             "serve",
             "--data-dir",
             str(self.data_dir),
@@ -98,7 +110,12 @@ class ServerProcess:
         self.log_path = os.path.join(self._tmp, "server.log")
         with open(self.log_path, "ab") as log_file:
             # stdout is never written by the server: its pipe closing tells us it died.
-            self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=log_file)
+            self.proc = subprocess.Popen(
+                args,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+            )
         self.ports = self._read_ports(fifo, timeout)
         return self
 

@@ -376,3 +376,33 @@ def test_expire_to_queue_failure_is_logged_not_raised(
     assert w.items("small") == [b"x"]
     assert "could not move an expired item from a to small" in caplog.text
     w.qc.close()
+
+
+# ---- dead letters that cannot be moved (issue 21, item 7) ----------------------------------
+
+
+@pytest.mark.parametrize("refusal", ["full", "too large", "too many queues"])
+def test_an_item_the_dead_letter_queue_refuses_stays_in_its_queue(logs: Logs, refusal: str) -> None:
+    """A dead-letter add that fails (the dead-letter queue is full, the item is too large for
+    it, or it cannot be created) used to drop the item anyway. It stays at the head of its
+    queue and is handed out again: a duplicate delivery rather than a loss."""
+    dlq: dict[str, Any] = {"max_items": 1} if refusal == "full" else {"max_item_size": 1}
+    doc: dict[str, Any] = {
+        "queues": {"work": {"max_deliveries": 1, "dead_letter_queue": "dlq"}, "dlq": dlq}
+    }
+    if refusal == "too many queues":
+        doc = {"server": {"max_queues": 1}, "queues": {"work": doc["queues"]["work"]}}
+    w = make(logs, doc)
+    if refusal == "full":
+        assert w.add("dlq", b"x")
+    assert w.add("work", b"job")
+    q = w.qc.get_or_create("work")
+    xid, _ = q.remove_open()  # type: ignore[misc]
+    q.abort(xid)  # delivered once: the next read would dead-letter it
+    taken = q.remove_open()
+    assert taken is not None and taken[1].data == b"job"  # refused there: handed out again
+    assert q.dead_lettered == 0
+    q.abort(taken[0])
+    w.restart()
+    assert w.items("work") == [b"job"]
+    w.qc.close()

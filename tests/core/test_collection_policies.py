@@ -227,3 +227,20 @@ def test_sync_mode_is_the_queue_setting_and_none_for_unknown_queues() -> None:
     assert qc.sync_mode("d") == 0
     assert qc.sync_mode("p") == 20
     assert qc.sync_mode("missing") is None
+
+
+def test_reload_with_a_smaller_max_age_caps_items_held_by_open_reads_too() -> None:
+    """An item held by an open read (or a lease) when ``reload`` brings a ``max_age`` used to
+    keep its old expiry: aborted later, it was handed out again though older than the new
+    limit. Issue 21, item 7."""
+    clock = ManualClock()
+    qc = QueueCollection(parse_config({}), lambda name, cfg: MemoryJournal(), clock)
+    qc.add("q", b"held", None, clock.now_ms())
+    q = qc.get_or_create("q")
+    taken = q.remove_open()
+    assert taken is not None
+    clock.advance(5_000)
+    qc.reload(parse_config({"queues": {"max_age": "3s"}}))
+    assert q.abort(taken[0])
+    assert q.remove() is None  # 5 s old: expired on its way back to the head
+    assert q.expired_items == 1

@@ -79,8 +79,9 @@ def test_a_snapshot_has_the_delivery_counts_of_when_it_was_taken(tmp_path: Path)
     dead: list[tuple[bytes, int]] = []
     config = QueueConfig(max_deliveries=2)
 
-    def on_dead_letter(_: PersistentQueue, it: QItem) -> None:
+    def on_dead_letter(_: PersistentQueue, it: QItem) -> bool:
         dead.append((it.data, it.deliveries))
+        return True
 
     q = open_queue(tmp_path, config, pending)
     q.add(b"job-A")

@@ -66,3 +66,25 @@ def test_stray_files_in_data_dir_are_not_queues(data_dir: Path) -> None:
             lines.append(conn.read_line())
         assert not any(b"queue_notes" in line for line in lines)
         assert b"STAT queue_creates 0\r\n" in lines
+
+
+def test_any_exptime_that_parses_is_clamped_and_survives_a_restart(data_dir: Path) -> None:
+    """An exptime whose expiry in ms overflows the journal's 64-bit field used to raise
+    struct.error while the ADD was packed: no reply, the connection (and the commands
+    pipelined behind) gone. Now a far expiry means "never" and a far past one "expired"."""
+    with ServerProcess(data_dir) as srv:
+        conn = Raw(srv.connect())
+        conn.call(
+            b"set q 0 9223372036854776 4\r\nfar1\r\n"
+            b"set q 0 -999999999999999999 4\r\npast\r\n"
+            b"set q 0 999999999999999999 4\r\nfar2\r\n"
+            b"set q 0 -9223372036854776 4\r\npast\r\n"
+            b"get q/peek\r\n",
+            b"STORED\r\n" * 4 + b"VALUE q/peek 0 4\r\nfar1\r\nEND\r\n",
+        )
+        srv.kill()
+        srv.start()
+        conn = Raw(srv.connect())
+        for item in (b"far1", b"far2"):  # the expired ones are dropped on the way
+            conn.call(b"get q\r\n", b"VALUE q 0 4\r\n%s\r\nEND\r\n" % item)
+        conn.call(b"get q\r\n", b"END\r\n")

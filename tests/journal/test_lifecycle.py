@@ -7,7 +7,6 @@ RAM twin and on the file journal alike; rotation, compaction and crashes need fi
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,7 @@ from tercel.clock import ManualClock
 from tercel.config import QueueConfig
 from tercel.core.queue import PersistentQueue
 from tercel.journal import FileJournal, MemoryJournal
-from tercel.journal.journal import FAILPOINTS
+from tercel.journal.faults import COMPACTION_CRASHES
 
 
 def build(path: Path, **cfg: int) -> PersistentQueue:
@@ -201,7 +200,12 @@ CRASHER = textwrap.dedent(
     from tercel.config import QueueConfig
     from tercel.core.queue import PersistentQueue
     from tercel.journal import FileJournal
+    from tercel.journal.faults import COMPACTION_CRASHES, FaultyFiles
+    from tercel.journal.files import set_default_ops
 
+    faults = FaultyFiles()
+    COMPACTION_CRASHES[sys.argv[2]](faults)
+    set_default_ops(faults)
     cfg = QueueConfig(max_memory_size=500, max_journal_size=3000)
     q = PersistentQueue("q", cfg, FileJournal(sys.argv[1], "q"), SystemClock())
     q.replay()
@@ -215,7 +219,7 @@ CRASHER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("point", FAILPOINTS)
+@pytest.mark.parametrize("point", COMPACTION_CRASHES)
 def test_crash_at_every_failpoint_keeps_exactly_the_acknowledged_state(
     tmp_path: Path, point: str
 ) -> None:
@@ -223,10 +227,8 @@ def test_crash_at_every_failpoint_keeps_exactly_the_acknowledged_state(
     script.write_text(CRASHER)
     data = tmp_path / "data"
     data.mkdir()
-    env = dict(os.environ, TERCEL_FAILPOINT=point)
     proc = subprocess.run(
-        [sys.executable, str(script), str(data)],
-        env=env,
+        [sys.executable, str(script), str(data), point],
         capture_output=True,
         text=True,
         check=False,

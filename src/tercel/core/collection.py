@@ -12,6 +12,7 @@ succeeds only if every destination took it; reads of an alias are always empty.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable, Iterator
 
@@ -20,7 +21,13 @@ from tercel.config import QueueConfig, ServerConfig
 from tercel.core.log import QueueLog
 from tercel.core.queue import PersistentQueue, QItem
 from tercel.core.stats import GlobalStats
-from tercel.errors import BadQueueName, ItemTooLarge, JournalError
+from tercel.errors import (
+    BadQueueName,
+    ItemTooLarge,
+    JournalError,
+    TooManyOpenFiles,
+    TooManyQueues,
+)
 from tercel.names import fanout_parent, valid_name
 
 log = logging.getLogger(__name__)
@@ -44,6 +51,7 @@ class QueueCollection:
         self.alias_puts: dict[str, list[int]] = {}
         """Alias name -> [items, bytes] written through it (Kestrel's put_items, put_bytes)."""
         self.stats = GlobalStats()
+        self._loading = False  # load(): queues on disk are created whatever max_queues says
 
     # ---- lookup and creation --------------------------------------------------------------
 
@@ -90,10 +98,23 @@ class QueueCollection:
         return self._create(name)
 
     def _create(self, name: str) -> PersistentQueue:
+        """Create and replay queue ``name``. Raises :class:`TooManyQueues` past
+        ``max_queues`` (except at start-up: every queue on disk is loaded), and
+        :class:`TooManyOpenFiles` when no descriptor is left to open its log."""
+        limit = self.config.server.max_queues
+        if limit is not None and len(self._queues) >= limit and not self._loading:
+            raise TooManyQueues()
         cfg = self.config.queue_config(name)
-        q = PersistentQueue(name, cfg, self._open_log(name, cfg), self.clock, self._expired)
-        q.on_dead_letter = self._dead_letter
-        report = q.replay()
+        try:
+            log_ = self._open_log(name, cfg)
+            q = PersistentQueue(name, cfg, log_, self.clock, self._expired)
+            q.on_dead_letter = self._dead_letter
+            report = q.replay()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                log.warning("queue %s not created: %s", name, exc.strerror)
+                raise TooManyOpenFiles() from exc
+            raise
         self._queues[name] = q
         self._plain.clear()  # a new fanout child changes where its parent's adds go
         self.stats.queue_creates += 1
@@ -107,9 +128,14 @@ class QueueCollection:
         return q
 
     def load(self, names: list[str]) -> None:
-        """Create (and replay) the queues found on disk at start-up, parents first."""
-        for name in sorted(names, key=lambda n: (n.count("+"), n)):
-            self.get_or_create(name)
+        """Create (and replay) the queues found on disk at start-up, parents first (all of
+        them, even beyond ``max_queues``)."""
+        self._loading = True
+        try:
+            for name in sorted(names, key=lambda n: (n.count("+"), n)):
+                self.get_or_create(name)
+        finally:
+            self._loading = False
 
     def children(self, name: str) -> list[str]:
         """Names of the fanout children registered under ``name``."""
@@ -172,16 +198,27 @@ class QueueCollection:
             except Exception:
                 log.exception("could not move an expired item from %s to %s", q.name, target)
 
-    def _dead_letter(self, q: PersistentQueue, item: QItem) -> None:
+    def _dead_letter(self, q: PersistentQueue, item: QItem) -> bool:
+        """Move ``item`` to ``q``'s dead-letter queue (or drop it when there is none); False
+        when that queue refuses it (full, item too large, not creatable, journal failed):
+        the item then stays in ``q`` and is handed out again, never lost."""
         target = q.config.dead_letter_queue
         if target is None or target == q.name:
             log.warning("dropping an item of %s delivered %d times", q.name, item.deliveries)
-            return
+            return True
         try:
-            if not self.add(target, item.data, item.expiry or None, self.clock.now_ms()):
-                log.warning("dead-letter queue %s is full: an item of %s is lost", target, q.name)
-        except Exception:
-            log.exception("could not move an item from %s to dead-letter queue %s", q.name, target)
+            if self.add(target, item.data, item.expiry or None, self.clock.now_ms()):
+                return True
+            reason = "it is full"
+        except Exception as exc:  # any failure: the item must not be lost
+            reason = str(exc) or type(exc).__name__
+        log.warning(
+            "dead-letter queue %s refused an item of %s (%s): it stays and is handed out again",
+            target,
+            q.name,
+            reason,
+        )
+        return False
 
     def delete(self, name: str) -> bool:
         """Delete a queue and its journal; its fanout registration ends too. An alias (or

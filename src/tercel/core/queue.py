@@ -26,7 +26,7 @@ from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
-from tercel.clock import Clock
+from tercel.clock import MAX_TIME_MS, Clock
 from tercel.config import QueueConfig
 from tercel.core.log import ItemReader, Position, QueueLog
 from tercel.errors import ItemTooLarge, JournalError
@@ -117,8 +117,9 @@ class PersistentQueue:
         self.log = log
         self.clock = clock
         self.on_expired = on_expired
-        self.on_dead_letter: Callable[[PersistentQueue, QItem], None] | None = None
-        """Called with an item handed out ``max_deliveries`` times, before it is removed."""
+        self.on_dead_letter: Callable[[PersistentQueue, QItem], bool] | None = None
+        """Called with an item handed out ``max_deliveries`` times, before it is removed;
+        False when the item could not be moved (then it stays and is handed out again)."""
         self._items: deque[QItem] = deque()
         self._open: dict[int, QItem] = {}
         self._waiters: dict[Waiter, None] = {}
@@ -144,6 +145,8 @@ class PersistentQueue:
         self.canceled_transactions = 0
         self.total_flushes = 0
         self.dead_lettered = 0
+        self.dead_letter_refusals = 0
+        """Items the dead-letter queue refused (each stayed and was handed out again)."""
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -189,10 +192,12 @@ class PersistentQueue:
     def reconfigure(self, config: QueueConfig) -> None:
         """Take new settings (``reload``). A ``max_age`` caps the expiry of items already
         queued too, measured from their add time, as Kestrel re-applies it: items in memory
-        now, items on disk as they are read back."""
+        and items held by open reads (and leases) now, items on disk as they are read back."""
         self.config = config
         if config.max_age is not None:
             for item in self._items:
+                self._cap(item)
+            for item in self._open.values():
                 self._cap(item)
 
     @property
@@ -208,7 +213,7 @@ class PersistentQueue:
         self._max_item_size = min(config.max_item_size, NO_LIMIT)
 
     def _cap(self, item: QItem) -> None:
-        cap = item.add_time + self.config.max_age  # type: ignore[operator]
+        cap = min(item.add_time + self.config.max_age, MAX_TIME_MS)  # type: ignore[operator]
         if not item.expiry or item.expiry > cap:
             item.expiry = cap
 
@@ -233,7 +238,8 @@ class PersistentQueue:
     def add(self, data: builtins.bytes, expiry: int | None = None, now: int | None = None) -> bool:
         """Append an item; False when the queue is full (and may not discard) or closed.
 
-        ``expiry`` is absolute epoch ms (None or 0: none), capped by ``max_age``. Raises
+        ``expiry`` is absolute epoch ms (None or 0: none), capped by ``max_age``, and clamped
+        to 1 (already expired) .. :data:`~tercel.clock.MAX_TIME_MS` (never, in practice). Raises
         :class:`ItemTooLarge` above ``max_item_size``, and the log's error when it cannot write.
         """
         cfg = self.config
@@ -262,6 +268,8 @@ class PersistentQueue:
         if cfg.max_age is not None:
             cap = now + cfg.max_age
             expiry = cap if not expiry or expiry > cap else expiry
+        if expiry and not 0 < expiry <= MAX_TIME_MS:  # any number a protocol parsed fits
+            expiry = MAX_TIME_MS if expiry > 0 else 1  # negative: already expired (epoch 1 ms)
         item_id = self._next_id
         if self.disk_items or (self.mem_bytes >= cfg.max_memory_size and self.log.pages):
             if not self.disk_items:
@@ -303,7 +311,8 @@ class PersistentQueue:
             return None
         limit = self.config.max_deliveries
         while limit and self._items[0].deliveries >= limit:
-            self._dead_letter(self._items[0])
+            if not self._dead_letter(self._items[0]):
+                break  # the dead-letter queue refused it: handed out again, never lost
             if not self._head(now):
                 return None
         xid = self._new_xid()
@@ -323,7 +332,8 @@ class PersistentQueue:
             self._discard_expired(now, self.config.max_expire_sweep)
         return bool(items)
 
-    def _dead_letter(self, item: QItem) -> None:
+    def _dead_letter(self, item: QItem) -> bool:
+        """Move the head ``item`` out (see :attr:`on_dead_letter`); False when it stays."""
         # The copy is added to the dead-letter queue before the REMOVE is written here, so a
         # crash in between duplicates the item rather than losing it. That add may lead back
         # into this queue (the dead-letter queue is its fanout parent, or an alias naming
@@ -332,11 +342,15 @@ class PersistentQueue:
         if self.on_dead_letter is not None:
             waiters, self._waiters = self._waiters, {}
             try:
-                self.on_dead_letter(self, item)
+                moved = self.on_dead_letter(self, item)
             finally:
                 self._waiters = waiters
+            if not moved:
+                self.dead_letter_refusals += 1
+                return False
         self._pop_head()
         self.dead_lettered += 1
+        return True
 
     def _taken(self, item: QItem) -> None:
         self.mem_bytes -= len(item.data)

@@ -17,7 +17,8 @@ The queue decides *when* to rotate or compact; this module only executes. Compac
 snapshot file (state at a rotation point, see docs/journal_format.md) through an injected
 ``background`` runner (a worker thread in the server; inline by default), then switches over
 on the owner's thread in one short step: rename over the newest obsolete file, delete the
-older ones. Every crash window has a named fail point (:func:`failpoint`).
+older ones. Every crash window of it can be hit by a test through the file seam
+(:data:`tercel.journal.faults.COMPACTION_CRASHES`).
 
 Threading: single-threaded, except :meth:`FileJournal.sync` and the snapshot writer, which run
 on worker threads and touch only their own file descriptors.
@@ -35,8 +36,8 @@ from typing import Final, NoReturn, Protocol
 
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal import records as rec
+from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, default_ops
 from tercel.journal.reader import ChunkReader, read_adds
-from tercel.names import valid_name
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +60,6 @@ PREALLOCATE_FIRST = 64 << 10
 """The first step ahead in a file. Each step doubles up to :data:`PREALLOCATE`, so a queue that
 writes little keeps little zeroed space on disk, and a busy one extends once per MiB."""
 _ZEROS = memoryview(bytes(PREALLOCATE))
-
-FAILPOINTS = (
-    "compact_before_write",
-    "compact_after_write",
-    "compact_after_rename",
-    "compact_after_delete",
-)
-"""Crash windows of a compaction, in order. With ``TERCEL_FAILPOINT=<name>`` in the
-environment the process exits at once (``os._exit(99)``, no cleanup) on reaching it."""
-
-
-def failpoint(name: str) -> None:
-    """Die here if the environment asks for it (crash tests; see :data:`FAILPOINTS`)."""
-    if os.environ.get("TERCEL_FAILPOINT") == name:
-        os._exit(99)
 
 
 class ItemLike(Protocol):
@@ -143,24 +129,18 @@ def list_queue_names(data_dir: str) -> list[str]:
     Any other file (a temp file, the status file, a stray file with an invalid name) is
     ignored, so a stray file never becomes a queue.
     """
-    names = set()
-    for entry in os.listdir(data_dir):
-        base, dot, suffix = entry.partition(".")
-        wanted = (not dot or suffix.isdigit()) and valid_name(base)
-        if wanted and os.path.isfile(os.path.join(data_dir, entry)):
-            names.add(base)
-    return sorted(names)
+    return DataDir(data_dir).queue_names()
 
 
-def _write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+def _write_all(ops: FileOps, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     """Write all of ``data`` at file offset ``offset``."""
-    n = os.pwrite(fd, data, offset)
+    n = ops.pwrite(fd, data, offset)
     if n == len(data):  # the common case: no view, no slice
         return
     view = memoryview(data)[n:]
     while view:
         offset += n
-        n = os.pwrite(fd, view, offset)
+        n = ops.pwrite(fd, view, offset)
         view = view[n:]
 
 
@@ -168,30 +148,41 @@ IOV_MAX: Final = 1024
 """The most pieces one ``pwritev`` takes (Linux's ``UIO_MAXIOV``)."""
 
 
-def _write_parts(fd: int, parts: list[bytes], size: int, offset: int) -> None:
+def _write_parts(ops: FileOps, fd: int, parts: list[bytes], size: int, offset: int) -> None:
     """Write ``parts`` (``size`` bytes in all) one after another from file offset ``offset``,
     :data:`IOV_MAX` pieces per call."""
     for i in range(0, len(parts), IOV_MAX):
         chunk = parts[i : i + IOV_MAX]
-        n = os.pwritev(fd, chunk, offset)
+        n = ops.pwritev(fd, chunk, offset)
         want = size if len(parts) <= IOV_MAX else sum(len(p) for p in chunk)
         if n < want:  # a short write: the rest of this chunk as one buffer
-            _write_all(fd, memoryview(b"".join(chunk))[n:], offset + n)
+            _write_all(ops, fd, memoryview(b"".join(chunk))[n:], offset + n)
         offset += want
 
 
-def fsync_dir(path: str) -> None:
+def fsync_dir(path: str, ops: FileOps | None = None) -> None:
     """fsync a directory, so that renames and unlinks in it are durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    if ops is None:
+        ops = default_ops()
+    fd = ops.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
+        ops.fsync(fd)
     finally:
-        os.close(fd)
+        ops.close(fd)
 
 
-def _starts_with_snapshot(path: str) -> bool:
-    with open(path, "rb") as fh:
-        head = fh.read(rec.HEADER_SIZE + rec.PREFIX_SIZE + 1)
+def _read_head(directory: DataDir, path: str, size: int) -> bytes:
+    """The first ``size`` bytes of the file at ``path`` (fewer if it is shorter)."""
+    ops = directory.ops
+    fd = directory.open(path, os.O_RDONLY)
+    try:
+        return ops.pread(fd, size, 0)
+    finally:
+        ops.close(fd)
+
+
+def _starts_with_snapshot(directory: DataDir, path: str) -> bool:
+    head = _read_head(directory, path, rec.HEADER_SIZE + rec.PREFIX_SIZE + 1)
     return len(head) == rec.HEADER_SIZE + rec.PREFIX_SIZE + 1 and head[-1] == rec.OP_SNAPSHOT
 
 
@@ -202,7 +193,14 @@ class _ReplayState:
 
 
 class FileJournal:
-    """The journal of queue ``name`` in ``data_dir`` (see the module docstring)."""
+    """The journal of queue ``name`` in ``data_dir`` (see the module docstring).
+
+    ``directory`` is the data directory's listing, descriptor pool and file operations
+    (:class:`~tercel.journal.files.DataDir`), shared by every journal of a server; without
+    one the journal has its own (an unbounded pool: one queue in-process). The descriptor of
+    the current file is held only between a use and its eviction from the pool (the journal
+    reopens it by path when it next needs it); :attr:`closed` is the life cycle.
+    """
 
     def __init__(
         self,
@@ -211,10 +209,17 @@ class FileJournal:
         *,
         on_dirty: Callable[[FileJournal], None] | None = None,
         background: Background | None = None,
+        directory: DataDir | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.name = name
         self.path = os.path.join(data_dir, name)
+        self._dir = directory if directory is not None else DataDir(data_dir)
+        self._ops = self._dir.ops
+        self.closed = True
+        """Not opened yet (before :meth:`replay`) or closed: nothing is written."""
+        self._current_version: int | None = None  # of the current file, read by replay
+        self._current_size = 0  # of the current file after replay
         self._on_dirty = on_dirty if on_dirty is not None else FileJournal.write_out
         self._background = background or run_inline
         self._parts: list[bytes] = []  # records not yet written, in order, as pieces
@@ -276,22 +281,22 @@ class FileJournal:
         is cut off at its last good record (and reported); any other bad record raises
         :class:`JournalCorrupt` with path and offset, leaving every file as it was.
         """
-        for entry in os.listdir(self.data_dir):
-            if entry.startswith(self.name + "~~"):
-                os.unlink(os.path.join(self.data_dir, entry))
-        older = _older_seqs(self.data_dir, self.name)
+        listed = self._dir.take(self.name)  # the data dir's one listing, not one per queue
+        for entry in listed.temps:
+            self._ops.unlink(os.path.join(self.data_dir, entry))
+        older = listed.older
         self._seq = (older[-1] + 1) if older else 1
         files = [(s, f"{self.path}.{s}") for s in older]
-        if os.path.exists(self.path):
+        if listed.current:
             files.append((self._seq, self.path))
         start = 0
         for i in range(len(files) - 1, 0, -1):
-            if _starts_with_snapshot(files[i][1]):
+            if _starts_with_snapshot(self._dir, files[i][1]):
                 start = i
                 break
         for _, path in files[:start]:
             log.info("journal %s: removing %s, superseded by a snapshot", self.name, path)
-            os.unlink(path)
+            self._ops.unlink(path)
         files = files[start:]
         # Read-behind may read older files while they are replayed: know them up front.
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
@@ -301,7 +306,13 @@ class FileJournal:
             self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         self._older_total = sum(self._older.values())
-        if self._open() != rec.VERSION:  # older versions are read, never appended to
+        size = self._current_size if listed.current else 0
+        if size >= rec.HEADER_SIZE and self._current_version == rec.VERSION:
+            # Ready for appends; the file is opened on first use (an idle queue holds no
+            # descriptor, and a start with many queues opens each file once, not twice).
+            self._written = self._allocated = size
+            self.closed = False
+        elif self._open() != rec.VERSION:  # older versions are read, never appended to
             self.rotate()
         return report
 
@@ -318,14 +329,16 @@ class FileJournal:
         size = os.path.getsize(path)
         if size == 0:
             return
-        with open(path, "rb") as fh:
-            head = fh.read(rec.HEADER_SIZE)
+        head = _read_head(self._dir, path, rec.HEADER_SIZE)
         good = self._check_header(head, path, newest)
+        if path == self.path:
+            self._current_version = rec.header_version(head)
         torn: Truncation | None = None
         if not good:
             torn = Truncation(path, 0, size, "torn file header")
         else:
-            reader = ChunkReader(path, good)
+            start = good
+            reader = self._dir.retrying(lambda: ChunkReader(path, start))
             try:
                 good = self._replay_records(seq, reader, sink, report, state)
                 if good < size:  # the records end in zeros written ahead (PREALLOCATE)
@@ -333,13 +346,21 @@ class FileJournal:
                         raise rec.BadRecord(good, "zero bytes where a record starts")
                     reader.check_end()
             except rec.BadRecord as bad:
-                if not newest or _valid_data_after(path, bad.offset):
-                    raise JournalCorrupt(bad.reason, path, bad.offset) from None
-                torn = Truncation(path, bad.offset, size - bad.offset, bad.reason)
+                reason = bad.reason
+                if not newest:
+                    raise JournalCorrupt(reason, path, bad.offset) from None
+                if _valid_data_after(path, bad.offset):
+                    if not _hole_after(path, bad.offset):
+                        raise JournalCorrupt(reason, path, bad.offset) from None
+                    reason = f"{reason}: a hole of zeros, power loss in the unsynced tail"
+                    self._keep_cut(path, bad.offset, size)
+                torn = Truncation(path, bad.offset, size - bad.offset, reason)
                 good = bad.offset
             finally:
                 reader.close()
         report.bytes += good
+        if path == self.path:
+            self._current_size = good  # what is left once the cuts below are made
         if torn is not None:
             report.truncations.append(torn)
             log.warning(
@@ -352,9 +373,34 @@ class FileJournal:
         elif good < size:
             log.info("journal %s: cut %d zero bytes written ahead", path, size - good)
         if good < size:
-            with open(path, "r+b") as fh:
-                fh.truncate(good)
-                os.fsync(fh.fileno())
+            fd = self._dir.open(path, os.O_RDWR)
+            try:
+                self._ops.ftruncate(fd, good)
+                self._ops.fsync(fd)
+            finally:
+                self._ops.close(fd)
+
+    def _keep_cut(self, path: str, offset: int, size: int) -> None:
+        """Copy the bytes from ``offset`` to the end of ``path`` to ``<path>.cut-<offset>``
+        (never replayed: not a journal file name) before a hole cuts them off."""
+        ops = self._ops
+        src = self._dir.open(path, os.O_RDONLY)
+        dst = -1
+        try:
+            dst = self._dir.open(f"{path}.cut-{offset}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            pos = offset
+            while pos < size:
+                data = ops.pread(src, min(1 << 20, size - pos), pos)
+                if not data:
+                    break
+                _write_all(ops, dst, data, pos - offset)
+                pos += len(data)
+            ops.fsync(dst)
+        finally:
+            ops.close(src)
+            if dst >= 0:
+                ops.close(dst)
+        fsync_dir(self.data_dir, ops)
 
     def _replay_records(
         self,
@@ -435,21 +481,45 @@ class FileJournal:
     def _open(self) -> int | None:
         """Open the current file for appends (after replay, which cut any zeros at its end);
         return its format version."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        ops = self._ops
+        fd = self._dir.open(self.path, os.O_RDWR | os.O_CREAT)
         try:  # the descriptor is the journal's only once the file has its header
-            size = os.fstat(fd).st_size
+            size = ops.fstat_size(fd)
             if size == 0:
-                _write_all(fd, rec.FILE_HEADER, 0)
+                _write_all(ops, fd, rec.FILE_HEADER, 0)
                 size = rec.HEADER_SIZE
-            version = rec.header_version(os.pread(fd, rec.HEADER_SIZE, 0))
+            version = rec.header_version(ops.pread(fd, rec.HEADER_SIZE, 0))
         except BaseException:
-            os.close(fd)
+            ops.close(fd)
             raise
         self._fd = fd
+        self.closed = False
+        self._dir.use(self)
         self._written = self._allocated = size
         self._preallocating = False
         self._ahead = PREALLOCATE_FIRST
         return version
+
+    def _fd_now(self) -> int:
+        """The descriptor of the current file, reopened if the pool parked it (raises
+        OSError when that fails); the journal becomes the pool's most recently used."""
+        fd = self._fd
+        if fd < 0:
+            fd = self._fd = self._dir.open(self.path, os.O_RDWR, keep=self)
+        self._dir.use(self)
+        return fd
+
+    def park(self) -> bool:
+        """Close the descriptor of the current file until the next use (the pool's
+        eviction; :class:`~tercel.journal.files.Holder`). Buffered records stay buffered;
+        the zeros written ahead stay (replay cuts them). False while a worker thread syncs."""
+        if self.syncing:
+            return False
+        fd = self._fd
+        if fd >= 0:
+            self._fd = -1
+            self._ops.close(fd)
+        return True
 
     def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
         """Journal an item entering the tail of the queue."""
@@ -506,16 +576,20 @@ class FileJournal:
         every later append, and :class:`JournalWriteError` is raised.
         """
         parts = self._parts
-        if not parts or self._fd < 0:
+        if not parts or self.closed:
             return 0
+        try:
+            fd = self._fd_now()
+        except OSError as exc:  # the records stay buffered: nothing reached the file
+            self._fail("open", exc)
         size = self._pending
         self._parts = []
         self._pending = 0
         try:
-            _write_parts(self._fd, parts, size, self._written)
+            _write_parts(self._ops, fd, parts, size, self._written)
         except OSError as exc:
             try:  # no partial record stays behind
-                os.ftruncate(self._fd, self._written)
+                self._ops.ftruncate(fd, self._written)
                 self._allocated = self._written
             except OSError:
                 log.exception("journal %s: could not cut back a failed write", self.path)
@@ -534,13 +608,13 @@ class FileJournal:
         full disk); the next file tries again."""
         step = self._ahead
         try:
-            _write_all(self._fd, _ZEROS[:step], self._allocated)
+            _write_all(self._ops, self._fd, _ZEROS[:step], self._allocated)
         except OSError as exc:
             log.warning("journal %s: stopped writing space ahead: %s", self.path, exc)
             self._preallocating = False
             self._ahead = 0
             with contextlib.suppress(OSError):  # leave no part of the step behind
-                os.ftruncate(self._fd, self._allocated)
+                self._ops.ftruncate(self._fd, self._allocated)
             return
         self._allocated += step
         self._ahead = min(2 * step, PREALLOCATE)
@@ -548,7 +622,7 @@ class FileJournal:
     def _cut_ahead(self) -> None:
         """Cut the zeros written ahead, so a closed file ends with its last record."""
         if self._allocated > self._written:
-            os.ftruncate(self._fd, self._written)
+            self._ops.ftruncate(self._fd_now(), self._written)
             self._allocated = self._written
 
     def _fail(self, what: str, exc: OSError) -> NoReturn:
@@ -565,21 +639,46 @@ class FileJournal:
         :class:`JournalWriteError`: after a failed fsync the kernel may have dropped the dirty
         pages, so a later fsync could report success for bytes that never reached the disk.
         """
-        fd = self.begin_sync()
-        if fd >= 0:
-            try:
-                os.fdatasync(fd)
-            except OSError as exc:
-                self._fail("fsync", exc)
+        if self.closed:
+            return
+        fd = self._fd
+        own = -1
+        try:
+            if fd < 0 and self.syncing:  # a worker thread: the pool is the loop's
+                fd = own = self._ops.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            elif fd < 0:
+                fd = self._fd_now()
+        except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS and self.syncing:
+                log.warning("journal %s: periodic sync put off: %s", self.path, exc)
+                return  # still needs_sync: the next period tries again
+            self._fail("fsync", exc)
+        self._mark_synced()
+        try:
+            self._ops.fdatasync(fd)
+        except OSError as exc:
+            self._fail("fsync", exc)
+        finally:
+            if own >= 0:
+                self._ops.close(own)
+
+    def _mark_synced(self) -> None:
+        self._unsynced = False
+        self._preallocating = self._ahead > 0  # a file that is synced: see PREALLOCATE
 
     def begin_sync(self) -> int:
         """Count every byte written so far as synced, and return the descriptor whose
         fdatasync makes that true (-1: the journal is closed). For an fsync run by someone
-        else (native AIO); its failure must be reported with :meth:`sync_failed`."""
-        if self._fd >= 0:
-            self._unsynced = False
-            self._preallocating = self._ahead > 0  # a file that is synced: see PREALLOCATE
-        return self._fd
+        else (native AIO); its failure must be reported with :meth:`sync_failed`. Raises
+        :class:`JournalWriteError` (the journal is failed) if the file cannot be reopened."""
+        if self.closed:
+            return -1
+        try:
+            fd = self._fd_now()
+        except OSError as exc:
+            self._fail("fsync", exc)
+        self._mark_synced()
+        return fd
 
     def sync_failed(self, exc: OSError) -> NoReturn:
         """An fsync begun with :meth:`begin_sync` failed: as :meth:`sync` does, mark the
@@ -622,22 +721,25 @@ class FileJournal:
         failed write, and :class:`JournalWriteError` is raised: every later append raises, so
         nothing is acknowledged that has no file to go to. What was written stays readable at
         the next start (the old file under one of its two names)."""
-        if self._fd < 0 or self.syncing or self._failed is not None:
+        if self.closed or self.syncing or self._failed is not None:
             return False
         self.write_out()
+        ops = self._ops
         try:
             self._cut_ahead()
-            os.fdatasync(self._fd)
-            os.close(self._fd)
+            fd = self._fd_now()
+            ops.fdatasync(fd)
             self._fd = -1
+            self._dir.forget(self)
+            ops.close(fd)
             old = self._seq
-            os.rename(self.path, f"{self.path}.{old}")
+            ops.rename(self.path, f"{self.path}.{old}")
             self._older[old] = self._written
             self._older_total += self._written
             self._seq = old + 1
             self._unsynced = False
             self._open()
-            fsync_dir(self.data_dir)
+            fsync_dir(self.data_dir, ops)
         except OSError as exc:
             self._fail("rotation", exc)
         self.rotations += 1
@@ -660,7 +762,7 @@ class FileJournal:
         without a cursor every older file is. Items and open reads are read from the
         objects given, on a worker thread: the caller passes copies of its containers.
         """
-        if self.compacting or self.syncing or self._failed is not None or self._fd < 0:
+        if self.compacting or self.syncing or self._failed is not None or self.closed:
             return False
         if not self.rotate():
             return False
@@ -674,9 +776,9 @@ class FileJournal:
         self.compacting = True
 
         def work() -> None:
-            failpoint("compact_before_write")
             _write_snapshot(
                 tmp,
+                ops=self._ops,
                 next_id=next_id,
                 xid=xid,
                 open_items=open_items,
@@ -684,7 +786,6 @@ class FileJournal:
                 cursor=cursor,
                 taken=taken,
             )
-            failpoint("compact_after_write")
 
         self._background(work, lambda exc: self._switch_over(tmp, target, obsolete, exc))
         return True
@@ -693,21 +794,20 @@ class FileJournal:
         self, tmp: str, target: int, obsolete: list[int], exc: BaseException | None
     ) -> None:
         self.compacting = False
-        if exc is not None or self._fd < 0 or self._erased:
+        ops = self._ops
+        if exc is not None or self.closed or self._erased:
             if exc is not None:
                 log.error("journal %s: compaction failed: %s", self.path, exc)
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            with contextlib.suppress(FileNotFoundError):
+                ops.unlink(tmp)
             return
-        os.rename(tmp, f"{self.path}.{target}")
-        fsync_dir(self.data_dir)
-        failpoint("compact_after_rename")
+        ops.rename(tmp, f"{self.path}.{target}")
+        fsync_dir(self.data_dir, ops)
         for seq in obsolete:
             if seq != target:
-                os.unlink(f"{self.path}.{seq}")
+                ops.unlink(f"{self.path}.{seq}")
                 del self._older[seq]
-        fsync_dir(self.data_dir)
-        failpoint("compact_after_delete")
+        fsync_dir(self.data_dir, ops)
         self._older[target] = os.path.getsize(f"{self.path}.{target}")
         self._older_total = sum(self._older.values())
         self.compactions += 1
@@ -716,20 +816,27 @@ class FileJournal:
     # ---- life cycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Write out, fsync and close. Deferred to the end of an in-flight sync."""
-        if self._fd < 0:
+        """Write out, fsync and close. Deferred to the end of an in-flight sync. A journal
+        whose descriptor is parked and that has nothing to write or sync is not reopened."""
+        if self.closed:
             return
         if self.syncing:
             self._close_after_sync = True
             return
         try:
-            if self._failed is None:
+            if self._failed is None and (
+                self._fd >= 0 or self._parts or self._unsynced or self._allocated > self._written
+            ):
                 self.write_out()
                 self._cut_ahead()
-                os.fsync(self._fd)
+                self._ops.fsync(self._fd_now())
         finally:
-            os.close(self._fd)
+            self.closed = True
+            fd = self._fd
             self._fd = -1
+            self._dir.forget(self)
+            if fd >= 0:
+                self._ops.close(fd)
 
     def sync_done(self) -> None:
         """Called by the sync owner on the loop thread when a worker's :meth:`sync` ended."""
@@ -744,9 +851,12 @@ class FileJournal:
         self._erased = True
         self._parts.clear()
         self._pending = 0
+        self._unsynced = False  # nothing of it is worth an fsync any more
+        self._allocated = self._written
         self.close()
-        for path in journal_files(self.data_dir, self.name):
-            os.unlink(path)
+        for path in [f"{self.path}.{seq}" for seq in sorted(self._older)] + [self.path]:
+            with contextlib.suppress(FileNotFoundError):
+                self._ops.unlink(path)  # the journal knows its files: no directory listing
         self._older.clear()
         self._older_total = self._written = 0
 
@@ -754,6 +864,7 @@ class FileJournal:
 def _write_snapshot(
     path: str,
     *,
+    ops: FileOps | None = None,
     next_id: int,
     xid: int,
     open_items: Sequence[tuple[int, ItemLike]],
@@ -761,7 +872,9 @@ def _write_snapshot(
     cursor: rec.Position | None,
     taken: rec.Position,
 ) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    if ops is None:
+        ops = default_ops()
+    fd = ops.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         buf = bytearray(rec.FILE_HEADER)
         rec.encode_snapshot(buf, next_id, xid)
@@ -787,7 +900,7 @@ def _write_snapshot(
             size += len(data)
             if size >= 1 << 20:
                 chunk = b"".join(parts)
-                _write_all(fd, chunk, offset)
+                _write_all(ops, fd, chunk, offset)
                 offset += len(chunk)
                 parts.clear()
                 size = 0
@@ -795,39 +908,81 @@ def _write_snapshot(
             tail = bytearray()
             rec.encode_resume(tail, cursor, taken)
             parts.append(tail)
-        _write_all(fd, b"".join(parts), offset)
-        os.fsync(fd)
+        _write_all(ops, fd, b"".join(parts), offset)
+        ops.fsync(fd)
     finally:
-        os.close(fd)
+        ops.close(fd)
 
 
 class AddReader:
     """Reads the items a queue left on disk: every ADD record from a position on, across
     files, skipping other records and following RESUME jumps. Reads what is buffered in the
-    journal too (it asks the journal to write it out first)."""
+    journal too (it asks the journal to write it out first).
 
-    __slots__ = ("_journal", "_reader", "_seq")
+    Its descriptor is in the data dir's pool like the journal's: parked when evicted (the
+    buffer is dropped), reopened at the same position by path on the next read."""
+
+    __slots__ = ("_busy", "_journal", "_parked_at", "_reader", "_seq")
 
     def __init__(self, journal: FileJournal, position: rec.Position) -> None:
         self._journal = journal
         self._seq = position[0]
-        self._reader = ChunkReader(journal._path(self._seq), position[1])
+        self._parked_at = -1
+        self._busy = False
+        self._reader = self._open_at(position[1])
+
+    def _open_at(self, offset: int) -> ChunkReader:
+        journal = self._journal
+        path = journal._path(self._seq)
+        reader = journal._dir.retrying(lambda: ChunkReader(path, offset), keep=self)
+        journal._dir.use(self)
+        return reader
 
     @property
     def position(self) -> rec.Position:
         """Where the next record to read starts."""
+        if self._parked_at >= 0:
+            return self._seq, self._parked_at
         return self._seq, self._reader.offset
+
+    def park(self) -> bool:
+        """Close the file until the next read (the pool's eviction); False while reading."""
+        if self._busy:
+            return False
+        if self._parked_at < 0:
+            self._parked_at = self._reader.offset
+            self._reader.close()
+        return True
+
+    def _resume(self) -> None:
+        """Reopen after :meth:`park`, or mark this reader the pool's most recently used."""
+        if self._parked_at >= 0:
+            offset = self._parked_at
+            self._reader = self._open_at(offset)
+            self._parked_at = -1
+        else:
+            self._journal._dir.use(self)
 
     def _move(self, position: rec.Position) -> None:
         self._reader.close()
         self._seq = position[0]
-        self._reader = ChunkReader(self._journal._path(self._seq), position[1])
+        self._reader = self._open_at(position[1])
 
     def next_add(self) -> tuple[int, int, int, bytes] | None:
         """``(item_id, add_time, expiry, data)`` of the next ADD, or None when there is none.
 
         Raises :class:`JournalCorrupt` when a record cannot be read.
         """
+        if self._busy:
+            return self._next_add()
+        self._busy = True  # the pool must not park this reader while it reads
+        try:
+            self._resume()
+            return self._next_add()
+        finally:
+            self._busy = False
+
+    def _next_add(self) -> tuple[int, int, int, bytes] | None:
         journal = self._journal
         flushed = reread = False
         while True:
@@ -864,6 +1019,14 @@ class AddReader:
         Complete, ordinary records already buffered are parsed in one tight loop (the
         read-behind hot path); anything unusual goes through :meth:`next_add`.
         """
+        self._busy = True  # the pool must not park this reader while it reads
+        try:
+            self._resume()
+            return self._next_adds(budget)
+        finally:
+            self._busy = False
+
+    def _next_adds(self, budget: int) -> list[tuple[int, int, int, bytes]]:
         out: list[tuple[int, int, int, bytes]] = []
         got = 0
         while got < budget or not out:
@@ -875,7 +1038,7 @@ class AddReader:
                     reader.advance(stop)
                     got += size
                     continue
-            item = self.next_add()  # the end of a file, a RESUME, or a record to check
+            item = self._next_add()  # the end of a file, a RESUME, or a record to check
             if item is None:
                 break
             out.append(item)
@@ -883,7 +1046,10 @@ class AddReader:
         return out
 
     def close(self) -> None:
-        self._reader.close()
+        self._journal._dir.forget(self)
+        if self._parked_at < 0:
+            self._reader.close()
+            self._parked_at = self._reader.offset
 
 
 def _valid_data_after(path: str, bad: int) -> bool:
@@ -906,6 +1072,28 @@ def _valid_data_after(path: str, bad: int) -> bool:
         # may hold record bytes (a journal stored as an item). Only a run of records that
         # goes on to the end of the data shows damage before it.
         return any(_records_up_to(buf, pos, end) for pos in scan)
+
+
+HOLE: Final = 4096
+"""The unit of a power-loss hole: a page (and the usual filesystem block)."""
+
+
+def _hole_after(path: str, bad: int) -> bool:
+    """True when the bad record at ``bad`` is cut by a hole: a whole aligned :data:`HOLE` of
+    zero bytes at the first page boundary at or after ``bad``, reached by the bad record
+    (its claimed length runs into it, or only zeros lie between them). A power loss leaves
+    such holes in the unsynced tail of a file (pages written back out of order); other damage
+    rarely looks like one."""
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        page = -(-bad // HOLE) * HOLE
+        if page + HOLE > len(buf) or buf[page : page + HOLE].count(0) != HOLE:
+            return False
+        if buf[bad:page].count(0) == page - bad:
+            return True  # zeros from the bad record on
+        if bad + rec.PREFIX_SIZE > page:
+            return False  # the length field itself is cut: nothing tells its span
+        length = int.from_bytes(buf[bad : bad + 4], "little")
+        return bad + rec.PREFIX_SIZE + length > page
 
 
 def _records_up_to(buf: mmap.mmap, pos: int, end: int) -> bool:

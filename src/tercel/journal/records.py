@@ -107,9 +107,21 @@ Position = tuple[int, int]
 """Where a record starts: (file sequence number, byte offset in that file)."""
 
 
+_I64_MIN: Final = -(1 << 63)
+_I64_MAX: Final = (1 << 63) - 1
+
+
 def add_header(item_id: int, add_time: int, expiry: int, data: bytes) -> tuple[bytes, bytes]:
-    """The prefix and the fields of the ADD record of ``data``; the payload follows them."""
-    fields = _pack_add(OP_ADD, item_id, add_time, expiry)
+    """The prefix and the fields of the ADD record of ``data``; the payload follows them.
+
+    Times outside the signed 64-bit range of the format are clamped to it (the queue already
+    clamps expiries; this keeps a journal writable whatever a caller passes)."""
+    try:
+        fields = _pack_add(OP_ADD, item_id, add_time, expiry)
+    except struct.error:  # free when nothing is out of range
+        add_time = min(max(add_time, _I64_MIN), _I64_MAX)
+        expiry = min(max(expiry, _I64_MIN), _I64_MAX)
+        fields = _pack_add(OP_ADD, item_id, add_time, expiry)
     return _pack_prefix(ADD_FIELDS_SIZE + len(data), crc32(data, crc32(fields))), fields
 
 

@@ -103,6 +103,8 @@ class Server:
         self._compactor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tercel-compact")
         # The collection opens no journal before start(), so the committer can come second.
         self.collection = QueueCollection(config, self._open_log, self.clock)
+        self.files = storage.DataDir(config.server.data_dir)
+        """The data dir's one listing and descriptor pool (bounded by :meth:`start`)."""
         self.committer = Committer(self.loop, self.collection.sync_mode)
         self.ctx = ServerContext(config, self.collection, self.committer, self.clock, self.loop)
         """What every front end's handlers use (``server/context.py``)."""
@@ -132,6 +134,7 @@ class Server:
             cfg,
             on_dirty=self.committer.journal_dirty,
             background=self._background,
+            directory=self.files,
         )
 
     def _background(
@@ -192,13 +195,19 @@ class Server:
         self._schedule_sweeps()
 
     def _replay(self) -> None:
+        soft, _ = storage.raise_open_files_limit()
+        pool = self.config.server.max_open_journals or storage.auto_max_open(soft)
+        self.files = storage.DataDir(self.data_dir, max_open=pool)
+        log.info("open-file limit %d; at most %d journal files open at once", soft, pool)
         t0 = time.monotonic()
-        names = storage.list_queue_names(self.data_dir)
+        names = self.files.queue_names()  # the one listing of the data dir
         if names:
             log.info("replaying %d queue(s) from %s", len(names), self.data_dir)
+        shown = t0 + 1
         for i, name in enumerate(names, 1):
             self.collection.load([name])
-            if time.monotonic() - t0 > 1:
+            if time.monotonic() > shown:  # progress once a second, not once per queue
+                shown = time.monotonic() + 1
                 log.info("replayed %d/%d queues (%s)", i, len(names), name)
         self.committer.flush_now()
         if names:
@@ -275,6 +284,7 @@ class Server:
             await listener.wait_closed()
         for sock in self._sockets.values():
             sock.close()
+        self.files.close()
         if self._lock is not None:
             self._lock.release()
             self._lock = None

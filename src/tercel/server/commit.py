@@ -208,7 +208,11 @@ class Committer:
         error: JournalWriteError | None = None
         submitted: list[FileJournal] = []
         for journal in journals:
-            fd = journal.begin_sync()
+            try:
+                fd = journal.begin_sync()
+            except JournalWriteError as exc:  # its file could not be reopened
+                error = error or exc
+                continue
             if fd < 0:
                 continue
             try:

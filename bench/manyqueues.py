@@ -1,0 +1,156 @@
+"""Many queues: create N queues of a few items each, then restart; time and memory.
+
+Issue 21's goal: under ``ulimit -n 1024``, 100,000 queues of a few items each are created in
+under 20 s, restart in under 10 s, and hold under 300 MB RSS. Each queue is one file in the
+data dir; before the single directory listing, each queue's replay listed the whole directory
+(restart time grew with the square of the queue count) and each queue held its journal file
+open (about the 1,007th queue failed with EMFILE).
+
+    python bench/manyqueues.py [--queues 100000] [--items 3] [--open-files 1024] [--repeat 1]
+
+What is timed:
+- *create*: one client, pipelined ``set`` of ``--items`` 16-byte items to each of
+  ``--queues`` distinct queues (batches of 1,000 commands), from the first byte sent to the
+  last ``STORED`` read;
+- *restart*: SIGKILL, ``sync`` (the writeback of the 100,000 new files is not the restart's),
+  then ``tercel serve`` again on the same data dir, from the exec to the ports file (the
+  server replays every queue before it listens); then one ``get`` per hundredth queue checks
+  the items are there;
+- *RSS*: the server's resident set (``/proc/<pid>/status`` VmRSS) after creating, and after
+  the restart;
+- *server CPU*: user + system time of the server process over each phase (``/proc/<pid>/stat``),
+  the fairer figure on a shared host, where wall time includes waiting for a CPU.
+
+The server runs under ``ulimit -n`` of ``--open-files`` (soft and hard limit, so it cannot
+raise it) through :class:`tercel.testing.ServerProcess`. Prints one line per phase and a JSON
+summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tercel.testing import ServerProcess
+
+BATCH = 1000
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set of ``pid`` in MB (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system) ``pid`` has used so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_replies(sock: socket.socket, count: int, buf: bytes) -> bytes:
+    """Read until ``count`` ``STORED`` lines arrived; the bytes after them."""
+    while buf.count(b"\r\n") < count:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            raise SystemExit("the server closed the connection")
+        buf += chunk
+    lines = buf.split(b"\r\n")
+    bad = [x for x in lines[:count] if x != b"STORED"]
+    if bad:
+        raise SystemExit(f"unexpected reply {bad[0]!r}")
+    return b"\r\n".join(lines[count:])
+
+
+def create(sock: socket.socket, queues: int, items: int) -> float:
+    """Pipelined sets to every queue; the seconds taken."""
+    t0 = time.perf_counter()
+    rest = b""
+    names = [b"mq%06d" % i for i in range(queues)]
+    for start in range(0, queues, BATCH):
+        chunk = names[start : start + BATCH]
+        data = b"".join(
+            b"set %s 0 0 16\r\n%s%s\r\n" % (n, n, b"%08d" % k) for k in range(items) for n in chunk
+        )
+        sock.sendall(data)
+        rest = read_replies(sock, len(chunk) * items, rest)
+    return time.perf_counter() - t0
+
+
+def check(sock: socket.socket, queues: int, items: int) -> None:
+    """One ``get`` per thousandth queue returns its first item."""
+    for i in range(0, queues, max(1, queues // 100)):
+        name = b"mq%06d" % i
+        sock.sendall(b"get %s\r\n" % name)
+        want = b"VALUE %s 0 16\r\n%s%08d\r\nEND\r\n" % (name, name, 0)
+        got = b""
+        while len(got) < len(want):
+            got += sock.recv(4096)
+        if got != want:
+            raise SystemExit(f"queue {name!r}: {got!r}")
+
+
+def run(queues: int, items: int, open_files: int) -> dict[str, float]:
+    data = Path(tempfile.mkdtemp(prefix="tercel-manyqueues-"))
+    try:
+        with ServerProcess(data, open_files=open_files) as srv:
+            assert srv.proc is not None
+            sock = srv.connect(timeout=600)
+            cpu0 = cpu_s(srv.proc.pid)
+            created = create(sock, queues, items)
+            sock.close()
+            cpu_created = cpu_s(srv.proc.pid) - cpu0
+            rss_created = rss_mb(srv.proc.pid)
+            print(
+                f"create  {queues} queues x {items} items: {created:.2f} s",
+                f"(server CPU {cpu_created:.2f} s), RSS {rss_created:.0f} MB",
+            )
+            srv.kill()
+            os.sync()  # the killed server's files reach the disk first: not timed as restart
+            t0 = time.perf_counter()
+            srv.start(timeout=600)
+            restarted = time.perf_counter() - t0
+            cpu_restarted = cpu_s(srv.proc.pid)  # from exec to listening
+            rss_restarted = rss_mb(srv.proc.pid)
+            print(
+                f"restart {queues} queues: {restarted:.2f} s (server CPU {cpu_restarted:.2f} s),",
+                f"RSS {rss_restarted:.0f} MB",
+            )
+            sock = srv.connect(timeout=60)
+            check(sock, queues, items)
+            sock.close()
+        return {
+            "create_s": round(created, 2),
+            "create_cpu_s": round(cpu_created, 2),
+            "restart_s": round(restarted, 2),
+            "restart_cpu_s": round(cpu_restarted, 2),
+            "rss_created_mb": round(rss_created),
+            "rss_restarted_mb": round(rss_restarted),
+        }
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--queues", type=int, default=100_000)
+    parser.add_argument("--items", type=int, default=3)
+    parser.add_argument("--open-files", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args(argv)
+    results = [run(args.queues, args.items, args.open_files) for _ in range(args.repeat)]
+    print(json.dumps({"queues": args.queues, "items": args.items, "runs": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Many queues under a low open-file limit, and the limit on the number of queues.
+
+Real servers run under ``ulimit -n`` (soft and hard, so start-up cannot raise it): every queue
+used to hold its journal file open, and about the 240th queue of a 256-descriptor server
+failed with EMFILE inside a command (the connection closed) and the restart exited 1. Journal
+files are now opened on demand from a bounded pool (``max_open_journals``), and ``max_queues``
+refuses new queues with ``SERVER_ERROR too many queues``.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from conftest import Raw, drain, set_cmd
+from tercel.testing import ServerProcess
+
+LIMIT = 256
+QUEUES = 1100
+CRLF = b"\r\n"
+
+
+def _replies(sock: socket.socket, count: int) -> list[bytes]:
+    """The next ``count`` reply lines."""
+    sock.settimeout(30)
+    buf = b""
+    while buf.count(b"\r\n") < count:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed after {buf.count(CRLF)} replies"
+        buf += chunk
+    return buf.split(b"\r\n")[:count]
+
+
+def test_1100_queues_under_a_256_descriptor_limit_store_and_restart(data_dir: Path) -> None:
+    names = [f"fq{i:05d}" for i in range(QUEUES)]
+    with ServerProcess(data_dir, open_files=LIMIT) as srv:
+        sock = srv.connect()
+        sock.sendall(b"".join(set_cmd(n, n.encode()) for n in names))
+        assert _replies(sock, QUEUES) == [b"STORED"] * QUEUES
+        sock.close()
+        other = Raw(srv.connect())  # new connections are still served
+        other.call(set_cmd("fq00000", b"again"), b"STORED\r\n")
+        srv.kill()
+        srv.start()  # the restart replays 1,100 journals under the same limit
+        conn = Raw(srv.connect())
+        for n in names[:: QUEUES // 50]:
+            expected = [n.encode(), b"again"] if n == "fq00000" else [n.encode()]
+            assert drain(conn, n) == expected
+        conn.call(b"get fq01099\r\n", b"VALUE fq01099 0 7\r\nfq01099\r\nEND\r\n")
+
+
+def test_queues_used_in_turn_beyond_the_pool_keep_every_item(data_dir: Path) -> None:
+    """Twice as many queues as journal descriptors, written to round-robin (each write
+    reopens a parked file), then read in turn: every item, in order."""
+    config = "[server]\nmax_open_journals = 16\n"
+    with ServerProcess(data_dir, config, open_files=LIMIT) as srv:
+        conn = Raw(srv.connect())
+        for rnd in range(5):
+            conn.call(
+                b"".join(set_cmd(f"r{q}", b"%d" % rnd) for q in range(32)), b"STORED\r\n" * 32
+            )
+        for q in range(0, 32, 2):
+            conn.call(b"get r%d\r\n" % q, b"VALUE r%d 0 1\r\n0\r\nEND\r\n" % q)
+        srv.kill()
+        srv.start()
+        conn = Raw(srv.connect())
+        for q in range(32):
+            rounds = range(1, 5) if q % 2 == 0 else range(5)
+            assert drain(conn, f"r{q}") == [b"%d" % r for r in rounds]
+
+
+def test_max_queues_refuses_a_new_queue_and_restart_loads_them_all(data_dir: Path) -> None:
+    with ServerProcess(data_dir) as srv:
+        Raw(srv.connect()).call(
+            b"".join(set_cmd(f"q{i}", b"x") for i in range(4)), b"STORED\r\n" * 4
+        )
+    with ServerProcess(data_dir, "[server]\nmax_queues = 3\n") as srv:
+        conn = Raw(srv.connect())  # the four on disk are loaded, beyond the limit
+        conn.call(set_cmd("q3", b"y"), b"STORED\r\n")
+        conn.call(set_cmd("new", b"z"), b"SERVER_ERROR too many queues\r\n")
+        conn.call(b"get other\r\n", b"SERVER_ERROR too many queues\r\n")
+        conn.call(b"delete q0\r\n", b"DELETED\r\n")
+        conn.call(b"delete q1\r\n", b"DELETED\r\n")
+        conn.call(set_cmd("new", b"z"), b"STORED\r\n")  # room again: 3 queues
+        conn.call(b"get new\r\n", b"VALUE new 0 1\r\nz\r\nEND\r\n")
+
+
+def test_connections_that_use_every_descriptor_refuse_nothing_else_for_good(
+    data_dir: Path,
+) -> None:
+    """More connections than descriptors: the server neither crashes nor stops for good.
+    Requests on accepted connections get a reply (a new queue may be refused with
+    ``SERVER_ERROR too many open files``); once connections close, new ones are served again,
+    and the log holds no traceback."""
+    config = "[server]\nmax_open_journals = 4\n"
+    with ServerProcess(data_dir, config, open_files=64, admin_port=None) as srv:
+        first = Raw(srv.connect())
+        first.call(set_cmd("kept", b"0"), b"STORED\r\n")
+        socks = [srv.connect() for _ in range(100)]  # the kernel queues what is not accepted
+        first.call(set_cmd("kept", b"1"), b"STORED\r\n")  # a file reopened from the pool
+        replies = set()
+        for i in range(20):
+            first.send(set_cmd(f"new{i}", b"x"))
+            replies.add(first.read_line())
+        assert replies <= {b"STORED\r\n", b"SERVER_ERROR too many open files\r\n"}
+        for s in socks:
+            s.close()
+        # Out of descriptors, the loop accepts and closes at once what waits in the backlog
+        # (libuv's answer to EMFILE); once the server has seen these closes, it serves again.
+        deadline = time.monotonic() + 30
+        while not _served(srv):
+            assert time.monotonic() < deadline, "the server never accepted again"
+            time.sleep(0.05)
+        first.call(set_cmd("late", b"y"), b"STORED\r\n")
+        assert drain(first, "kept") == [b"0", b"1"]
+        assert "Traceback" not in srv.log()
+
+
+def _served(srv: ServerProcess) -> bool:
+    """One new connection gets its ``version`` answered."""
+    try:
+        with srv.connect() as sock:
+            sock.settimeout(5)
+            sock.sendall(b"version\r\n")
+            return sock.recv(100).startswith(b"VERSION ")
+    except OSError:
+        return False

@@ -1,0 +1,160 @@
+"""Disk faults injected through the journal's file seam, each with its documented outcome.
+
+:class:`tercel.journal.faults.FaultyFiles` stands between the journal and the OS: a disk that
+fills (ENOSPC), a disk whose fsync fails (EIO), a process out of descriptors (EMFILE), a slow
+disk. The files are real; only the chosen calls fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import threading
+from pathlib import Path
+
+import pytest
+from recorder import Recorder
+
+from tercel.clock import ManualClock
+from tercel.config import ServerConfig, ServerSettings
+from tercel.core.collection import QueueCollection
+from tercel.errors import JournalWriteError, TooManyOpenFiles
+from tercel.journal import FileJournal
+from tercel.journal.faults import FaultyFiles
+from tercel.journal.files import DataDir
+from tercel.server.commit import Committer
+
+
+def journal(tmp_path: Path, name: str, directory: DataDir) -> FileJournal:
+    j = FileJournal(str(tmp_path), name, directory=directory, on_dirty=lambda _: None)
+    j.replay(Recorder())
+    return j
+
+
+def replayed(tmp_path: Path, name: str) -> list[bytes]:
+    sink = Recorder()
+    j = FileJournal(str(tmp_path), name)
+    j.replay(sink)
+    j.close()
+    return [e[-1] for e in sink.events if e[0] == "add"]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("op", ["pwritev", "fdatasync"])
+def test_a_full_disk_or_a_failing_fsync_fails_the_journal_and_keeps_what_was_written(
+    tmp_path: Path, op: str
+) -> None:
+    """ENOSPC on a write, EIO on an fsync: JournalWriteError, the journal refuses every later
+    append, and a restart finds exactly the records written before."""
+    faults = FaultyFiles()
+    j = journal(tmp_path, "q", DataDir(str(tmp_path), ops=faults))
+    j.add(1, 1, 0, b"kept")
+    j.write_out()
+    j.sync()
+    faults.fail(op, errno.ENOSPC if op == "pwritev" else errno.EIO)
+    j.add(2, 2, 0, b"lost")
+    with pytest.raises(
+        JournalWriteError, match="No space left" if op == "pwritev" else "Input/output"
+    ):
+        j.write_out()
+        j.sync()
+    assert j.failed
+    with pytest.raises(JournalWriteError):
+        j.add(3, 3, 0, b"refused")
+    j.close()
+    faults.clear()
+    want = [b"kept"] if op == "pwritev" else [b"kept", b"lost"]  # lost was written, not synced
+    assert replayed(tmp_path, "q") == want
+
+
+def test_emfile_on_open_parks_a_pooled_journal_and_goes_on(tmp_path: Path) -> None:
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=8, ops=faults)
+    a = journal(tmp_path, "a", files)  # a new file: its journal holds the descriptor
+    a.add(1, 1, 0, b"a1")
+    a.write_out()
+    assert files.held == 1
+    faults.fail("open", errno.EMFILE, times=1, path="/b")
+    b = journal(tmp_path, "b", files)  # the first open of b's file fails: a is parked
+    assert (files.evictions, files.held) == (1, 1)
+    b.add(1, 1, 0, b"b1")
+    b.write_out()
+    a.add(2, 2, 0, b"a2")  # a reopens its file by path
+    a.write_out()
+    assert files.held == 2
+    faults.fail("open", errno.EMFILE, times=3, path="/c")
+    c = journal(tmp_path, "c", files)  # b and a are parked, then the reserve is given up
+    assert (files.evictions, files.held) == (3, 1)
+    c.add(1, 1, 0, b"c1")
+    c.write_out()
+    for j in (a, b, c):
+        j.close()
+    files.close()
+    assert (replayed(tmp_path, "a"), replayed(tmp_path, "b")) == ([b"a1", b"a2"], [b"b1"])
+    assert replayed(tmp_path, "c") == [b"c1"]
+
+
+def test_a_queue_that_cannot_get_a_descriptor_is_refused_cleanly(tmp_path: Path) -> None:
+    """EMFILE with nothing left to free: that one request gets TooManyOpenFiles (``SERVER_ERROR
+    too many open files``); the queue is not created, the others go on."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=8, ops=faults)
+    coll = QueueCollection(
+        ServerConfig(ServerSettings(data_dir=str(tmp_path))),
+        lambda name, _: FileJournal(str(tmp_path), name, directory=files),
+        ManualClock(),
+    )
+    assert coll.add("kept", b"x", None, 1)
+    faults.fail("open", errno.EMFILE, path="/new")
+    with pytest.raises(TooManyOpenFiles):
+        coll.add("new", b"y", None, 1)
+    assert coll.queue("new") is None
+    assert coll.add("kept", b"z", None, 1)
+    faults.clear()
+    assert coll.add("new", b"y", None, 1)
+    coll.close()
+    assert replayed(tmp_path, "kept") == [b"x", b"z"]
+
+
+def test_a_slow_disk_delays_a_periodic_sync_without_stopping_appends(tmp_path: Path) -> None:
+    """A periodic fsync runs in a worker thread: while the disk is slow, the loop goes on
+    appending and writing; the fsync ends, and close waits for it."""
+    faults = FaultyFiles()
+    started = threading.Event()
+    release = threading.Event()
+
+    class Gate:  # the slow disk: the fsync waits until the test lets it go
+        def __init__(self) -> None:
+            self.inner = faults
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        def fdatasync(self, fd: int) -> None:
+            started.set()
+            release.wait(10)
+            self.inner.fdatasync(fd)
+
+    files = DataDir(str(tmp_path), ops=Gate())  # type: ignore[arg-type]
+    passes_while_syncing = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        committer = Committer(loop, lambda _: 1)  # sync_journal = "1ms"
+        j = FileJournal(str(tmp_path), "q", directory=files, on_dirty=committer.journal_dirty)
+        j.replay(Recorder())
+        j.add(1, 1, 0, b"first")
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        for i in range(3):  # the loop is free: appends go on during the fsync
+            j.add(i + 2, 1, 0, b"more")
+            await asyncio.sleep(0)
+            passes_while_syncing.append(j.syncing)
+        release.set()
+        while j.syncing:
+            await asyncio.sleep(0.001)
+        j.close()
+        committer.close()
+
+    asyncio.run(main())
+    assert passes_while_syncing == [True, True, True]
+    assert replayed(tmp_path, "q") == [b"first", b"more", b"more", b"more"]

@@ -1,0 +1,79 @@
+"""A hole inside the unsynced tail of the newest file, as a power loss leaves it.
+
+The kernel writes dirty pages back in any order: after a power loss the newest file may hold
+a run of zeros (a page never written back) followed by pages that were. Every byte after the
+last successful fsync is in that tail, and an fsync covers all of a file's dirty pages, so
+nothing before such a hole is missing and nothing after it was ever fsynced. Start-up used to
+refuse (a bad record followed by valid data is "damage"); it now cuts the tail at the hole, as
+a torn tail, and keeps the cut bytes in ``<name>.cut-<offset>`` (issue 21, item 7).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from recorder import Recorder
+
+from tercel.errors import JournalCorrupt
+from tercel.journal import FileJournal
+
+PAGE = 4096
+
+
+def write_then_lose_a_page(tmp_path: Path, hole_at: int | None) -> tuple[int, int]:
+    """10 records fsynced, then 300 written but not fsynced; then the page at ``hole_at``
+    (default: the second page after the synced size) reads as zeros. Returns (synced size,
+    hole offset)."""
+    j = FileJournal(str(tmp_path), "q", on_dirty=lambda _: None)
+    j.replay(Recorder())
+    for i in range(10):
+        j.add(i + 1, 1, 0, b"synced %03d" % i + b"." * 90)
+    j.write_out()
+    j.sync()
+    synced = j.size
+    for i in range(300):
+        j.add(i + 11, 1, 0, b"unsynced %03d" % i + b"." * 90)
+    j.write_out()
+    j.park()  # no close: a close would fsync
+    hole = hole_at if hole_at is not None else (synced // PAGE + 2) * PAGE
+    with open(tmp_path / "q", "r+b") as fh:
+        fh.seek(hole)
+        fh.write(bytes(PAGE))
+    return synced, hole
+
+
+def replayed(tmp_path: Path) -> tuple[list[bytes], FileJournal, object]:
+    sink = Recorder()
+    j = FileJournal(str(tmp_path), "q")
+    report = j.replay(sink)
+    return [e[-1] for e in sink.events if e[0] == "add"], j, report  # type: ignore[misc]
+
+
+def test_a_hole_of_zeros_in_the_unsynced_tail_is_cut_and_the_cut_kept(tmp_path: Path) -> None:
+    synced, hole = write_then_lose_a_page(tmp_path, None)
+    size = os.path.getsize(tmp_path / "q")
+    items, j, report = replayed(tmp_path)
+    assert [d[:10] for d in items[:10]] == [b"synced %03d" % i for i in range(10)]
+    assert all(d.startswith(b"unsynced") for d in items[10:])
+    cut = report.truncations  # type: ignore[attr-defined]
+    assert len(cut) == 1 and "hole" in cut[0].reason
+    assert synced <= cut[0].offset <= hole  # nothing before the hole is lost
+    kept = tmp_path / f"q.cut-{cut[0].offset}"  # the cut bytes, for salvage
+    assert kept.stat().st_size == size - cut[0].offset
+    assert kept.read_bytes().count(b"unsynced") > 0
+    j.add(999, 1, 0, b"after")  # the journal goes on from the cut
+    j.close()
+    items2, j2, _ = replayed(tmp_path)
+    assert items2 == [*items, b"after"]
+    j2.close()
+
+
+def test_damage_that_is_not_a_hole_still_stops_start_up(tmp_path: Path) -> None:
+    _, hole = write_then_lose_a_page(tmp_path, None)
+    with open(tmp_path / "q", "r+b") as fh:  # the lost page holds garbage, not zeros
+        fh.seek(hole)
+        fh.write(b"\x5a" * PAGE)
+    with pytest.raises(JournalCorrupt):
+        replayed(tmp_path)
