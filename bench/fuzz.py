@@ -27,9 +27,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
+from serverlog import compiled_modules, tracebacks
 from tercel.testing import ServerProcess
 
 DRAIN_S = 2.0
@@ -125,22 +125,6 @@ def mutate(rng: random.Random, stream: bytes) -> bytes:
         else:
             buf[at:at] = buf[at : at + rng.randrange(1, 41)]
     return bytes(buf)
-
-
-def tracebacks(lines: list[str]) -> Counter[str]:
-    """Each traceback in a log, as its innermost frame and its exception line, counted."""
-    found: Counter[str] = Counter()
-    frame = ""
-    inside = False
-    for line in lines:
-        if line.startswith("Traceback"):
-            inside, frame = True, ""
-        elif inside and line.startswith("  File "):
-            frame = line.strip()
-        elif inside and not line.startswith(" "):
-            found[f"{frame} -> {line.strip()[:200]}"] += 1
-            inside = False
-    return found
 
 
 class Fuzzer:
@@ -259,7 +243,7 @@ class Fuzzer:
         if check.returncode != 0:
             self.failures.append(f"journal check: {check.stdout[-1000:]}")
         lines = log.splitlines()
-        bugs = tracebacks(lines)
+        bugs = tracebacks(log)
         if bugs:
             total = sum(bugs.values())
             self.failures.append(f"{total} tracebacks in the server log, {len(bugs)} distinct")
@@ -268,6 +252,7 @@ class Fuzzer:
             "ok": not self.failures,
             "seconds": self.seconds,
             "seed": self.seed,
+            "compiled_modules": compiled_modules(log),
             **self.counts,
             "failures": self.failures,
             "probe_max_s": round(self.probe_max_s, 3),

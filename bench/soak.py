@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serverlog import compiled_modules, tracebacks
 from tercel.testing import ServerProcess, ServerStartError
 
 QUEUES = {"soak_off": "false", "soak_on": "true", "soak_50ms": '"50ms"'}
@@ -409,17 +410,19 @@ class Soak:
             }
             bad += unexplained + unexplained_dup + dup_completed + phantom + len(led.errors)
         log = self.server.log()
-        tracebacks = log.count("Traceback")
+        bugs = tracebacks(log)
+        n_bugs = sum(bugs.values())
         check = subprocess.run(
             [sys.executable, "-m", "tercel", "journal", "check", str(self.server.data_dir)],
             capture_output=True,
             text=True,
             check=False,
         )
-        bad += tracebacks + len(self.start_failures) + (check.returncode != 0) + (stop_code != 0)
+        bad += n_bugs + len(self.start_failures) + (check.returncode != 0) + (stop_code != 0)
         return {
             "ok": bad == 0,
             "seconds": self.seconds,
+            "compiled_modules": compiled_modules(log),
             "kills": self.kills,
             "startup_failures": len(self.start_failures),
             "startup_failure_logs": self.start_failures,
@@ -427,7 +430,8 @@ class Soak:
             "restart_s_max": round(max(self.restart_s), 3),
             "journal": dict(self.journal_stats),
             "torn_tails_logged": log.count("torn tail"),
-            "tracebacks_in_log": tracebacks,
+            "tracebacks_in_log": n_bugs,
+            "distinct_tracebacks": [{"count": n, "where": k} for k, n in bugs.most_common()],
             "journal_check_exit": check.returncode,
             "clean_stop_exit": stop_code,
             "queues": queues,

@@ -213,19 +213,22 @@ def compact(data_dir: str, queue: str | None, config_path: str | None, out: Text
     lock = _lock(data_dir)
     if lock is None:
         return 2
+    names = _queues(data_dir, queue)
     try:
-        for name in _queues(data_dir, queue):
-            before = sum(os.path.getsize(p) for p in journal_files(data_dir, name))
-            q = open_queue(data_dir, name, config.queue_config(name), SystemClock())
-            try:
-                q.replay()
-            except JournalCorrupt as exc:
-                print(f"{name}: {exc}", file=sys.stderr)
-                return 1
-            q.compact()
-            q.close()
-            after = sum(os.path.getsize(p) for p in journal_files(data_dir, name))
-            out.write(f"{name}: {len(q)} items, {before} -> {after} bytes\n")
+        with _bar([p for n in names for p in journal_files(data_dir, n)], "compact") as bar:
+            for name in names:
+                before = sum(os.path.getsize(p) for p in journal_files(data_dir, name))
+                q = open_queue(data_dir, name, config.queue_config(name), SystemClock())
+                try:
+                    q.replay()
+                except JournalCorrupt as exc:
+                    print(f"{name}: {exc}", file=sys.stderr)
+                    return 1
+                q.compact()
+                q.close()
+                after = sum(os.path.getsize(p) for p in journal_files(data_dir, name))
+                bar.update(before)
+                out.write(f"{name}: {len(q)} items, {before} -> {after} bytes\n")
     finally:
         lock.release()
     return 0
