@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from codec_fuzz import Codec, fuzz_tests
 from tercel.errors import ProtocolError
 from tercel.protocol import kestrel_text as kt
 from tercel.protocol.commands import Confirm, Delete, Flush, Simple, Status
@@ -265,3 +266,37 @@ def test_replies() -> None:
     assert kt.fits_a_line(b"a b:c\rd")
     assert not kt.fits_a_line(b"a\nb")
     assert not kt.fits_a_line(b"ab\r")
+
+
+# ---- the shared fuzz harness (tests/codec_fuzz.py) -------------------------------------------
+
+TestTextServerFuzz = fuzz_tests(
+    Codec(
+        name="text server",
+        new=lambda: kt.TextServerCodec(
+            max_line=64, max_item=32, max_batch_items=4, max_batch_bytes=64
+        ),
+        feed=lambda codec, data: codec.receive_data(data),
+        step=lambda codec: codec.next_command(),
+        need_data=kt.NEED_DATA,
+        clean=(ProtocolError,),
+        closes=lambda exc: exc.close,
+        seeds=(
+            b"put q:\none\r\ntwo\n\n",
+            b"PUT q 500:\n\xff\xfe\n\n",
+            b"get q\n",
+            b"get q 100\r\n",
+            b"peek q 5\n",
+            b"monitor q 1000 3\n",
+            b"confirm q 2\n",
+            b"flush q\n",
+            b"delete q\n",
+            b"status\n",
+            b"status readonly\n",
+            b"version\n",
+            b"shutdown\n",
+            b"quit\n",
+        ),
+        tokens=(b"put ", b"get ", b"monitor ", b"confirm ", b":", b"q", b"\n\n", b"~.", b"../"),
+    )
+)

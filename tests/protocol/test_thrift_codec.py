@@ -20,6 +20,7 @@ from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType
 from thriftpy2.transport.memory import TMemoryBuffer
 
+from codec_fuzz import Codec, fuzz_tests
 from tercel.errors import ProtocolError
 from tercel.protocol import thrift as t
 from tercel.protocol.thrift_framing import FrameDecoder, frame
@@ -282,3 +283,27 @@ def test_idl_ships_in_the_package() -> None:
     assert path.name == "kestrel.thrift"
     assert path.parent == Path(t.__file__).parent
     assert "service Kestrel" in path.read_text()
+
+
+# ---- the shared fuzz harness (tests/codec_fuzz.py) -------------------------------------------
+
+TestThriftServerFuzz = fuzz_tests(
+    Codec(
+        name="thrift server",
+        new=lambda: t.ThriftServerCodec(max_frame=512),
+        feed=lambda codec, data: codec.receive_data(data),
+        step=lambda codec: codec.next_call(),
+        need_data=t.NEED_DATA,
+        clean=(ProtocolError,),
+        closes=lambda exc: exc.close,
+        seeds=tuple(message(m, a) for m, a, _ in CALLS),
+        tokens=(
+            struct.pack("!i", 2**31 - 1),
+            struct.pack("!i", -1),
+            b"\x0f\x00\x02\x0b",
+            b"\x0c\x00\x01",
+            b"\x80\x01\x00\x01",
+            b"\x00",
+        ),
+    )
+)
