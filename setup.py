@@ -32,6 +32,10 @@ NATIVE_MODULES = [
     "tercel/server/connection.py",
     "tercel/server/memcache/connection.py",
     "tercel/server/memcache/leases.py",
+    "tercel/protocol/kestrel_text.py",
+    "tercel/server/kestrel_ops.py",
+    "tercel/server/text/connection.py",
+    "tercel/server/thrift/connection.py",
 ]
 """The request path (codec, handlers, session, queue, journal, group commit): the modules whose
 interpretation cost is most of a command's CPU (docs/benchmarks.md)."""

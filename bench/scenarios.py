@@ -15,7 +15,8 @@ Scenarios:
   must be delivered exactly once. Blocking peers: Redis BLPOP, beanstalkd reserve-with-timeout.
 - ``replay``: fill N items, SIGKILL, restart, time to the first successful dequeue.
 - Scenarios measured by standalone scripts (listed with their command, never run here):
-  ``lease`` (batched leases), ``readbehind`` (drain a 2 GB backlog past the memory window).
+  ``lease`` (batched leases), ``readbehind`` (drain a 2 GB backlog past the memory window),
+  ``frontends`` (Thrift and the text protocol against memcache, batches of 100).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ HOOK_SCENARIOS: dict[str, str] = {
     "lease": "runs on its own: `.venv/bin/python bench/lease_bench.py` (results in EXTRA.md)",
     "readbehind": "runs on its own: `.venv/bin/python bench/readbehind.py --gigabytes 2` "
     "(results in EXTRA.md)",
+    "frontends": "runs on its own: `.venv/bin/python bench/frontends_bench.py` (Thrift and "
+    "text batches against memcache at depth 100 and leases; results in docs/benchmarks.md)",
 }
 ALL_SCENARIOS = LOAD_SCENARIOS + SPECIAL_SCENARIOS + tuple(HOOK_SCENARIOS)
 DEFAULT_SCENARIOS = ALL_SCENARIOS

@@ -54,10 +54,25 @@ class FrontEnd:
     """Makes the connection of each accepted socket; None: this front end is not built yet."""
 
 
+def _text_connection(ctx: ServerContext) -> Connection:
+    from tercel.server.text.connection import TextConnection
+
+    return TextConnection(ctx)
+
+
+def _thrift_connection(ctx: ServerContext) -> Connection:
+    """Loaded on the first connection: thriftpy2 and the IDL it parses cost ~60 ms of start-up
+    that servers without a Thrift port should not pay (so does the text front end, for
+    symmetry; a module already imported costs a dict lookup per accept)."""
+    from tercel.server.thrift.connection import ThriftConnection
+
+    return ThriftConnection(ctx)
+
+
 FRONT_ENDS: tuple[FrontEnd, ...] = (
     FrontEnd("memcache", "memcache_port", MemcacheConnection),
-    FrontEnd("text", "text_port", None),
-    FrontEnd("thrift", "thrift_port", None),
+    FrontEnd("text", "text_port", _text_connection),
+    FrontEnd("thrift", "thrift_port", _thrift_connection),
     FrontEnd("beanstalk", "beanstalk_port", None),
 )
 """Every front end tercel has; a listener is started for each whose port is configured."""

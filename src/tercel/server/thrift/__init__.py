@@ -1,0 +1,1 @@
+"""The front end of Kestrel's Thrift service (``thrift_port``): :mod:`.connection`."""

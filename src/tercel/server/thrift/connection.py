@@ -1,0 +1,333 @@
+"""Kestrel's Thrift service: :class:`ThriftConnection` and one small handler per method.
+
+The connection runs on the protocol-neutral pump of :mod:`tercel.server.connection`; this
+module adds the codec (:mod:`tercel.protocol.thrift`), the handlers and the Thrift form of
+tercel's errors: a ``TApplicationException`` answering the call (``INTERNAL_ERROR`` with
+Kestrel's ``Server not available for operation <method>`` when the status refuses it), and
+the connection stays open. Only a frame that cannot be read (length out of bounds, header
+unreadable) closes it: there is no call left to answer.
+
+``get`` with ``auto_abort_msec > 0`` reserves items as *detached* reservations of the
+server's one table (:mod:`tercel.core.reservations`, like memcache leases): any connection may
+confirm or abort them by id, a disconnect does not end them, the deadline does, and the
+journal's OPEN records return them at a restart. A ``get`` that may wait (``timeout_msec > 0``)
+holds the items it gathers as reservations owned by the connection's session, confirmed only
+when the reply goes out, so a client that leaves while it waits loses nothing; one that does
+not wait takes them for good at once (Kestrel's at-most-once plain get).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from tercel.core.queue import READ_PEEK, PersistentQueue, QItem
+from tercel.core.reservations import Reservation
+from tercel.errors import (
+    JournalError,
+    ProtocolError,
+    QueueError,
+    TercelError,
+    TooManyLeases,
+    UnavailableError,
+)
+from tercel.protocol import thrift as t
+from tercel.protocol.memcache import MAX_VALUE, NEED_DATA
+from tercel.server.connection import Connection
+from tercel.server.context import ANY, READS, WRITES, ServerContext
+from tercel.server.kestrel_ops import put_items, set_status
+from tercel.server.status import Status
+
+MAX_FRAME: Final = MAX_VALUE + 64 * 1024
+"""The largest call accepted: the item limit of every front end (64 MiB) and room for the
+rest of the call. A larger declared frame is refused before it is buffered."""
+
+_TO_WIRE: Final = {Status.UP: t.UP, Status.READONLY: t.READ_ONLY, Status.QUIESCENT: t.QUIESCENT}
+"""Statuses the IDL names; any other (WRITEAVOID) is NOT_CONFIGURED, as in Kestrel."""
+_FROM_WIRE: Final = {wire: status for status, wire in _TO_WIRE.items()}
+
+
+class ThriftConnection(Connection):
+    """One client connection speaking Kestrel's Thrift service (framed, binary)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx, "thrift")
+        self.codec = t.ThriftServerCodec(MAX_FRAME)
+        self.call: Any = None
+        """The call being served (its seqid and method answer an error)."""
+
+    # ---- the hooks of server.connection ---------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        self.codec.receive_data(data)
+
+    def buffered(self) -> int:
+        return self.codec.buffered
+
+    def run(self) -> None:
+        codec = self.codec
+        while not self.closing and self.parked is None:
+            call = codec.next_call()
+            if call is NEED_DATA:
+                return
+            self.call = call
+            handler, access = HANDLERS[type(call)]
+            if access:
+                self.ctx.check(access)
+            handler(self, call)
+
+    def error_reply(self, exc: TercelError) -> None:
+        if isinstance(exc, ProtocolError) and exc.close:
+            self.closing = True  # no call to answer: the frame boundary is lost
+            return
+        call = self.call
+        if call is None:
+            self.closing = True
+            return
+        self.out.append(
+            t.reply_exception(call.seqid, _method(call), t.INTERNAL_ERROR, self.message(exc))
+        )
+
+    def refusal(self, reason: str) -> bytes:
+        return b""  # Thrift has no unsolicited message: the connection just closes
+
+    def message(self, exc: TercelError) -> str:
+        if isinstance(exc, UnavailableError):
+            return f"Server not available for operation {_method(self.call)}"
+        if isinstance(exc, JournalError):
+            return "journal write failed"
+        return getattr(exc, "reason", None) or str(exc)
+
+
+def _method(call: Any) -> str:
+    method: str = call.method if isinstance(call, t.BadCall) else call.METHOD
+    return method
+
+
+# ---- get ------------------------------------------------------------------------------------
+
+
+class _Gather:
+    """A ``get`` in progress: what it took so far and until when it may wait."""
+
+    __slots__ = ("call", "deadline", "full", "items", "queue", "reserved", "waited")
+
+    def __init__(self, call: t.Get, queue: PersistentQueue, deadline: int) -> None:
+        self.call = call
+        self.queue = queue
+        self.deadline = deadline
+        self.items: list[bytes] = []  # taken for good (a get that does not wait)
+        self.reserved: list[Reservation] = []  # auto-abort leases, or a waiting get's reads
+        self.full = False  # the queue's max_open_leases are all out: stop
+        self.waited = False  # parked at least once
+
+    def count(self) -> int:
+        return len(self.reserved) + len(self.items)
+
+
+def handle_get(conn: ThriftConnection, call: t.Get) -> None:
+    """``get``: up to max_items now; with a timeout, wait until max_items or the deadline."""
+    ctx = conn.ctx
+    ctx.collection.stats.cmd_get += 1
+    if call.max_items <= 0 or ctx.collection.is_alias(call.queue):
+        conn.out.append(t.reply_items(call, []))
+        return
+    queue = ctx.collection.get_or_create(call.queue)
+    deadline = ctx.now + call.timeout_msec if call.timeout_msec > 0 else 0
+    _gather(conn, _Gather(call, queue, deadline))
+
+
+def _gather(conn: ThriftConnection, g: _Gather) -> bool:
+    """Take what is there; park for more while time is left (True), else reply."""
+    now = conn.ctx.clock.now_ms()
+    want = g.call.max_items - g.count()
+    if want > 0 and not g.queue.closed:
+        _take(conn, g, want, now)
+    if g.count() < g.call.max_items and not g.full and g.deadline > now:
+        pending = conn.session.wait(g.call.queue, READ_PEEK, _woken(conn, g))
+        if pending is not None:
+            g.waited = True
+            conn.park(g.call, pending, g.deadline - now, b"")
+            return True
+    _finish(conn, g, now)
+    return False
+
+
+def _take(conn: ThriftConnection, g: _Gather, want: int, now: int) -> None:
+    queue = g.queue
+    auto_abort = g.call.auto_abort_msec
+    reservations = conn.ctx.reservations
+    if auto_abort > 0:  # detached: any connection ends them, a disconnect does not
+        # Reserved until auto_abort after the reply: after the deadline at the latest.
+        ttl = auto_abort + max(0, g.deadline - now)
+        try:
+            g.reserved += reservations.table.take_leases(queue, want, ttl, now)
+        except TooManyLeases:
+            g.full = True
+        reservations.arm()
+    elif g.deadline:  # may wait: owned by the session (a disconnect returns them) until the reply
+        for _ in range(want):
+            res = reservations.table.take(queue, now, owner=conn.session)
+            if res is None:
+                break
+            g.reserved.append(res)
+    else:  # Kestrel's plain get: for good at once
+        for _ in range(want):
+            item = queue.remove(now)
+            if item is None:
+                break
+            g.items.append(item.data)
+
+
+def _woken(conn: ThriftConnection, g: _Gather) -> Callable[[int, QItem | None], None]:
+    def delivered(xid: int, item: QItem | None) -> None:
+        parked = conn.parked
+        if parked is None:
+            return
+        parked.timer.cancel()
+        # An item is there (take it, and more), or the deadline passed (reply with what was
+        # gathered): either way on the next loop pass, so no handler re-enters a queue.
+        conn.ctx.loop.call_soon(_again, conn, g, item is None)
+
+    return delivered
+
+
+def _again(conn: ThriftConnection, g: _Gather, timed_out: bool) -> None:
+    conn.parked = None
+    if conn.transport is None:  # left meanwhile: the session's close returned its reads
+        return
+    try:
+        if timed_out:
+            _finish(conn, g, conn.ctx.clock.now_ms())
+        elif _gather(conn, g):
+            return
+    except TercelError as exc:
+        conn.error_reply(exc)
+    conn.resume()
+
+
+def _finish(conn: ThriftConnection, g: _Gather, now: int) -> None:
+    """Reply with what ``g`` gathered. Auto-abort reservations count their time from now; a
+    waiting get's reads are confirmed (the reply waits for those records)."""
+    table = conn.ctx.reservations.table
+    if g.call.auto_abort_msec > 0:
+        if g.waited:
+            table.extend(g.reserved, g.call.auto_abort_msec, now)
+            conn.ctx.reservations.arm()
+        items = [(res.item.data, res.id) for res in g.reserved]
+    elif g.reserved:
+        table.confirm(g.reserved)
+        items = [(res.item.data, 0) for res in g.reserved]
+    else:
+        items = [(data, 0) for data in g.items]
+    conn.ctx.collection.stats.get_hits += len(items)
+    conn.out.append(t.reply_items(g.call, items))
+
+
+# ---- the other methods ------------------------------------------------------------------------
+
+
+def handle_put(conn: ThriftConnection, call: t.Put) -> None:
+    """``put``: add in order, stop at the first refused item; the count (journaled first)."""
+    n = put_items(conn.ctx, call.queue, call.items, call.expiration_msec, True)
+    conn.out.append(t.reply_count(call, n))
+
+
+def _reserved(conn: ThriftConnection, call: t.Confirm | t.Abort) -> list[Reservation]:
+    """The open auto-abort reservations of ``call.queue`` among ``call.ids`` (reads another
+    connection holds open for itself are not Thrift's to end)."""
+    queue = conn.ctx.collection.queue(call.queue)
+    if queue is None:
+        return []
+    return [r for r in conn.ctx.reservations.table.find(queue, call.ids) if r.owner is None]
+
+
+def handle_confirm(conn: ThriftConnection, call: t.Confirm) -> None:
+    """``confirm``: end reservations for good, from any connection; the count found."""
+    table = conn.ctx.reservations.table
+    conn.out.append(t.reply_count(call, table.confirm(_reserved(conn, call))))
+
+
+def handle_abort(conn: ThriftConnection, call: t.Abort) -> None:
+    """``abort``: return reserved items to the head, in order; the count found."""
+    table = conn.ctx.reservations.table
+    conn.out.append(t.reply_count(call, table.abort(_reserved(conn, call))))
+
+
+def handle_peek(conn: ThriftConnection, call: t.Peek) -> None:
+    """``peek`` -> ``QueueInfo`` (creates the queue, as Kestrel did)."""
+    ctx = conn.ctx
+    if ctx.collection.is_alias(call.queue):
+        conn.out.append(t.reply_queue_info(call, t.QueueInfo(None, 0, 0, 0, 0, 0, 0)))
+        return
+    q = ctx.collection.get_or_create(call.queue)
+    now = ctx.clock.now_ms()
+    head = q.peek(now)
+    info = t.QueueInfo(
+        None if head is None else head.data,
+        len(q),
+        q.bytes,
+        q.log.current_size,
+        q.age(now),
+        q.waiters,
+        q.open_reads,
+    )
+    conn.out.append(t.reply_queue_info(call, info))
+
+
+def handle_flush_queue(conn: ThriftConnection, call: t.FlushQueue) -> None:
+    conn.ctx.collection.flush(call.queue)
+    conn.out.append(t.reply_void(call))
+
+
+def handle_flush_all_queues(conn: ThriftConnection, call: t.FlushAllQueues) -> None:
+    conn.ctx.collection.flush_all()
+    conn.out.append(t.reply_void(call))
+
+
+def handle_delete_queue(conn: ThriftConnection, call: t.DeleteQueue) -> None:
+    conn.ctx.collection.delete(call.queue)
+    conn.out.append(t.reply_void(call))
+
+
+def handle_current_status(conn: ThriftConnection, call: t.CurrentStatus) -> None:
+    status = _TO_WIRE.get(conn.ctx.status.current, t.NOT_CONFIGURED)
+    conn.out.append(t.reply_status(call, status))
+
+
+def handle_set_status(conn: ThriftConnection, call: t.SetStatus) -> None:
+    status = _FROM_WIRE.get(call.status)
+    if status is None:
+        name = t.STATUS_NAMES.get(call.status, str(call.status))
+        raise QueueError(f"status {name} cannot be set")
+    set_status(conn.ctx, status)
+    conn.out.append(t.reply_void(call))
+
+
+def handle_get_version(conn: ThriftConnection, call: t.GetVersion) -> None:
+    conn.out.append(t.reply_version(call, conn.ctx.version))
+
+
+def handle_bad_call(conn: ThriftConnection, call: t.BadCall) -> None:
+    """A call the codec could not build: its ``TApplicationException``."""
+    conn.out.append(t.reply_exception(call.seqid, call.method, call.kind, call.reason))
+
+
+Operation = tuple[Callable[[ThriftConnection, Any], None], int]
+"""A handler and the access it needs (``context.ANY``/``READS``/``WRITES``), checked by
+:meth:`ThriftConnection.run` before the handler runs."""
+
+HANDLERS: Final[dict[type, Operation]] = {
+    t.Put: (handle_put, WRITES),
+    t.Get: (handle_get, READS),
+    t.Confirm: (handle_confirm, ANY),  # as in Kestrel: reads opened before QUIESCENT can end
+    t.Abort: (handle_abort, ANY),
+    t.Peek: (handle_peek, READS),
+    t.FlushQueue: (handle_flush_queue, WRITES),
+    t.FlushAllQueues: (handle_flush_all_queues, WRITES),
+    t.DeleteQueue: (handle_delete_queue, WRITES),
+    t.CurrentStatus: (handle_current_status, ANY),
+    t.SetStatus: (handle_set_status, ANY),
+    t.GetVersion: (handle_get_version, ANY),
+    t.BadCall: (handle_bad_call, ANY),
+}
