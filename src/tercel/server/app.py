@@ -83,6 +83,10 @@ def _import_admin() -> ModuleType:
     return admin
 
 
+REPLAY_LOG_EVERY_S = 2.0
+"""Start-up replay logs its progress at most this often (and any queue that took longer)."""
+
+
 class Server:
     """A running tercel server (create, ``await start()``, ``await serve()``, ``await stop()``).
 
@@ -173,7 +177,7 @@ class Server:
         if ctx.status.current is not Status.UP:
             log.warning("status is %s (from %s)", ctx.status.current.name, ctx.status.path)
         compiled, stale = native.compiled_modules(), native.stale_modules()
-        log.info("%d compiled module(s) (make native); pure Python otherwise", len(compiled))
+        log.info("%s", native.build_summary(compiled))
         if stale:
             log.warning("compiled modules older than their sources (run make): %s", stale)
         self._replay()
@@ -192,14 +196,27 @@ class Server:
         self._schedule_sweeps()
 
     def _replay(self) -> None:
-        t0 = time.monotonic()
+        t0 = last = time.monotonic()
         names = storage.list_queue_names(self.data_dir)
         if names:
             log.info("replaying %d queue(s) from %s", len(names), self.data_dir)
         for i, name in enumerate(names, 1):
+            started = time.monotonic()
             self.collection.load([name])
-            if time.monotonic() - t0 > 1:
-                log.info("replayed %d/%d queues (%s)", i, len(names), name)
+            now = time.monotonic()
+            if now - started >= REPLAY_LOG_EVERY_S:  # one long journal: say what it was
+                q = self.collection.queue(name)
+                items = 0 if q is None else len(q)
+                log.info("replayed queue %s: %d items in %.1fs", name, items, now - started)
+            if now - last >= REPLAY_LOG_EVERY_S and i < len(names):
+                last = now
+                log.info(
+                    "replaying: %d/%d queues, %d items so far, %.1fs",
+                    i,
+                    len(names),
+                    self.collection.total_length,
+                    now - t0,
+                )
         self.committer.flush_now()
         if names:
             log.info(
