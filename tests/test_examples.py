@@ -9,9 +9,11 @@ import shlex
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from tercel import native
 from tercel.config import QueueConfig, ServerSettings, load_config, parse_config
+from tercel.testing import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "tercel.toml"
@@ -75,3 +77,27 @@ def test_build_summary_says_which_build_and_how_to_get_the_other() -> None:
     compiled = native.build_summary(["tercel.clock", "tercel.session"])
     assert compiled.startswith("compiled build: 2 module(s)") and "TERCEL_NATIVE=0" in compiled
     assert sys.version_info >= (3, 11)
+
+
+def test_readme_pymemcache_example_runs_and_sees_not_stored(tmp_path: Path) -> None:
+    """The README's pymemcache snippet works as written, and its reason holds: with
+    pymemcache's default noreply a refused set still returns True."""
+    from pymemcache.client.base import Client
+
+    readme = (ROOT / "README.md").read_text()
+    snippet = re.search(r"```python\n(from pymemcache.*?)```", readme, re.S)
+    assert snippet is not None
+    with ServerProcess(tmp_path / "d", "[queues.full]\nmax_items = 0\n") as srv:
+        code = snippet.group(1).replace('("127.0.0.1", 22133)', f'("127.0.0.1", {srv.port})')
+        namespace: dict[str, Any] = {}
+        exec(compile(code, "README.md", "exec"), namespace)
+        namespace["c"].close()
+        quiet = Client(("127.0.0.1", srv.port))
+        told = Client(("127.0.0.1", srv.port), default_noreply=False)
+        try:
+            assert quiet.set("full", b"x") is True  # NOT_STORED, never read
+            assert told.set("full", b"x") is False
+            assert told.set("jobs", b"y") is True
+        finally:
+            quiet.close()
+            told.close()
