@@ -34,10 +34,13 @@ $(NATIVE): $(BASE) setup.py $(SOURCES)
 
 native: $(NATIVE)
 
-# Everything the suite needs: test tools, pyspark + pyarrow, and a Java runtime for Spark.
+# Everything the suite needs: test tools, pyspark + pyarrow, a Java runtime for Spark, and a
+# headless Chromium with its WebDriver for the dashboard's browser test.
 $(STAMP): $(BASE)
-	$(BIN)/pip install -q -e '.[test,spark]'
+	TERCEL_NATIVE=0 $(BIN)/pip install -q -e '.[test,spark]'
 	command -v java >/dev/null || { apt-get update && apt-get install -y openjdk-17-jre-headless; }
+	{ command -v chromium && command -v chromedriver; } >/dev/null \
+		|| { apt-get update && apt-get install -y chromium chromium-driver; }
 	touch $(STAMP)
 
 serve: $(NATIVE)
