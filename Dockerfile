@@ -2,12 +2,14 @@
 #
 #   docker build -t tercel .
 #   docker run -d --name tercel -p 22133:22133 -p 127.0.0.1:2223:2223 \
-#       -v tercel-data:/var/lib/tercel tercel
+#       -e TERCEL_ADMIN_TOKEN="$(openssl rand -hex 16)" -v tercel-data:/var/lib/tercel tercel
 #   docker kill -s HUP tercel     # reload /etc/tercel/tercel.toml (mount your own over it)
 #   docker stop tercel            # SIGTERM: open reads go back, journals are fsynced
 #
-# Inside the container tercel listens on 0.0.0.0 (else the published ports reach nothing);
-# publish the admin port on loopback only, as above, or not at all.
+# Inside the container tercel listens on 0.0.0.0 (else the published ports reach nothing), so
+# the admin port requires a token (examples/docker-entrypoint.sh adds TERCEL_ADMIN_TOKEN to the
+# config; without one tercel refuses to start and says why). Publish the admin port on loopback
+# only, as above, or not at all. Arguments after the image name go to `tercel serve`.
 
 # Stage 1: build the wheel; with gcc and the Python headers there, `pip wheel` compiles the
 # request path with mypyc (setup.py; 1-2 minutes of CPU).
@@ -28,10 +30,11 @@ RUN useradd --system --home-dir /var/lib/tercel --shell /usr/sbin/nologin tercel
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 COPY examples/tercel.toml /etc/tercel/tercel.toml
+COPY examples/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 USER tercel
 VOLUME ["/var/lib/tercel"]
 EXPOSE 22133 2223
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=3s \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:2223/ping', timeout=2)"
-ENTRYPOINT ["tercel", "serve", "--config", "/etc/tercel/tercel.toml", "--host", "0.0.0.0", "--data-dir", "/var/lib/tercel"]
+ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]
