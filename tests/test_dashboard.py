@@ -75,7 +75,8 @@ def chart_last(driver: webdriver.Chrome, chart: str) -> Any:
 def test_dashboard_shows_queues_live_and_flushes_after_a_confirmation(
     browser: webdriver.Chrome, tmp_path: Path
 ) -> None:
-    with ServerProcess(tmp_path / "data") as srv:
+    config = '[server]\nadmin_token = "dash-board-token"\n'
+    with ServerProcess(tmp_path / "data", config) as srv:
         raw = Raw(srv.connect())
         raw.call(set_cmd("other", b"o"), b"STORED\r\n")
         browser.get(srv.admin_url + "/")
@@ -102,7 +103,14 @@ def test_dashboard_shows_queues_live_and_flushes_after_a_confirmation(
         assert 'Delete queue "jobs"?' in alert.text
         alert.dismiss()
 
-        # Flush, accept: the row empties, and memcache agrees
+        # Flush without the token: refused, and the page says why
+        click(browser, "jobs", "flush").accept()
+        error = browser.find_element(By.ID, "error")
+        wait_for(browser, "refusal shown", lambda d: "admin token" in error.text)
+        assert cell(browser, "jobs", "items") == "5"
+
+        # Flush with the token, accept: the row empties, and memcache agrees
+        browser.find_element(By.ID, "token").send_keys("dash-board-token", Keys.TAB)
         alert = click(browser, "jobs", "flush")
         assert 'Flush queue "jobs"?' in alert.text
         alert.accept()
@@ -110,7 +118,8 @@ def test_dashboard_shows_queues_live_and_flushes_after_a_confirmation(
         raw.call(b"get jobs\r\n", b"END\r\n")
         wait_for(browser, "queue chart after flush", lambda d: chart_last(d, "queueDepth") == 0)
         assert browser.find_element(By.ID, "error").get_attribute("hidden") is not None
-        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        logged = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert len(logged) == 1 and "401" in logged[0]  # the refused flush, nothing else
 
         # every request the page made went to the admin port
         urls = browser.execute_script(
@@ -170,3 +179,17 @@ def test_dashboard_json_history_and_actions(tmp_path: Path) -> None:
         assert http(srv.admin_url + "/queues/other/delete", "POST")[0] == 200
         raw.call(b"dump_stats other\r\n", b"queue 'other' {\r\n}\r\nEND\r\n")
         assert not list(srv.data_dir.glob("other*"))
+
+
+def test_dashboard_actions_need_the_admin_token_when_set(tmp_path: Path) -> None:
+    token = "s3cret-token"
+    with ServerProcess(tmp_path / "data", f'[server]\nadmin_token = "{token}"\n') as srv:
+        Raw(srv.connect()).call(set_cmd("jobs", b"x"), b"STORED\r\n")
+        url = srv.admin_url + "/queues/jobs/flush"
+        assert http(url, "POST")[0] == 401
+        assert http(srv.admin_url + "/dashboard.json")[1]["queues"][0]["items"] == 1  # GETs open
+        request = urllib.request.Request(url, method="POST")
+        request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=10) as res:
+            assert res.status == 200
+        assert http(srv.admin_url + "/dashboard.json")[1]["queues"][0]["items"] == 0
