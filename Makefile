@@ -12,17 +12,19 @@ SOURCES := $(shell find src/tercel -name '*.py')
 # The server alone: what `make serve` needs.
 $(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e . "mypy>=1.11"
+	$(BIN)/pip install -q --upgrade pip "setuptools>=77"
+	TERCEL_NATIVE=0 $(BIN)/pip install -q -e . "mypy>=1.20"
 	touch $(BASE)
 
-# The hot path compiled by mypyc from the same sources (setup.py lists the modules); about a
-# minute, redone whenever a source changes. TERCEL_NATIVE=0 (or a failed build) leaves pure
-# Python, which works the same, slower (docs/architecture.md, "Native modules"). The build may
-# reuse unchanged objects from build/ with their old times: the touch marks them as current.
+# The hot path compiled by mypyc from the same sources (setup.py lists the modules): about 45 s
+# of CPU (mypyc, then one large C file), 1.5-2.5 minutes of wall time on a busy 2-core machine,
+# with a progress line every 15 s; redone whenever a source changes. TERCEL_NATIVE=0 (or a failed build) leaves
+# pure Python, which works the same, slower (docs/architecture.md, "Native modules"). The build
+# may reuse unchanged objects from build/ with their old times: the touch marks them as current.
 $(NATIVE): $(BASE) setup.py $(SOURCES)
 	find src -name '*.so' -delete
 	if [ "$${TERCEL_NATIVE:-1}" = 1 ]; then \
+		echo "make: compiling the request path with mypyc (1.5-2.5 min; TERCEL_NATIVE=0 skips it)"; \
 		TERCEL_NATIVE=1 $(BIN)/python setup.py -q build_ext --inplace >/dev/null \
 		&& find src -name '*.so' -exec touch {} + \
 		|| { echo "make: the mypyc build failed; tercel runs as pure Python" >&2; \
@@ -32,10 +34,13 @@ $(NATIVE): $(BASE) setup.py $(SOURCES)
 
 native: $(NATIVE)
 
-# Everything the suite needs: test tools, pyspark + pyarrow, and a Java runtime for Spark.
+# Everything the suite needs: test tools, pyspark + pyarrow, a Java runtime for Spark, and a
+# headless Chromium with its WebDriver for the dashboard's browser test.
 $(STAMP): $(BASE)
-	$(BIN)/pip install -q -e '.[test,spark]'
+	TERCEL_NATIVE=0 $(BIN)/pip install -q -e '.[test,spark]'
 	command -v java >/dev/null || { apt-get update && apt-get install -y openjdk-17-jre-headless; }
+	{ command -v chromium && command -v chromedriver; } >/dev/null \
+		|| { apt-get update && apt-get install -y chromium chromium-driver; }
 	touch $(STAMP)
 
 serve: $(NATIVE)

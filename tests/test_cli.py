@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Raw, drain
-from tercel import exit_codes
+from tercel import exit_codes, native
 from tercel.cli_client import format_queues, human_bytes, human_ms, queue_rows
 from tercel.testing import ServerProcess
 
@@ -149,3 +149,15 @@ def test_flush_delete_and_status(tmp_path: Path) -> None:
         assert one("status").stdout == b"QUIESCENT\n"
         assert both("status", "UP").returncode == 0
         assert both("put", "jobs", "x").returncode == 0
+
+
+def test_serve_says_which_build_runs_and_logs_the_replay(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "d", log_level="info") as srv:
+        runner(srv)("put", "a", "1", "2")
+        runner(srv)("put", "b", "3")
+        srv.restart()
+        log = srv.log()
+    build = "compiled build: " if native.compiled_modules() else "pure-Python build: about 0.6x"
+    assert build in log
+    assert "replaying 2 queue(s) from" in log
+    assert "replayed 2 queue(s), 3 items in" in log

@@ -78,7 +78,7 @@ def add_parsers(sub: Any) -> None:
     tail.add_argument("--batch", type=int, default=100, help="items per lease (default 100)")
     tail.add_argument("--lease-time", type=float, default=30.0, help="seconds per lease")
     queues = sub.add_parser(
-        "queues", parents=[common], help="list queues: items, bytes, age of the head, rates"
+        "queues", parents=[common], help="list queues: items, bytes, age, rates in and out"
     )
     queues.add_argument("--json", action="store_true", help="one JSON document on stdout")
     queues.add_argument(
@@ -219,7 +219,8 @@ def _stats(client: Client, args: argparse.Namespace) -> int:
 
 @dataclass(frozen=True, slots=True)
 class QueueRow:
-    """One queue on one server, as ``tercel queues`` shows it (``--json``: these keys)."""
+    """One queue on one server, as ``tercel queues`` shows it (``--json``: these keys).
+    ``age_ms`` is Kestrel's ``age``: how long the last item taken had waited (0 when empty)."""
 
     server: str
     queue: str
@@ -302,7 +303,7 @@ def human_ms(ms: int) -> str:
 def format_queues(rows: list[QueueRow]) -> Iterator[str]:
     """The ``tercel queues`` table (a server column only for more than one server)."""
     servers = len({r.server for r in rows}) > 1
-    head = ["queue", "items", "bytes", "in memory", "head age", "open", "waiters", "in/s", "out/s"]
+    head = ["queue", "items", "bytes", "in memory", "age", "open", "waiters", "in/s", "out/s"]
     table = [(["server"] if servers else []) + head]
     for r in rows:
         rates = ["-" if v is None else f"{v:.1f}" for v in (r.in_per_s, r.out_per_s)]

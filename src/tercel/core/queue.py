@@ -189,6 +189,12 @@ class PersistentQueue:
             return 0
         return max(0, now - self._last_removed_add_time)
 
+    def head_age(self, now: int) -> int:
+        """ms since the head item was added; 0 when the queue is empty or its head is only on
+        disk (read-behind keeps the head in memory, so only a zero memory window does that)."""
+        items = self._items
+        return max(0, now - items[0].add_time) if items else 0
+
     def reconfigure(self, config: QueueConfig) -> None:
         """Take new settings (``reload``). A ``max_age`` caps the expiry of items already
         queued too, measured from their add time, as Kestrel re-applies it: items in memory

@@ -15,6 +15,7 @@ path                        method answer
 ``/reload``                 POST   apply the config file; 400 with the reason if refused
 ``/shutdown``               POST   stop the server after answering
 ``/status/<s>``             POST   set the status; 400 for an unknown one
+``/`` and its JSON          GET    the web dashboard (:mod:`tercel.server.dashboard`)
 =========================== ====== =====================================================
 
 A GET on a POST path is a 405 (aiohttp's router). Snapshots are taken on request; the
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -52,6 +52,8 @@ from tercel.config import ServerSettings
 from tercel.errors import ConfigError
 from tercel.server import stats
 from tercel.server.context import ServerContext
+from tercel.server.dashboard import Dashboard
+from tercel.server.http import error_response, json_response
 from tercel.server.metrics import PERCENTILES, LogHistogram
 from tercel.server.status import parse_status
 
@@ -363,7 +365,7 @@ class Guard:
         log.warning(
             "admin: refused %s %s from %s: %s", request.method, request.path, request.remote, reason
         )
-        return _error(status, reason)
+        return error_response(status, reason)
 
 
 class _OneLineLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -384,6 +386,7 @@ class AdminServer:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_PrometheusCollector(server))
         self._periods: dict[int, tuple[PeriodCollector, TimerHandle]] = {}
+        self.dashboard = Dashboard(server)
         self.guard = Guard(server.config.server)  # raises ConfigError: before listening
         app = web.Application(middlewares=[self.guard.middleware])
         app.add_routes(
@@ -398,6 +401,7 @@ class AdminServer:
                 web.post("/reload", self.reload),
                 web.post("/shutdown", self.shutdown),
                 web.post("/status/{status}", self.set_status),
+                *self.dashboard.routes(),
             ]
         )
         self._runner = web.AppRunner(
@@ -412,11 +416,13 @@ class AdminServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, backlog=128)
         await site.start()
+        self.dashboard.start()
         bound: int = self._runner.addresses[0][1]
         return bound
 
     async def stop(self) -> None:
         """Stop listening and close every admin connection."""
+        self.dashboard.stop()
         for _, timer in self._periods.values():
             timer.cancel()
         self._periods.clear()
@@ -425,22 +431,22 @@ class AdminServer:
     # ---- GET ------------------------------------------------------------------------------
 
     async def ping(self, request: web.Request) -> web.Response:
-        return _json({"response": "pong"})
+        return json_response({"response": "pong"})
 
     async def stats(self, request: web.Request) -> web.Response:
         raw = request.query.get("period")
         if raw is None:
-            return _json(take_snapshot(self.server).to_json())
+            return json_response(take_snapshot(self.server).to_json())
         try:
             period = int(raw)
         except ValueError:
             period = 0
         if not 1 <= period <= MAX_PERIOD_S:
-            return _error(400, f"period must be 1-{MAX_PERIOD_S} seconds")
+            return error_response(400, f"period must be 1-{MAX_PERIOD_S} seconds")
         collector = self._collector(period)
         if collector is None:
-            return _error(400, f"at most {MAX_PERIODS} different periods are kept")
-        return _json(collector.report().to_json())
+            return error_response(400, f"at most {MAX_PERIODS} different periods are kept")
+        return json_response(collector.report().to_json())
 
     def _collector(self, period: int) -> PeriodCollector | None:
         got = self._periods.get(period)
@@ -468,7 +474,7 @@ class AdminServer:
     async def server_info(self, request: web.Request) -> web.Response:
         srv = self.server
         started = srv.started_at
-        return _json(
+        return json_response(
             {
                 "name": "tercel",
                 "version": srv.version,
@@ -481,7 +487,7 @@ class AdminServer:
         )
 
     async def get_status(self, request: web.Request) -> web.Response:
-        return _json({"status": self.server.status.current.name})
+        return json_response({"status": self.server.status.current.name})
 
     # ---- POST -----------------------------------------------------------------------------
 
@@ -490,32 +496,22 @@ class AdminServer:
             self.server.reload()
         except ConfigError as exc:
             log.error("reload refused, keeping the old config: %s", exc)
-            return _error(400, f"reload refused: {exc}")
-        return _json({"response": "ok"})
+            return error_response(400, f"reload refused: {exc}")
+        return json_response({"response": "ok"})
 
     async def shutdown(self, request: web.Request) -> web.Response:
         # Stop after this handler returns, so the answer is written before the listener
         # closes (the runner's cleanup waits for handlers in flight).
         self.server.loop.call_soon(self.server.request_stop)
-        return _json({"response": "ok"})
+        return json_response({"response": "ok"})
 
     async def set_status(self, request: web.Request) -> web.Response:
         try:
             status = parse_status(request.match_info["status"])
         except ValueError as exc:
-            return _error(400, str(exc))
+            return error_response(400, str(exc))
         try:
             self.server.set_status(status)
         except OSError as exc:
-            return _error(500, f"cannot write the status file: {exc.strerror or exc}")
-        return _json({"response": "ok", "status": status.name})
-
-
-def _json(doc: object, status: int = 200) -> web.Response:
-    return web.Response(
-        text=json.dumps(doc, separators=(",", ":")), status=status, content_type="application/json"
-    )
-
-
-def _error(status: int, reason: str) -> web.Response:
-    return _json({"error": reason}, status)
+            return error_response(500, f"cannot write the status file: {exc.strerror or exc}")
+        return json_response({"response": "ok", "status": status.name})

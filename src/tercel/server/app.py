@@ -98,6 +98,10 @@ def _import_admin() -> ModuleType:
     return admin
 
 
+REPLAY_LOG_EVERY_S = 2.0
+"""Start-up replay logs its progress at most this often (and any queue that took longer)."""
+
+
 class Server:
     """A running tercel server (create, ``await start()``, ``await serve()``, ``await stop()``).
 
@@ -191,7 +195,7 @@ class Server:
         if ctx.status.current is not Status.UP:
             log.warning("status is %s (from %s)", ctx.status.current.name, ctx.status.path)
         compiled, stale = native.compiled_modules(), native.stale_modules()
-        log.info("%d compiled module(s) (make native); pure Python otherwise", len(compiled))
+        log.info("%s", native.build_summary(compiled))
         if stale:
             log.warning("compiled modules older than their sources (run make): %s", stale)
         self._replay()
@@ -214,16 +218,27 @@ class Server:
         pool = self.config.server.max_open_journals or storage.auto_max_open(soft)
         self.files = storage.DataDir(self.data_dir, max_open=pool)
         log.info("open-file limit %d; at most %d journal files open at once", soft, pool)
-        t0 = time.monotonic()
+        t0 = last = time.monotonic()
         names = self.files.queue_names()  # the one listing of the data dir
         if names:
             log.info("replaying %d queue(s) from %s", len(names), self.data_dir)
-        shown = t0 + 1
         for i, name in enumerate(names, 1):
+            started = time.monotonic()
             self.collection.load([name])
-            if time.monotonic() > shown:  # progress once a second, not once per queue
-                shown = time.monotonic() + 1
-                log.info("replayed %d/%d queues (%s)", i, len(names), name)
+            now = time.monotonic()
+            if now - started >= REPLAY_LOG_EVERY_S:  # one long journal: say what it was
+                q = self.collection.queue(name)
+                items = 0 if q is None else len(q)
+                log.info("replayed queue %s: %d items in %.1fs", name, items, now - started)
+            if now - last >= REPLAY_LOG_EVERY_S and i < len(names):
+                last = now
+                log.info(
+                    "replaying: %d/%d queues, %d items so far, %.1fs",
+                    i,
+                    len(names),
+                    self.collection.total_length,
+                    now - t0,
+                )
         self.committer.flush_now()
         if names:
             log.info(

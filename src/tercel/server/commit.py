@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
@@ -47,6 +48,7 @@ from typing import Protocol
 from tercel.errors import JournalWriteError
 from tercel.journal import FileJournal
 from tercel.server.aio import Aio, open_aio
+from tercel.server.metrics import LogHistogram
 
 
 class Holder(Protocol):
@@ -123,6 +125,10 @@ class Committer:
         self.aio_fsyncs = 0
         """Of ``fsyncs``, the groups synced through native AIO (the rest ran on the loop)."""
         self.write_errors = 0
+        self.fsync_latency = LogHistogram()
+        """Microseconds per fsync that succeeded: a group's (on the loop or through AIO, from
+        its start to its last completion) and each periodic one (on the worker thread)."""
+        self._group_started = 0  # perf_counter_ns() when the AIO group was submitted
 
     @property
     def holding(self) -> bool:
@@ -202,8 +208,12 @@ class Committer:
         big = self._group_bytes >= self._aio_min_group
         self._group_bytes = 0
         aio = self._open_aio() if big and not inline else None
+        started = time.perf_counter_ns()
         if aio is None:
-            self._finish(waiting, _sync_all(journals))
+            failed = _sync_all(journals)
+            if failed is None:
+                self.fsync_latency.add((time.perf_counter_ns() - started) // 1000)
+            self._finish(waiting, failed)
             return
         error: JournalWriteError | None = None
         submitted: list[FileJournal] = []
@@ -226,6 +236,7 @@ class Committer:
             return
         self.syncing = True
         self._group = (submitted, waiting, error)
+        self._group_started = started
 
     def _open_aio(self) -> Aio | None:
         """The AIO context, opened on first use; None where AIO is not available."""
@@ -261,6 +272,7 @@ class Committer:
         self._group = ([], [], None)
         if error is None:
             self.aio_fsyncs += 1
+            self.fsync_latency.add((time.perf_counter_ns() - self._group_started) // 1000)
         self._finish(group, error)
         self.run(inline)  # write what the passes since buffered, and start their group
 
@@ -280,16 +292,20 @@ class Committer:
         if not journal.needs_sync or journal.syncing:
             return
         journal.syncing = True
+        started = time.perf_counter_ns()
 
         def done(f: Future[None]) -> None:  # on the worker thread
-            self._loop.call_soon_threadsafe(self._periodic_done, journal, f.exception())
+            took = (time.perf_counter_ns() - started) // 1000
+            self._loop.call_soon_threadsafe(self._periodic_done, journal, f.exception(), took)
 
         self._executor.submit(journal.sync).add_done_callback(done)
 
-    def _periodic_done(self, journal: FileJournal, exc: BaseException | None) -> None:
+    def _periodic_done(self, journal: FileJournal, exc: BaseException | None, took: int) -> None:
         journal.sync_done()
         if exc is not None:  # the journal logged it and refuses writes from now on
             self.write_errors += 1
+        else:
+            self.fsync_latency.add(took)
 
     def flush_now(self) -> None:
         """Write and sync everything buffered, before returning (start-up, shutdown): every

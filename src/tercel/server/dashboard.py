@@ -1,0 +1,188 @@
+"""The web dashboard on the admin port: a page, the JSON it polls, and the actions it posts.
+
+=============================== ====== ===================================================
+path                            method answer
+=============================== ====== ===================================================
+``/``                           GET    the page (``static/index.html``)
+``/static/<file>``              GET    its script, styles and uPlot (shipped in the package)
+``/dashboard.json``             GET    the server and its queues now; ``?search=`` keeps
+                                       the queues whose name contains it, ``?limit=`` (1-
+                                       5000, default 500) the first so many by name
+``/history.json``               GET    the last 15 minutes, one sample a second: server-wide,
+                                       or ``?queue=<name>``; no samples and ``"kept": false``
+                                       for a queue without rings (new, gone, beyond 256)
+``/queues/<name>/flush``        POST   drop every item that is not reserved
+``/queues/<name>/delete``       POST   delete the queue and its journal files
+=============================== ====== ===================================================
+
+The page asks for a confirmation before every POST (``/status/<s>`` included); the admin
+server's own checks apply to these paths as to its others. The samples come from
+:class:`~tercel.server.history.History`, taken every second by a timer on the server's loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from tercel.errors import UnavailableError
+from tercel.names import valid_name
+from tercel.server.history import History
+from tercel.server.http import error_response, json_response
+
+if TYPE_CHECKING:
+    from asyncio import TimerHandle
+
+    from tercel.core.queue import PersistentQueue
+    from tercel.server.context import ServerContext
+
+STATIC = Path(__file__).resolve().parent / "static"
+"""The page's files: ``index.html``, ``dashboard.js``, ``dashboard.css`` and uPlot (MIT,
+``uPlot.LICENSE``), package data of tercel."""
+SAMPLE_EVERY_S = 1.0
+DEFAULT_LIMIT = 500
+MAX_LIMIT = 5000
+
+
+class Dashboard:
+    """The dashboard of one server: its routes and its sampling timer."""
+
+    def __init__(self, server: ServerContext) -> None:
+        self.server = server
+        self.history = History()
+        self._timer: TimerHandle | None = None
+
+    def routes(self) -> list[web.AbstractRouteDef]:
+        return [
+            web.get("/", self.page),
+            web.static("/static", STATIC),
+            web.get("/dashboard.json", self.now),
+            web.get("/history.json", self.past),
+            web.post("/queues/{queue}/flush", self.flush),
+            web.post("/queues/{queue}/delete", self.delete),
+        ]
+
+    # ---- sampling -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take a sample now and every second after."""
+        self.sample()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def sample(self) -> None:
+        """Record the server's and every queue's depth and added count, then re-arm."""
+        srv = self.server
+        coll = srv.collection
+        self.history.record(
+            srv.clock.now_ms(),
+            (coll.total_length, coll.stats.total_items),
+            ((q.name, len(q), q.total_items) for q in coll),
+        )
+        self._timer = srv.loop.call_later(SAMPLE_EVERY_S, self.sample)
+
+    # ---- GET ------------------------------------------------------------------------------
+
+    async def page(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    def server_doc(self) -> dict[str, Any]:
+        """The server's figures for the page's cards."""
+        srv = self.server
+        coll = srv.collection
+        fsync = srv.committer.fsync_latency
+        rates = self.history.latest_rates().get(None, (0.0, 0.0))
+        return {
+            "version": srv.version,
+            "status": srv.status.current.name,
+            "uptime_ms": srv.clock.now_ms() - srv.started_at,
+            "connections": len(srv.connections),
+            "queues": len(coll),
+            "items": coll.total_length,
+            "bytes": coll.total_bytes,
+            "journal_bytes": sum(q.log.size for q in coll),
+            "fsyncs": fsync.count,
+            "fsync_p50_us": fsync.percentile(0.5),
+            "fsync_p99_us": fsync.percentile(0.99),
+            "in_per_s": rates[0],
+            "out_per_s": rates[1],
+        }
+
+    def queue_doc(
+        self, q: PersistentQueue, now: int, rates: tuple[float, float] | None
+    ) -> dict[str, Any]:
+        """One queue's row."""
+        return {
+            "name": q.name,
+            "items": len(q),
+            "bytes": q.bytes,
+            "mem_bytes": q.mem_bytes,
+            "head_age_ms": q.head_age(now),
+            "open_reads": q.open_reads,
+            "open_leases": self.server.reservations.table.open_count(q),
+            "waiters": q.waiters,
+            "in_per_s": None if rates is None else rates[0],
+            "out_per_s": None if rates is None else rates[1],
+            "history": self.history.tracked(q.name),
+        }
+
+    async def now(self, request: web.Request) -> web.Response:
+        search = request.query.get("search", "").strip()
+        try:
+            limit = int(request.query.get("limit", DEFAULT_LIMIT))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= MAX_LIMIT:
+            return error_response(400, f"limit must be 1-{MAX_LIMIT}")
+        matched = sorted(_matching(self.server, search), key=lambda q: q.name)
+        now = self.server.clock.now_ms()
+        rates = self.history.latest_rates()
+        rows = [self.queue_doc(q, now, rates.get(q.name)) for q in matched[:limit]]
+        return json_response(
+            {"server": self.server_doc(), "queues": rows, "matched": len(matched), "search": search}
+        )
+
+    async def past(self, request: web.Request) -> web.Response:
+        name = request.query.get("queue")
+        series = self.history.series(name)
+        if series is None:  # created since the last sample, deleted, or beyond MAX_QUEUES
+            series = {"t": [], "items": [], "in": [], "out": []}
+        return json_response({**series, "kept": self.history.tracked(name) if name else True})
+
+    # ---- POST -----------------------------------------------------------------------------
+
+    async def flush(self, request: web.Request) -> web.Response:
+        return self._act(request, "flush")
+
+    async def delete(self, request: web.Request) -> web.Response:
+        return self._act(request, "delete")
+
+    def _act(self, request: web.Request, verb: str) -> web.Response:
+        name = request.match_info["queue"]
+        if not valid_name(name):
+            return error_response(400, f"bad queue name {name[:200]!r}")
+        try:
+            self.server.check_writable()
+        except UnavailableError as exc:
+            return error_response(409, str(exc))
+        coll = self.server.collection
+        if coll.queue(name) is None:
+            return error_response(404, f"no queue {name!r}")
+        if verb == "flush":
+            coll.flush(name)
+        else:
+            coll.delete(name)
+        return json_response({"response": "ok", "queue": name, verb: True})
+
+
+def _matching(server: ServerContext, search: str) -> Iterator[PersistentQueue]:
+    needle = search.lower()
+    for q in server.collection:
+        if needle in q.name.lower():
+            yield q
