@@ -1,11 +1,16 @@
-"""Spark connector throughput: items/s from two tercel servers into a Parquet sink with
-local[2], the sink's rows/s into the queues, and the driver-side fetch alone (no Spark).
+"""Spark connector throughput with its default options, against the JSON file source in the
+same run: the same JSON events (``--size`` bytes each) either landed as JSON-lines files and
+read with ``readStream.format("json")``, or queued on two tercel servers and read with
+``readStream.format("tercel")`` (parsed with ``from_json``); both into Parquet with
+``Trigger.AvailableNow`` on ``local[2]``. Runs alternate (file, tercel, file, tercel, ...)
+after a warm-up of each, so both see the same machine load.
 
-    .venv/bin/python bench/spark_bench.py [--items 200000] [--size 100] [--per-trigger 50000]
+    .venv/bin/python bench/spark_bench.py [--items 400000] [--size 200] [--rounds 2]
 
-Prints one JSON object. Each phase starts from full queues on fresh servers; the source runs
-with Trigger.AvailableNow, so the time covers planning, leasing, staging (fsync), acking,
-reading the staging log on executors and committing Parquet, but not the JVM start.
+Also: the sink (``df.write.format("tercel")``) with its default ``batchSize`` against
+``batchSize=500`` (the old default), alternated; and the time from ``start()`` to the first
+committed batch of a query restarted on a checkpoint with a backlog. Prints one JSON object.
+Timings exclude the JVM start and the time to fill queues or write files.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -24,36 +30,108 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from tercel.client import Client
 from tercel.spark import local_session
-from tercel.spark._fetch import Fetcher
-from tercel.spark._options import SourceOptions
-from tercel.spark._staging import StagingLog
 from tercel.testing import ServerProcess
 
-
-def fill(servers: list[ServerProcess], queue: str, n: int, size: int) -> None:
-    for k, srv in enumerate(servers):
-        with Client(srv.address) as c:
-            share = n // len(servers) + (k < n % len(servers))
-            for start in range(0, share, 5000):
-                count = min(5000, share - start)
-                c.put_many(queue, [b"%08d" % (start + i) + b"x" * (size - 8) for i in range(count)])
+EVENT_SCHEMA = "id bigint, user string, kind string, ts bigint, amount double, note string"
 
 
-def session() -> Any:
-    return local_session("tercel-bench")
-
-
-def bench_source(spark: Any, work: Path, n: int, size: int, per_trigger: int) -> dict[str, Any]:
-    with ServerProcess(work / "s1") as a, ServerProcess(work / "s2") as b:
-        fill([a, b], "bench", n, size)
-        df = (
-            spark.readStream.format("tercel")
-            .option("servers", f"{a.address},{b.address}")
-            .option("queue", "bench")
-            .option("stagingLocation", str(work / "stage"))
-            .option("maxItemsPerTrigger", str(per_trigger))
-            .load()
+def events(start: int, n: int, size: int) -> list[bytes]:
+    """``n`` JSON events of about ``size`` bytes (the note pads them)."""
+    out = []
+    for i in range(start, start + n):
+        head = (
+            f'{{"id":{i},"user":"u{i % 9973:05d}","kind":"{("click", "view", "buy")[i % 3]}",'
+            f'"ts":{1_717_000_000_000 + i},"amount":{(i % 1000) / 10},"note":"'
         )
+        out.append((head + "x" * max(0, size - len(head) - 2) + '"}').encode())
+    return out
+
+
+def fill_queues(servers: list[ServerProcess], queue: str, n: int, size: int) -> None:
+    for k, srv in enumerate(servers):
+        lo, hi = k * n // len(servers), (k + 1) * n // len(servers)
+        with Client(srv.address) as c:
+            for start in range(lo, hi, 5000):
+                c.put_many(queue, events(start, min(5000, hi - start), size))
+
+
+def write_files(directory: Path, n: int, size: int, files: int) -> None:
+    directory.mkdir(parents=True)
+    per = -(-n // files)
+    for f in range(files):
+        lo, hi = f * per, min(n, (f + 1) * per)
+        with open(directory / f"events-{f:03d}.json", "wb") as out:
+            for lo2 in range(lo, hi, 10_000):
+                out.write(b"\n".join(events(lo2, min(10_000, hi - lo2), size)) + b"\n")
+
+
+def _finish(query: Any, started: float, n: int, spark: Any, out: Path) -> dict[str, Any]:
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    assert query.exception() is None, query.exception()
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    rows = sum(p["numInputRows"] for p in progress)
+    assert rows == n, (rows, n)
+    assert spark.read.parquet(str(out)).select("id").distinct().count() == n
+    return {
+        "seconds": round(elapsed, 2),
+        "items_per_s": round(n / elapsed),
+        "batches": len(progress),
+        "rows": [p["numInputRows"] for p in progress],
+        "latest_offset_ms": [p["durationMs"].get("latestOffset") for p in progress],
+        "add_batch_ms": [p["durationMs"].get("addBatch") for p in progress],
+    }
+
+
+def run_files(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
+    src = work / "json"
+    write_files(src, n, size, files=8)
+    df = spark.readStream.schema(EVENT_SCHEMA).format("json").load(str(src))
+    started = time.perf_counter()
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(work / "out"))
+        .option("checkpointLocation", str(work / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    return _finish(query, started, n, spark, work / "out")
+
+
+OLD_DEFAULTS = {
+    "maxItemsPerTrigger": "10000",
+    "leaseBatch": "1000",
+    "itemsPerPartition": "10000",
+    "prefetch": "false",
+}
+"""The source's defaults before issue 23 (``--old``: run them too, for comparison)."""
+
+
+def tercel_stream(
+    spark: Any, addresses: str, work: Path, options: dict[str, str] | None = None
+) -> Any:
+    """The tercel source (default options unless ``options``), parsed like the file source."""
+    reader = (
+        spark.readStream.format("tercel")
+        .option("servers", addresses)
+        .option("queue", "events")
+        .option("stagingLocation", str(work / "stage"))
+    )
+    for key, value in (options or {}).items():
+        reader = reader.option(key, value)
+    return (
+        reader.load()
+        .selectExpr(f"from_json(cast(value as string), '{EVENT_SCHEMA}') as e")
+        .select("e.*")
+    )
+
+
+def run_tercel(
+    spark: Any, work: Path, n: int, size: int, options: dict[str, str] | None = None
+) -> dict[str, Any]:
+    with ServerProcess(work / "s1") as a, ServerProcess(work / "s2") as b:
+        fill_queues([a, b], "events", n, size)
+        df = tercel_stream(spark, f"{a.address},{b.address}", work, options)
         started = time.perf_counter()
         query = (
             df.writeStream.format("parquet")
@@ -62,83 +140,134 @@ def bench_source(spark: Any, work: Path, n: int, size: int, per_trigger: int) ->
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination()
-        elapsed = time.perf_counter() - started
-        progress = [p for p in query.recentProgress if p["numInputRows"]]
-        rows = sum(p["numInputRows"] for p in progress)
-        assert rows == n, (rows, n)
-        assert spark.read.parquet(str(work / "out")).count() == n
-        return {
-            "items": n,
-            "seconds": round(elapsed, 2),
-            "items_per_s": round(n / elapsed),
-            "batches": len(progress),
-            "latest_offset_ms": [p["durationMs"].get("latestOffset") for p in progress],
-            "add_batch_ms": [p["durationMs"].get("addBatch") for p in progress],
-        }
+        return _finish(query, started, n, spark, work / "out")
 
 
-def bench_writer(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
+def run_restart(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
+    """Time a query's first batch; stop it, queue ``n`` more items, and time a restart on the
+    same checkpoint to its first batch."""
+    with ServerProcess(work / "s1") as a, ServerProcess(work / "s2") as b:
+        fill_queues([a, b], "events", n, size)
+        addresses = f"{a.address},{b.address}"
+
+        def start() -> Any:
+            return (
+                tercel_stream(spark, addresses, work)
+                .writeStream.format("parquet")
+                .option("path", str(work / "out"))
+                .option("checkpointLocation", str(work / "ck"))
+                .trigger(processingTime="0 seconds")
+                .start()
+            )
+
+        def first_batch(query: Any) -> float:
+            started = time.perf_counter()
+            while not [p for p in query.recentProgress if p["numInputRows"]]:
+                assert query.exception() is None, query.exception()
+                assert time.perf_counter() - started < 600, "no batch in 600 s"
+                time.sleep(0.05)
+            return time.perf_counter() - started
+
+        query = start()
+        cold = first_batch(query)
+        query.stop()
+        fill_queues([a, b], "events", n, size)
+        query = start()
+        warm = first_batch(query)
+        query.stop()
+        return {"first_batch_s": round(cold, 2), "first_batch_after_restart_s": round(warm, 2)}
+
+
+def run_writer(spark: Any, df: Any, work: Path, n: int, batch_size: int | None) -> float:
     with ServerProcess(work / "w1") as a, ServerProcess(work / "w2") as b:
-        servers = f"{a.address},{b.address}"
-        df = spark.range(n).selectExpr(
-            f"cast(concat(lpad(cast(id as string), 8, '0'), repeat('x', {size - 8})) as binary)"
-            " as value"
-        )
-        df = df.repartition(2).cache()
-        df.count()  # materialise the input, so the timing is the writer's
-        df.limit(1000).write.format("tercel").option("servers", servers).option(
-            "queue", "warm"
-        ).mode("append").save()
+        writer = df.write.format("tercel").option("servers", f"{a.address},{b.address}")
+        if batch_size is not None:
+            writer = writer.option("batchSize", str(batch_size))
         started = time.perf_counter()
-        df.write.format("tercel").option("servers", servers).option("queue", "out").mode(
-            "append"
-        ).save()
+        writer.option("queue", "out").mode("append").save()
         elapsed = time.perf_counter() - started
         with Client([a.address, b.address]) as c:
             stored = sum(int(s["out"]["items"]) for s in c.queue_stats().values())
         assert stored == n, (stored, n)
-        return {"rows": n, "seconds": round(elapsed, 2), "rows_per_s": round(n / elapsed)}
+        return n / elapsed
 
 
-def bench_fetch(work: Path, n: int, size: int) -> dict[str, Any]:
-    """The driver's lease -> stage (fsync) -> ack loop alone, as latestOffset runs it."""
-    with ServerProcess(work / "f1") as a, ServerProcess(work / "f2") as b:
-        fill([a, b], "bench", n, size)
-        opts = SourceOptions.parse(
-            {
-                "servers": f"{a.address},{b.address}",
-                "queue": "bench",
-                "stagingLocation": str(work / "fstage"),
-            }
-        )
-        log = StagingLog(opts.staging)
-        log.ensure()
-        fetcher = Fetcher(opts, log)
-        started = time.perf_counter()
-        pos = 0
-        while pos < n:
-            pos, _ = fetcher.fetch(pos, 50_000, wait_first=False)
-        elapsed = time.perf_counter() - started
-        fetcher.close()
-        return {"items": pos, "seconds": round(elapsed, 2), "items_per_s": round(pos / elapsed)}
+def note(what: str, value: object) -> None:
+    """Progress on stderr (the JSON result goes to stdout at the end)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {what}: {json.dumps(value)}", file=sys.stderr)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values)),
+        "min": round(min(values)),
+        "max": round(max(values)),
+    }
+
+
+def source_runs(spark: Any, work: Path, args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Alternate file, tercel (and with ``--old`` tercel with the old defaults) runs."""
+    run_files(spark, work / "warm-files", 5000, args.size)
+    run_tercel(spark, work / "warm-tercel", 5000, args.size)
+    runs: dict[str, list[dict[str, Any]]] = {"files": [], "tercel": [], "tercel_old": []}
+    for r in range(args.rounds):
+        runs["files"].append(run_files(spark, work / f"files{r}", args.items, args.size))
+        note("files", runs["files"][-1])
+        runs["tercel"].append(run_tercel(spark, work / f"tercel{r}", args.items, args.size))
+        note("tercel", runs["tercel"][-1])
+        if args.old:
+            old = run_tercel(spark, work / f"old{r}", args.items, args.size, OLD_DEFAULTS)
+            runs["tercel_old"].append(old)
+            note("tercel_old", old)
+    result["runs"] = runs
+    for name, values in runs.items():
+        if values:
+            result[f"{name}_items_per_s"] = _summary([r["items_per_s"] for r in values])
+            result[f"{name}_over_files"] = [
+                round(t["items_per_s"] / f["items_per_s"], 2)
+                for f, t in zip(runs["files"], values, strict=False)
+            ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=200_000)
-    parser.add_argument("--size", type=int, default=100, help="payload bytes (>= 8)")
-    parser.add_argument("--per-trigger", type=int, default=50_000)
+    parser.add_argument("--items", type=int, default=400_000)
+    parser.add_argument("--size", type=int, default=200, help="event bytes (about)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--skip-writer", action="store_true")
+    parser.add_argument("--skip-source", action="store_true")
+    parser.add_argument("--old", action="store_true", help="also run the pre-issue-23 defaults")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tercel-spark-bench-"))
-    result: dict[str, Any] = {"items": args.items, "size": args.size, "cores": os.cpu_count()}
-    result["fetch_only"] = bench_fetch(work, args.items, args.size)
-    spark = session()
-    bench_source(spark, work / "warm", 5000, args.size, 5000)  # JIT, workers, first job
-    result["source_to_parquet"] = bench_source(
-        spark, work / "run", args.items, args.size, args.per_trigger
-    )
-    result["writer"] = bench_writer(spark, work, args.items, args.size)
+    result: dict[str, Any] = {
+        "items": args.items,
+        "size": len(events(0, 1, args.size)[0]),
+        "cores": os.cpu_count(),
+        "load_before": os.getloadavg()[0],
+    }
+    spark = local_session("tercel-bench")
+    result["spark_default_parallelism"] = spark.sparkContext.defaultParallelism
+    if not args.skip_source:
+        source_runs(spark, work, args, result)
+        result["restart"] = run_restart(
+            spark, work / "restart", min(args.items, 100_000), args.size
+        )
+        note("restart", result["restart"])
+    if not args.skip_writer:
+        n = args.items // 2
+        df = spark.range(n).selectExpr(
+            f"cast(concat(lpad(cast(id as string), 8, '0'), repeat('x', {args.size - 8})) "
+            "as binary) as value"
+        )
+        df = df.repartition(2).cache()
+        df.count()
+        rates: dict[str, list[float]] = {"default": [], "batchSize=500": []}
+        for r in range(args.rounds):
+            rates["batchSize=500"].append(run_writer(spark, df, work / f"w500-{r}", n, 500))
+            rates["default"].append(run_writer(spark, df, work / f"wdef-{r}", n, None))
+            note("writer", {k: round(v[-1]) for k, v in rates.items()})
+        result["writer_rows_per_s"] = {k: _summary(v) for k, v in rates.items()}
+    result["load_after"] = os.getloadavg()[0]
     spark.stop()
     print(json.dumps(result, indent=2))
 

@@ -365,4 +365,5 @@ def test_a_failed_batch_replays_with_its_real_row_count_and_lag_is_reported(
     assert_exactly_once(got, produced)
     reported = json.loads(progress[-1]["sources"][0]["latestOffset"])
     assert reported["lag"] == 0 and reported["queued"] == {servers[0].address: {qname: 0}}
-    assert reported["metrics"]["staged"] == reported["metrics"]["acked"] == 10
+    metrics = reported["metrics"]  # this run's fetcher: the first run may have staged all
+    assert metrics["staged"] == metrics["acked"] and metrics["suspects"] == 0

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from tercel.client import Client, Leased
 from tercel.spark._fetch import AllServersDown, Fetcher, to_batch
@@ -265,3 +266,18 @@ def test_several_queues_by_pattern_with_queue_and_expiry_columns(tmp_path: Path)
         report = f.metrics.report(len(f.suspects))
         assert report["leased"] == report["staged"] == report["acked"] == 9
         f.close()
+
+
+def test_batches_are_cut_into_spark_default_parallelism_slices(tmp_path: Path) -> None:
+    from tercel.spark.source import TercelStreamReader
+
+    log = StagingLog(str(tmp_path))
+    log.ensure()
+    stage(log, 0, 6000, 4000)
+    reader = TercelStreamReader(opts(["127.0.0.1:1"], tmp_path), parallelism=3)
+    parts = reader.partitions({"seq": 0}, {"seq": 10_000})
+    assert [sum(p.hi - p.lo for p in part.pieces) for part in parts] == [3334, 3334, 3332]
+    assert len(reader.partitions({"seq": 0}, {"seq": 1900})) == 2  # at least 1000 rows each
+    fixed = TercelStreamReader(opts(["127.0.0.1:1"], tmp_path, itemsPerPartition=4000), 3)
+    assert len(fixed.partitions({"seq": 0}, {"seq": 10_000})) == 3
+    assert isinstance(reader.getDefaultReadLimit(), ReadAllAvailable)

@@ -41,8 +41,18 @@ default 200 dominates small local jobs), UTC timestamps."""
 
 
 def register(spark: Any) -> None:
-    """Register ``tercel`` and ``tercel-journal`` with a SparkSession (driver)."""
-    spark.dataSource.register(TercelDataSource)
+    """Register ``tercel`` and ``tercel-journal`` with a SparkSession (driver).
+
+    The ``tercel`` class registered is a subclass made here that carries the session's
+    ``defaultParallelism`` (a Python source cannot ask Spark for it later): the source cuts
+    each batch into that many slices by default. A class made in a function is pickled by
+    value, attributes included."""
+    try:
+        parallelism = int(spark.sparkContext.defaultParallelism)
+    except Exception:  # e.g. Spark Connect has no SparkContext: the CPU count is used
+        parallelism = None
+    source = type("TercelDataSource", (TercelDataSource,), {"default_parallelism": parallelism})
+    spark.dataSource.register(source)
     spark.dataSource.register(TercelJournalDataSource)
 
 

@@ -24,6 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
@@ -104,22 +105,17 @@ class Fetcher:
         self.opts = opts
         self.staging = staging
         self.clock = clock
-        self.clients = {
-            s: Client(
-                s,
-                timeout=opts.socket_timeout_ms / 1000,
-                connect_timeout=opts.connect_timeout_ms / 1000,
-                retry_after=opts.server_retry_ms / 1000,
-                max_retry_after=max(opts.server_retry_ms / 1000, 10.0),
-                pool_size=2,
-            )
-            for s in opts.servers
-        }
+        self.clients = self._connect()
+        self._stats_clients: dict[str, Client] | None = None
+        """Separate clients for queue depths: ``reportLatestOffset`` asks on the query's
+        thread while a prefetch may be using :attr:`clients`."""
         self.suspects: set[Key] = load_suspects(staging.root)
         """Items that may be handed out again although they are staged; saved in the staging
         directory whenever the set changes, so they outlive any number of crashes."""
         self._recovered = False
         self._queues: dict[str, list[str]] = {}
+        self._turn = 0
+        self._pool: ThreadPoolExecutor | None = None
         """The queues read on each server (:meth:`resolve_queues`)."""
         self.metrics = FetchMetrics()
         self._down_since: float | None = None
@@ -206,7 +202,7 @@ class Fetcher:
             while got < limit:
                 wait = opts.fetch_wait_ms / 1000 if (first and wait_first) else None
                 first = False
-                ask = min(opts.lease_batch, limit - got)
+                ask = limit - got
                 leased, full = self._round(ask, wait)
                 failpoint("fetch.leased")
                 kept, dropped = self._split(leased)
@@ -240,31 +236,48 @@ class Fetcher:
         return pos + got, drained
 
     def _round(self, ask: int, wait: float | None) -> tuple[list[Leased], bool]:
-        """One lease per available server and queue, up to ``ask`` items in all; (items,
-        whether any lease filled its request). Only the first lease may wait."""
-        leased: list[Leased] = []
-        full = False
-        answered = 0
+        """One round: every available server at once (a thread each, so one server's reply is
+        parsed while the other prepares its own), each leasing up to ``ask`` items over its
+        queues, ``leaseBatch`` per lease, starting one queue further each round so that none
+        is starved when ``ask`` is small; (items, whether any lease filled its request). Only
+        a server's first lease may wait."""
         started = self.clock()
-        for address, client in self.clients.items():
-            try:
-                for queue in self._queues.get(address, ()):
-                    n = ask - len(leased)
-                    if n <= 0:
-                        full = True
-                        break
-                    items = client.lease(queue, n, wait, self.opts.lease_ms / 1000)
-                    wait = None
-                    leased += items
-                    full = full or len(items) >= n
-            except ClientError as exc:
-                log.warning("tercel source: %s skipped this round: %s", address, exc)
-                continue
-            answered += 1
+        self._turn += 1
+        servers = [a for a in self.clients if self._queues.get(a)]
+        if len(servers) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(len(self.clients), "tercel-lease")
+            replies = list(self._pool.map(lambda a: self._lease_on(a, ask, wait), servers))
+        else:
+            replies = [self._lease_on(a, ask, wait) for a in servers]
+        leased = [i for items, _ in replies if items is not None for i in items]
+        full = any(filled for _, filled in replies)
         self.metrics.lease_ms += (self.clock() - started) * 1000
         self.metrics.leased += len(leased)
-        self._health(answered)
+        self._health(sum(items is not None for items, _ in replies) + (not servers))
         return leased, full
+
+    def _lease_on(
+        self, address: str, ask: int, wait: float | None
+    ) -> tuple[list[Leased] | None, bool]:
+        """Leases on one server: (items, or None when it failed; whether one filled)."""
+        queues = self._queues[address]
+        got: list[Leased] = []
+        for k in range(len(queues)):
+            n = min(self.opts.lease_batch, ask - len(got))
+            if n <= 0:
+                return got, True
+            queue = queues[(self._turn + k) % len(queues)]
+            try:
+                items = self.clients[address].lease(queue, n, wait, self.opts.lease_ms / 1000)
+            except ClientError as exc:
+                log.warning("tercel source: %s skipped this round: %s", address, exc)
+                return (got or None), False
+            wait = None
+            got += items
+            if len(items) >= n:
+                return got, True
+        return got, False
 
     def resolve_queues(self) -> None:
         """The queues to read on each server: the named ones, or those matching
@@ -346,10 +359,27 @@ class Fetcher:
 
     # ---- queue depth ------------------------------------------------------------------
 
+    def _connect(self) -> dict[str, Client]:
+        opts = self.opts
+        return {
+            s: Client(
+                s,
+                timeout=opts.socket_timeout_ms / 1000,
+                connect_timeout=opts.connect_timeout_ms / 1000,
+                retry_after=opts.server_retry_ms / 1000,
+                max_retry_after=max(opts.server_retry_ms / 1000, 10.0),
+                pool_size=2,
+            )
+            for s in opts.servers
+        }
+
     def queue_depth(self) -> dict[str, dict[str, int]]:
-        """Items waiting in the queues read, per reachable server (``dump_stats``)."""
+        """Items waiting in the queues read, per reachable server (``dump_stats``). Safe to
+        call while a fetch runs in another thread."""
+        if self._stats_clients is None:
+            self._stats_clients = self._connect()
         depth: dict[str, dict[str, int]] = {}
-        for address, client in self.clients.items():
+        for address, client in self._stats_clients.items():
             try:
                 stats = client.queue_stats().get(address, {})
             except ClientError as exc:
@@ -363,5 +393,8 @@ class Fetcher:
         return depth
 
     def close(self) -> None:
-        for client in self.clients.values():
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        for client in [*self.clients.values(), *(self._stats_clients or {}).values()]:
             client.close()

@@ -74,6 +74,12 @@ class Options:
             raise self._error(name, f"must be at least {minimum}, got {value}")
         return value
 
+    def optional_integer(self, name: str, minimum: int = 0) -> int | None:
+        """An integer option that may be absent (None: the caller's automatic choice)."""
+        if self._get(name) is None:
+            return None
+        return self.integer(name, 0, minimum)
+
     def flag(self, name: str, default: bool) -> bool:
         raw = self._get(name)
         if raw is None:
@@ -109,13 +115,17 @@ class SourceOptions:
     each server, looked up at each fetch (like Kafka's ``subscribePattern``)."""
     staging: str
     checkpoint: str | None
-    max_items_per_trigger: int
+    max_items_per_trigger: int | None
+    """None: no fixed size; each batch takes the backlog, up to ``maxItemsPerFetch``."""
     max_items_per_fetch: int
     lease_batch: int
     fetch_wait_ms: int
     max_fetch_ms: int
     lease_ms: int
-    items_per_partition: int
+    items_per_partition: int | None
+    """None: each batch is cut into as many slices as Spark's default parallelism."""
+    prefetch: bool
+    """Fetch the next batch's items while Spark processes the current batch."""
     fail_on_data_loss: bool
     server_retry_ms: int
     max_unavailable_ms: int
@@ -160,13 +170,14 @@ class SourceOptions:
             queue_pattern=pattern,
             staging=staging,
             checkpoint=checkpoint,
-            max_items_per_trigger=o.integer("maxItemsPerTrigger", 10_000, 1),
+            max_items_per_trigger=o.optional_integer("maxItemsPerTrigger", 1),
             max_items_per_fetch=o.integer("maxItemsPerFetch", 100_000, 1),
-            lease_batch=o.integer("leaseBatch", 1_000, 1),
+            lease_batch=o.integer("leaseBatch", 5_000, 1),
             fetch_wait_ms=o.integer("fetchWaitMs", 100),
             max_fetch_ms=o.integer("maxFetchDurationMs", 5_000, 1),
             lease_ms=o.integer("leaseMs", 30_000, 1),
-            items_per_partition=o.integer("itemsPerPartition", 10_000, 1),
+            items_per_partition=o.optional_integer("itemsPerPartition", 1),
+            prefetch=o.flag("prefetch", True),
             fail_on_data_loss=o.flag("failOnDataLoss", True),
             server_retry_ms=o.integer("serverRetryMs", 1_000, 1),
             max_unavailable_ms=o.integer("maxUnavailableMs", 60_000),

@@ -18,6 +18,8 @@ Delivery (docs/spark.md): effectively-once into a replayable sink; Spark offsets
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -88,18 +90,59 @@ class StagedSlice(InputPartition):
         self.pieces = pieces
 
 
+class Prefetch:
+    """The next batch's fetch, run in a thread of the driver-side source process while Spark
+    runs the current batch (that process is otherwise idle then). Its items are staged and
+    acked exactly like a fetch in ``latestOffset``; a crash during it is recovered the same
+    way; ``latestOffset`` joins it before it looks at the staging log."""
+
+    def __init__(self, fetcher: Fetcher, pos: int, want: int, budget: int | None) -> None:
+        self.result: tuple[int, bool] = (0, False)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._run, args=(fetcher, pos, want, budget), name="tercel-prefetch"
+        )
+        self.thread.daemon = True
+        self.thread.start()
+
+    def _run(self, fetcher: Fetcher, pos: int, want: int, budget: int | None) -> None:
+        try:
+            end, drained = fetcher.fetch(pos, want, False, budget)
+            self.result = (end - pos, drained)
+        except BaseException as exc:  # re-raised by join, on the query's thread
+            self.error = exc
+
+    def join(self) -> tuple[int, bool]:
+        """(items fetched, whether the queues were drained); raises the fetch's error."""
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The streaming source (see the module docstring for where each method runs)."""
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, parallelism: int = 2) -> None:
         self.opts = opts
+        self.parallelism = max(1, parallelism)
+        """Slices per batch when ``itemsPerPartition`` is not set (Spark's default
+        parallelism, given by :func:`tercel.spark.register`)."""
         self.staging = StagingLog(opts.staging)
         self._fetcher: Fetcher | None = None
         self._budget: int | None = None
         """Trigger.AvailableNow: items still to fetch (the queue depth when it started)."""
+        self._prefetch: Prefetch | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"opts": self.opts, "staging": self.staging, "_fetcher": None, "_budget": None}
+        return {
+            "opts": self.opts,
+            "parallelism": self.parallelism,
+            "staging": self.staging,
+            "_fetcher": None,
+            "_budget": None,
+            "_prefetch": None,
+        }
 
     def _driver(self) -> Fetcher:
         """The fetcher, created on first use in this process (recovering a crashed run)."""
@@ -125,33 +168,59 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"seq": self.staging.lowest_start()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        """``maxItemsPerTrigger`` when set; else everything available (the backlog, up to
+        ``maxItemsPerFetch`` per batch)."""
+        if self.opts.max_items_per_trigger is None:
+            return ReadAllAvailable()
         return ReadMaxRows(self.opts.max_items_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: fetch at most what the queue holds now, then stop."""
+        self._join_prefetch()
         depth = self._driver().queue_depth()
         self._budget = sum(n for per_server in depth.values() for n in per_server.values())
 
+    def _want(self, limit: ReadLimit) -> int:
+        if isinstance(limit, ReadMaxRows):
+            return int(limit.max_rows)
+        if isinstance(limit, ReadAllAvailable) or self.opts.max_items_per_trigger is None:
+            return self.opts.max_items_per_fetch
+        return self.opts.max_items_per_trigger
+
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        """Plan the next batch: reuse what is staged beyond ``start``, lease and stage more
-        up to the limit. ``start`` is durably committed by Spark, so older segments go."""
+        """Plan the next batch: reuse what is staged beyond ``start`` (a prefetch, or an
+        attempt Spark never logged), lease and stage more up to the limit, then start
+        prefetching the next batch. ``start`` is durably committed by Spark, so older
+        segments go."""
         first = int(start["seq"])
         fetcher = self._driver()
+        self._join_prefetch()
         self.staging.gc(first)
-        if isinstance(limit, ReadMaxRows):
-            want = limit.max_rows
-        elif isinstance(limit, ReadAllAvailable):
-            want = self.opts.max_items_per_fetch
-        else:
-            want = self.opts.max_items_per_trigger
+        want = self._want(limit)
         end = self.staging.end_from(first)
         missing = want - (end - first)
+        drained = False
         if missing > 0 and self._budget != 0:
             new_end, drained = fetcher.fetch(end, missing, end == first, self._budget)
-            if self._budget is not None:
-                self._budget = 0 if drained else max(0, self._budget - (new_end - end))
+            self._spend(new_end - end, drained)
             end = new_end
-        return {"seq": first + min(end - first, want)}
+        batch_end = first + min(end - first, want)
+        if self.opts.prefetch and not drained and self._budget != 0 and batch_end > first:
+            staged_ahead = end - batch_end
+            if staged_ahead < want:
+                self._prefetch = Prefetch(fetcher, end, want - staged_ahead, self._budget)
+        return {"seq": batch_end}
+
+    def _spend(self, fetched: int, drained: bool) -> None:
+        if self._budget is not None:
+            self._budget = 0 if drained else max(0, self._budget - fetched)
+
+    def _join_prefetch(self) -> None:
+        """Wait for the prefetch in flight (re-raising its error) and account for it."""
+        if self._prefetch is not None:
+            prefetch, self._prefetch = self._prefetch, None
+            fetched, drained = prefetch.join()
+            self._spend(fetched, drained)
 
     def reportLatestOffset(self) -> dict[str, Any]:
         """Shown as the source's ``latestOffset`` in the query progress: the lag (items still
@@ -166,14 +235,14 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         }
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        """Slices of the staged range of at most ``itemsPerPartition`` rows."""
+        """Slices of the staged range: ``itemsPerPartition`` rows each, or by default as many
+        slices as Spark's default parallelism (of at least 1000 rows)."""
         self._driver()
-        slices = self.staging.slices(
-            int(start["seq"]),
-            int(end["seq"]),
-            self.opts.items_per_partition,
-            self.opts.fail_on_data_loss,
-        )
+        lo, hi = int(start["seq"]), int(end["seq"])
+        rows = self.opts.items_per_partition
+        if rows is None:
+            rows = max(1000, -(-(hi - lo) // self.parallelism))
+        slices = self.staging.slices(lo, hi, rows, self.opts.fail_on_data_loss)
         return [StagedSlice(pieces) for pieces in slices]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -187,6 +256,9 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.staging.gc(int(end["seq"]))
 
     def stop(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.thread.join()
+            self._prefetch = None
         if self._fetcher is not None:
             self._fetcher.close()
             self._fetcher = None
@@ -215,12 +287,17 @@ class TercelDataSource(DataSource):
             "checkpoint to drain a queue into a table"
         )
 
+    default_parallelism: int | None = None
+    """Spark's default parallelism, set by :func:`tercel.spark.register` on a subclass made
+    for its session (None: this machine's CPU count)."""
+
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         if [(f.name, f.dataType) for f in schema.fields] != [
             (f.name, f.dataType) for f in SOURCE_STRUCT.fields
         ]:
             raise ValueError(f"tercel source: the schema is fixed ({SOURCE_SCHEMA})")
-        return TercelStreamReader(SourceOptions.parse(self.options))
+        parallelism = self.default_parallelism or os.cpu_count() or 2
+        return TercelStreamReader(SourceOptions.parse(self.options), parallelism)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from tercel.spark.sink import TercelWriter
