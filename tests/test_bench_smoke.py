@@ -52,8 +52,12 @@ def test_quick_suite_runs_cleanly_against_tercel(tmp_path: Path) -> None:
         assert noise[1] <= noise[0]
     for r in records:
         assert r["errors"] == 0, r  # misses are allowed: a quick dequeue may drain its fill
-        assert r["ops"] > 0 and r["server_cpu_s"] > 0 and r["client_cpu_s"] > 0, r
+        assert r["ops"] > 0 and r["server_cpu_s"] >= 0 and r["client_cpu_s"] >= 0, r
         assert r["p50_us"] <= r["p99_us"] <= r["p999_us"], r
+    # CPU is read in clock ticks (10 ms): one short run on a busy host can read 0, the whole
+    # quick suite cannot.
+    assert sum(r["server_cpu_s"] for r in records) > 0
+    assert sum(r["client_cpu_s"] for r in records) > 0
     header = (
         "| server | class | ops/s | p50 | p99 | p99.9 | server CPU µs/op | client CPU µs/op "
         "| peak RSS | errors | noise |"
