@@ -254,12 +254,18 @@ class QueueCollection:
         return 0 if q is None else q.flush_expired()
 
     def flush_all_expired(self) -> int:
-        """Expire what is due in every queue; the total count."""
+        """Expire what is due in every queue; the total count.
+
+        The same pass gives each queue's log its maintenance (:meth:`Queue.maintain_log`):
+        a queue checks its log every few operations, and a check that came while a
+        compaction was still running is otherwise not made again until the queue is used.
+        """
         now = self.clock.now_ms()
         total = 0
         for q in self:
             try:
                 total += q.flush_expired(now)
+                q.maintain_log()
             except JournalError as exc:  # that queue's journal failed; the others go on
                 log.error("expiry of %s stopped: %s", q.name, exc)
         return total
