@@ -47,6 +47,7 @@ __all__ = [
     "count",
     "error",
     "item",
+    "item_parts",
     "string",
 ]
 
@@ -372,6 +373,12 @@ def item(data: bytes) -> bytes:
     """``:<item>``: an item. The caller checks first that it holds no LF (see
     :func:`fits_a_line`)."""
     return b":%b\n" % data
+
+
+def item_parts(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """:func:`item` as three pieces for a list of replies joined once: the item is not
+    copied into a reply of its own first (an item may be 64 MiB)."""
+    return (b":", data, b"\n")
 
 
 def fits_a_line(data: bytes) -> bool:
