@@ -261,6 +261,7 @@ def test_replies() -> None:
     assert kt.error("Queue name required.") == b"-Queue name required.\n"
     assert kt.error("two\nlines \u00e9") == b"-two lines ?\n"
     assert kt.item(b"\xff data") == b":\xff data\n"
+    assert b"".join(kt.item_parts(b"\xff data")) == kt.item(b"\xff data")
     assert kt.NO_ITEM == b"*\n"
     assert kt.string("UP") == b":UP\n"
     assert kt.fits_a_line(b"a b:c\rd")

@@ -47,6 +47,7 @@ __all__ = [
     "count",
     "error",
     "item",
+    "item_parts",
     "string",
 ]
 
@@ -201,6 +202,7 @@ class TextServerCodec:
         "_max_item",
         "_max_line",
         "_pos",
+        "_scanned",
         "_skipping",
     )
 
@@ -213,6 +215,9 @@ class TextServerCodec:
     ) -> None:
         self._buf = bytearray()
         self._pos = 0
+        # No LF before this offset (from _pos on): a line arriving in many reads (an item of
+        # megabytes) is searched once, not once per read from its start.
+        self._scanned = 0
         self._max_line = max_line
         self._max_item = max_item
         self._max_batch_items = max_batch_items
@@ -225,6 +230,7 @@ class TextServerCodec:
         """Append bytes read from the connection."""
         if self._pos:  # drop what was parsed before growing the buffer: one move per read
             del self._buf[: self._pos]
+            self._scanned = max(0, self._scanned - self._pos)
             self._pos = 0
         self._buf += data
 
@@ -257,10 +263,13 @@ class TextServerCodec:
         to see whether it ends in ``:``); once its LF came, :meth:`_refuse` answers it."""
         buf = self._buf
         while True:
-            nl = buf.find(b"\n", self._pos)
+            nl = buf.find(b"\n", max(self._pos, self._scanned))
+            if nl < 0:
+                self._scanned = len(buf)
             if self._skipping is not None:
                 if nl < 0:
                     del buf[self._pos : len(buf) - 2]
+                    self._scanned = len(buf)
                     return None
                 reason, self._skipping = self._skipping, None
                 self._refuse(reason, nl)
@@ -364,6 +373,12 @@ def item(data: bytes) -> bytes:
     """``:<item>``: an item. The caller checks first that it holds no LF (see
     :func:`fits_a_line`)."""
     return b":%b\n" % data
+
+
+def item_parts(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """:func:`item` as three pieces for a list of replies joined once: the item is not
+    copied into a reply of its own first (an item may be 64 MiB)."""
+    return (b":", data, b"\n")
 
 
 def fits_a_line(data: bytes) -> bool:

@@ -115,7 +115,7 @@ def _read(conn: TextConnection, cmd: kt.TextGet | kt.TextPeek, deadline: int) ->
             return False
         got = session.fetch(cmd.queue, _mode(cmd), now)
         if got is not None:
-            conn.out.append(kt.item(got[1].data))
+            conn.out += kt.item_parts(got[1].data)
             return False
     return _wait(conn, cmd, deadline, now, _read)
 
@@ -210,7 +210,7 @@ def _monitor(conn: TextConnection, mon: _Monitor, deadline: int) -> bool:
         got = session.fetch(mon.queue, READ_OPEN, now)
         if got is None:
             break
-        conn.out.append(kt.item(got[1].data))
+        conn.out += kt.item_parts(got[1].data)
         mon.left -= 1
     if mon.left <= 0 or session.open_count(mon.queue) >= session.max_open_reads:
         conn.out.append(kt.NO_ITEM)
