@@ -66,8 +66,61 @@ def config_text() -> str:
     return CONFIG + per
 
 
+FAULTS_ENV = "TERCEL_SOAK_FAULTS"
+
+
+def fault_scenario(rng: random.Random) -> tuple[str, list[dict[str, object]]]:
+    """One server life's faults (``--faults``): a name and bench/faulty_serve.py's rules. The
+    crashes land at the worst instants a kill -9 can only hit by chance: records written and
+    their replies not yet sent, an fsync done, a compaction's rename."""
+    crash_write = {"kind": "crash", "op": "pwritev", "skip": rng.randint(50, 4000)}
+    choices: list[tuple[str, list[dict[str, object]]]] = [
+        ("crash after a write", [{**crash_write, "after": True}]),
+        ("crash before a write", [crash_write]),
+        (
+            "crash after an fsync",
+            [{"kind": "crash", "op": "fdatasync", "after": True, "skip": rng.randint(5, 400)}],
+        ),
+        (
+            "crash after a rename",
+            [{"kind": "crash", "op": "rename", "after": True, "skip": rng.randint(0, 30)}],
+        ),
+        (
+            "disk full",
+            [
+                {
+                    "kind": "fail",
+                    "op": "pwritev",
+                    "errno": "ENOSPC",
+                    "skip": rng.randint(50, 4000),
+                    "times": rng.randint(1, 20),
+                }
+            ],
+        ),
+        (
+            "EIO on fsync",
+            [
+                {
+                    "kind": "fail",
+                    "op": "fdatasync",
+                    "errno": "EIO",
+                    "skip": rng.randint(5, 400),
+                    "times": 1,
+                }
+            ],
+        ),
+        ("slow disk", [{"kind": "slow", "op": "fdatasync", "seconds": 0.02}]),
+        ("none", []),
+    ]
+    return rng.choice(choices)
+
+
 class Dead(Exception):
     """The connection broke (the server was killed) or answered nonsense."""
+
+
+class Refused(Exception):
+    """The server answered ``SERVER_ERROR`` (an injected disk fault): nothing was done."""
 
 
 class Conn:
@@ -113,6 +166,8 @@ class Conn:
         if head == b"END":
             return None
         parts = head.split()
+        if head.startswith(b"SERVER_ERROR"):
+            raise Refused(head.decode(errors="replace"))
         if parts[:1] != [b"VALUE"] or len(parts) < 4:
             raise Dead(f"unexpected {head!r}")
         data = self.exact(int(parts[3]))
@@ -134,15 +189,29 @@ class Ledger:
     """Every payload handed to a client, completed or not."""
     completed: list[tuple[bytes, str]] = field(default_factory=list)
     interrupted_plain_gets: int = 0
+    refused: int = 0
+    """Sets answered SERVER_ERROR under an injected disk fault."""
     unconfirmed: list[bytes] = field(default_factory=list)
     """Items handed out whose confirmation (close reply, ACKED 1) never came."""
     errors: list[str] = field(default_factory=list)
 
 
 class Soak:
-    def __init__(self, data_dir: Path, seconds: float, seed: int, plain: bool = True) -> None:
+    def __init__(
+        self, data_dir: Path, seconds: float, seed: int, plain: bool = True, faults: bool = False
+    ) -> None:
         self.plain_gets = plain
-        self.server = ServerProcess(data_dir, config_text(), log_level="info")
+        self.faults = faults
+        launcher = (sys.executable, str(Path(__file__).with_name("faulty_serve.py")))
+        self.server = ServerProcess(
+            data_dir, config_text(), log_level="info", launcher=launcher if faults else None
+        )
+        self.server.env = {}
+        self.scenarios: Counter[str] = Counter()
+        self.scenario = "none"
+        self.injected_crashes = 0
+        self.refused_under_fault: list[str] = []
+        self.unexpected_exits: list[int] = []
         self.seconds = seconds
         self.rng = random.Random(seed)
         self.port = 0
@@ -170,10 +239,15 @@ class Soak:
         self, body: Callable[[Conn], None], on_dead: Callable[[], None], gate: threading.Event
     ) -> None:
         def gated(conn: Conn) -> None:
-            if gate.is_set():
-                body(conn)
-            else:
+            if not gate.is_set():
                 self.stop.wait(0.05)
+                return
+            try:
+                body(conn)
+            except Refused:
+                if not self.faults:
+                    raise Dead("SERVER_ERROR without an injected fault") from None
+                self.stop.wait(0.02)  # the journal failed: the next life will serve
 
         while not self.stop.is_set():
             conn = self._connect()
@@ -201,6 +275,10 @@ class Soak:
             ledger.sent.append(item)
             conn.send(b"set %s 0 0 %d\r\n%s\r\n" % (queue.encode(), len(item), item))
             reply = conn.line()
+            if reply.startswith(b"SERVER_ERROR") and self.faults:
+                ledger.refused += 1  # an injected disk fault: not acknowledged, not a bug
+                self.stop.wait(0.02)
+                return
             if reply != b"STORED":
                 ledger.errors.append(f"set: {reply!r}")
                 return
@@ -243,8 +321,13 @@ class Soak:
             holding.append(data)
             ledger.received.append(data)
             conn.send(b"get %s/close\r\n" % queue.encode())
-            if conn.value() is not None:
-                raise Dead("close returned an item")
+            try:
+                if conn.value() is not None:
+                    raise Dead("close returned an item")
+            except Refused:
+                ledger.unconfirmed.extend(holding)  # the read stays open; it comes back
+                holding.clear()
+                raise
             holding.clear()
             ledger.completed.append((data, "open/close"))
 
@@ -260,9 +343,11 @@ class Soak:
 
         def body(conn: Conn) -> None:
             conn.send(b"lease %s 4 100 30000\r\n" % queue.encode())
-            got = []
+            got: list[tuple[bytes, bytes]] = []
             while (head := conn.line()) != b"END":
                 parts = head.split()
+                if head.startswith(b"SERVER_ERROR") and not got:
+                    raise Refused(head.decode(errors="replace"))
                 if parts[:1] != [b"LEASED"] or len(parts) != 7:
                     raise Dead(f"unexpected {head!r}")
                 got.append((parts[1], conn.exact(int(parts[6]))))
@@ -286,13 +371,33 @@ class Soak:
 
     # ---- the server ---------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _pick_faults(self, final: bool) -> None:
+        """The fault scenario of the next server life (``--faults``; none for the final one)."""
+        if not self.faults:
+            return
+        self.scenario, rules = ("none", []) if final else fault_scenario(self.rng)
+        self.scenarios[self.scenario] += 1
+        assert self.server.env is not None
+        self.server.env[FAULTS_ENV] = json.dumps(rules)
+
+    def _start(self, final: bool = False) -> None:
         began = time.monotonic()
+        self._pick_faults(final)
         while True:
             try:
                 self.server.start()
             except ServerStartError as exc:
-                self.start_failures.append(str(exc)[-500:])
+                text = str(exc)
+                if self.scenario != "none":  # the fault hit the start-up: a new life, no fault
+                    if "exited with 99" in text:
+                        self.injected_crashes += 1
+                    else:
+                        self.refused_under_fault.append(f"{self.scenario}: {text[-300:]}")
+                    self.scenario = "none"
+                    assert self.server.env is not None
+                    self.server.env[FAULTS_ENV] = "[]"
+                    continue
+                self.start_failures.append(text[-500:])
                 if len(self.start_failures) > 3:
                     raise
                 continue
@@ -335,8 +440,7 @@ class Soak:
             (self.consuming.set if self.rng.random() < 0.65 else self.consuming.clear)()
             time.sleep(self.rng.uniform(0.3, 4.0))
             self._collect_stats()
-            self.server.kill()
-            self.kills += 1
+            self._end_life()
             self._start()
         self.producing.clear()
         self.consuming.set()
@@ -345,13 +449,26 @@ class Soak:
         for w in workers:
             w.join()
         self._collect_stats()
-        self.server.kill()
-        self.kills += 1
-        self._start()
+        self._end_life()
+        self._start(final=True)
         drained = {q: self._drain(q) for q in QUEUES}
         self._collect_stats()
         code = self.server.stop()
         return self._summary(drained, code)
+
+    def _end_life(self) -> None:
+        """kill -9 the server, unless an injected crash (exit 99) ended it already."""
+        proc = self.server.proc
+        code = proc.poll() if proc is not None else None
+        if code is None:
+            self.server.kill()
+            self.kills += 1
+            return
+        self.server.kill()  # reaps it
+        if code == 99:
+            self.injected_crashes += 1
+        else:
+            self.unexpected_exits.append(code)
 
     def _consumers(self) -> list[Callable[[str], None]]:
         kinds: list[Callable[[str], None]] = [self.plain, self.reliable, self.leaser]
@@ -406,6 +523,7 @@ class Soak:
                 "unexplained_redelivered": unexplained_dup,
                 "duplicate_completed": dup_completed,
                 "phantom": phantom,
+                "sets_refused_under_fault": led.refused,
                 "set_errors": led.errors[:5],
             }
             bad += unexplained + unexplained_dup + dup_completed + phantom + len(led.errors)
@@ -419,11 +537,16 @@ class Soak:
             check=False,
         )
         bad += n_bugs + len(self.start_failures) + (check.returncode != 0) + (stop_code != 0)
+        bad += len(self.unexpected_exits)
         return {
             "ok": bad == 0,
             "seconds": self.seconds,
             "compiled_modules": compiled_modules(log),
             "kills": self.kills,
+            "faults": dict(self.scenarios) if self.faults else None,
+            "injected_crashes": self.injected_crashes,
+            "start_refused_under_fault": self.refused_under_fault,
+            "unexpected_exits": self.unexpected_exits,
             "startup_failures": len(self.start_failures),
             "startup_failure_logs": self.start_failures,
             "restart_s_mean": round(sum(self.restart_s) / len(self.restart_s), 3),
@@ -449,10 +572,17 @@ def main() -> int:
         action="store_true",
         help="consume with reliable reads and leases only: then lost must be exactly 0",
     )
+    ap.add_argument(
+        "--faults",
+        action="store_true",
+        help="each server life gets an injected fault (bench/faulty_serve.py): a crash at a "
+        "write, fsync or rename, a full disk, EIO on fsync, a slow disk, or none",
+    )
     args = ap.parse_args()
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="tercel-soak-"))
     print(f"soak: {args.seconds:.0f} s, seed {args.seed}, data in {data_dir}", file=sys.stderr)
-    summary = Soak(data_dir, args.seconds, args.seed, plain=not args.no_plain_gets).run()
+    soak = Soak(data_dir, args.seconds, args.seed, not args.no_plain_gets, args.faults)
+    summary = soak.run()
     summary["seed"] = args.seed
     summary["plain_gets"] = not args.no_plain_gets
     text = json.dumps(summary, indent=2)

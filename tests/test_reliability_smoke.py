@@ -50,6 +50,14 @@ def test_a_short_soak_accounts_for_every_item(tmp_path: Path) -> None:
         assert stats["duplicate_completed"] == 0 and stats["phantom"] == 0
 
 
+def test_a_short_soak_with_injected_faults_accounts_for_every_item(tmp_path: Path) -> None:
+    code, summary = run("soak.py", tmp_path, "--seconds", "5", "--faults")
+    assert code == 0 and summary["ok"], summary
+    faults = summary["faults"]
+    assert isinstance(faults, dict) and sum(faults.values()) >= 2
+    assert summary["unexpected_exits"] == [] and summary["startup_failures"] == 0
+
+
 def test_a_short_server_fuzz_runs(tmp_path: Path) -> None:
     _, summary = run("fuzz.py", tmp_path, "--seconds", "2", "--connections", "2")
     assert isinstance(summary["requests"], int) and summary["requests"] > 0

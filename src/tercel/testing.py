@@ -46,6 +46,7 @@ class ServerProcess:
         log_level: str = "warning",
         admin_port: int | None = 0,
         open_files: int | None = None,
+        launcher: tuple[str, ...] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.config_text = config
@@ -57,6 +58,9 @@ class ServerProcess:
         config file's setting or the default, 2223."""
         self.open_files = open_files
         """When set, the server runs under ``ulimit -n`` of this (soft and hard limit)."""
+        self.launcher = launcher
+        """The command line before ``serve`` (default: this Python, ``-m tercel``): say, a
+        script that installs fault injection first (``bench/faulty_serve.py``)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = ""
         self.ports: dict[str, int] = {}
@@ -83,7 +87,7 @@ class ServerProcess:
         if os.path.exists(fifo):
             os.unlink(fifo)
         os.mkfifo(fifo)
-        launch = [sys.executable, "-m", "tercel"]
+        launch = list(self.launcher or (sys.executable, "-m", "tercel"))
         if self.open_files:  # ulimit -n N, soft and hard, then run tercel as -m would
             launch = [sys.executable, "-c", _LIMITED.format(n=self.open_files)]
         args = [
