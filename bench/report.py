@@ -88,6 +88,17 @@ def _paired(recs: list[dict[str, Any]], target: str, peer: str, metric: str) -> 
     return out
 
 
+def _spread(recs: list[dict[str, Any]], key: str) -> str:
+    """The median of ``key`` over ``recs`` in seconds, with its range when there are several."""
+    vals = [float(r[key]) for r in recs if r.get(key) is not None]
+    if not vals:
+        return "-"
+    med = statistics.median(vals)
+    if len(vals) == 1:
+        return f"{med:.2f} s"
+    return f"{med:.2f} s [{min(vals):.2f}-{max(vals):.2f}]"
+
+
 def _metric(rec: dict[str, Any], metric: str) -> float | None:
     if metric == "cpu":
         return cpu_us_per_op(rec)
@@ -106,8 +117,9 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
     main_metric = "replay_first_s" if replay else "p99_us" if many else "ops_per_s"
     ratio_label = "p99" if many else "ops/s"
     head = (
-        "| server | class | first dequeue after restart | listening after | fill | on disk "
-        "| peak RSS after replay | errors | tercel / peer (time) |"
+        "| server | class | first dequeue after kill -9 | after SIGTERM | listening after "
+        "| fill | on disk | peak RSS after replay | errors | tercel / peer (time, kill -9) "
+        "| tercel / peer (time, SIGTERM) |"
         if replay
         else "| server | class | ops/s | p50 | p99 | p99.9 | server CPU µs/op | client CPU µs/op "
         "| peak RSS | errors | noise "
@@ -133,21 +145,26 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
             continue
         ratios_ops: list[str] = []
         ratios_cpu: list[str] = []
+        ratios_term: list[str] = []
         for t in PEER_TARGETS.get(name, ()):
             if t in targets:
                 ratios_ops.append(f"{t}: {_ratio_text(_paired(recs, t, name, main_metric))}")
                 ratios_cpu.append(f"{t}: {_ratio_text(_paired(recs, t, name, 'cpu'))}")
+                term = _paired(recs, t, name, "replay_term_first_s")
+                ratios_term.append(f"{t}: {_ratio_text(term)}")
         rss = _median([r["peak_rss_kb"] / 1024 for r in ok if r.get("peak_rss_kb")])
         rss_s = f"{rss:.0f} MB" if rss is not None else "-"
         cls = SERVERS[name].durability
         if replay:
-            first = _median([r["replay_first_s"] for r in ok])
             listen = _median([r["replay_listen_s"] for r in ok])
             fill = _median([r["fill_s"] for r in ok])
             disk = _median([r["disk_bytes"] / 2**20 for r in ok])
             lines.append(
-                f"| {name} | {cls} | {first or 0:.2f} s | {listen or 0:.2f} s | {fill or 0:.1f} s "
-                f"| {disk or 0:.0f} MB | {rss_s} | {errs} | {'; '.join(ratios_ops) or '-'} |"
+                f"| {name} | {cls} | {_spread(ok, 'replay_first_s')} "
+                f"| {_spread(ok, 'replay_term_first_s')} "
+                f"| {listen or 0:.2f} s | {fill or 0:.1f} s "
+                f"| {disk or 0:.0f} MB | {rss_s} | {errs} | {'; '.join(ratios_ops) or '-'} "
+                f"| {'; '.join(ratios_term) or '-'} |"
             )
             continue
         rate = _median([r["ops_per_s"] for r in ok]) or 0.0

@@ -37,7 +37,7 @@ from typing import Final, NoReturn, Protocol
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal import records as rec
 from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, default_ops
-from tercel.journal.reader import ChunkReader, read_adds
+from tercel.journal.reader import ChunkReader, read_adds, skip_adds
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,22 @@ class ItemLike(Protocol):
     expiry: int
     data: bytes
     deliveries: int
+
+
+class Pager(Protocol):
+    """The optional fast path of replay for items that stay on disk (read-behind): runs of
+    ADD records that the sink would only count are checked and counted here instead, with no
+    call and no object per record."""
+
+    def pages_from(self, seq: int) -> bool:
+        """True when the ADD records that follow, in file ``seq``, are only counted (up to the
+        next record that is not an ADD); asked before each run."""
+        ...
+
+    def on_adds_on_disk(self, position: rec.Position, count: int, size: int, last_id: int) -> None:
+        """``count`` ADD records from ``position`` on, ``size`` payload bytes in all, the last
+        one numbered ``last_id``, stay on disk: what ``count`` calls of ``on_add`` would do."""
+        ...
 
 
 Background = Callable[[Callable[[], None], Callable[[BaseException | None], None]], None]
@@ -190,6 +206,7 @@ def _starts_with_snapshot(directory: DataDir, path: str) -> bool:
 class _ReplayState:
     skip_until: rec.Position | None = None
     adds_until: rec.Position | None = None
+    pager: Pager | None = None
 
 
 class FileJournal:
@@ -273,8 +290,11 @@ class FileJournal:
 
     # ---- replay ---------------------------------------------------------------------------
 
-    def replay(self, sink: rec.RecordSink) -> ReplayReport:
+    def replay(self, sink: rec.RecordSink, pager: Pager | None = None) -> ReplayReport:
         """Apply every record of every file to ``sink``, in order, then open for appends.
+
+        With a ``pager``, runs of ADD records it says stay on disk are counted in bulk
+        (:class:`Pager`) instead of being passed to ``sink.on_add`` one by one.
 
         Replay starts at the newest file that begins with a SNAPSHOT (older files are left
         over from an interrupted compaction and are deleted). A torn tail of the newest file
@@ -301,7 +321,7 @@ class FileJournal:
         # Read-behind may read older files while they are replayed: know them up front.
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         report = ReplayReport()
-        state = _ReplayState()
+        state = _ReplayState(pager=pager)
         for i, (seq, path) in enumerate(files):
             self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
@@ -412,7 +432,7 @@ class FileJournal:
     ) -> int:
         while reader.prepare():
             if state.skip_until is None and state.adds_until is None:
-                report.records += self._replay_fast(seq, reader, sink)
+                report.records += self._replay_fast(seq, reader, sink, state.pager)
             span = reader.next()  # one record the fast loop left: RESUME, skipped, or bad
             if span is None:
                 break
@@ -438,9 +458,12 @@ class FileJournal:
             rec.apply_record(buf, start, stop, sink)
         return reader.offset
 
-    def _replay_fast(self, seq: int, reader: ChunkReader, sink: rec.RecordSink) -> int:
+    def _replay_fast(
+        self, seq: int, reader: ChunkReader, sink: rec.RecordSink, pager: Pager | None
+    ) -> int:
         """Apply the complete, valid, ordinary records buffered at the read position (the
-        start-up hot loop, :func:`records.scan`); how many it applied."""
+        start-up hot loop: :func:`records.scan`, and :func:`reader.skip_adds` for the runs of
+        ADDs the pager counts); how many it applied."""
         buf = reader.buffer
         base = reader.file_offset(0)
         on_add = sink.on_add
@@ -451,7 +474,7 @@ class FileJournal:
             self.replay_position = (seq, base + pos)
             on_add(item_id, add_time, expiry, data)
             n += 1
-            return True
+            return pager is None or not pager.pages_from(seq)  # then: count in bulk
 
         def other(pos: int, stop: int) -> None:
             nonlocal n
@@ -459,7 +482,19 @@ class FileJournal:
             rec.apply_record(buf, pos, stop, sink)
             n += 1
 
-        reader.advance(rec.scan(buf, reader.pos, add, other))
+        pos = reader.pos
+        while True:
+            if pager is not None and pager.pages_from(seq):
+                stop, count, size, last_id = skip_adds(buf, pos)
+                if count:
+                    pager.on_adds_on_disk((seq, base + pos), count, size, last_id)
+                    n += count
+                    pos = stop
+            stop = rec.scan(buf, pos, add, other)
+            if stop == pos:  # the end of the buffer, or a record for the careful path
+                break
+            pos = stop
+        reader.advance(pos)
         return n
 
     @staticmethod
