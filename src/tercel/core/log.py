@@ -43,6 +43,22 @@ class ReplayPager(Protocol):
         ``last_id``) stay in the log: the effect of ``count`` calls of ``on_add``."""
         ...
 
+    def on_checkpoint(
+        self,
+        head: Position,
+        *,
+        items: int,
+        size: int,
+        next_id: int,
+        xid: int,
+        total: int,
+        removed_add_time: int,
+    ) -> None:
+        """Replay starts at a checkpoint the log kept (:meth:`QueueLog.checkpoint`): the queue
+        is the ``items`` items recorded from ``head`` on (``size`` payload bytes), with these
+        counters; the records after the checkpoint follow as usual."""
+        ...
+
 
 class ItemReader(Protocol):
     """Reads back, in order, the items a queue left in its log (read-behind)."""
@@ -122,6 +138,27 @@ class QueueLog(Protocol):
         cursor: Position | None,
     ) -> bool:
         """Replace history by a snapshot of this state; True when started (see the journal)."""
+        ...
+
+    def checkpoint_due(self) -> bool:
+        """True when the log would like a checkpoint now (it says how often)."""
+        ...
+
+    def checkpoint(
+        self,
+        *,
+        head_id: int,
+        items: int,
+        size: int,
+        next_id: int,
+        xid: int,
+        total: int,
+        removed_add_time: int,
+        hint: Position | None = None,
+    ) -> bool:
+        """Keep a checkpoint: the queue is the ``items`` items recorded from the one numbered
+        ``head_id`` on (``hint``: where that one may be), with these counters, so replay can
+        start here. False when the log cannot (or keeps none)."""
         ...
 
     def close(self) -> None: ...

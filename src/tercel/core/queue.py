@@ -536,6 +536,8 @@ class PersistentQueue:
         """
         log = self.log
         cfg = self.config
+        if log.checkpoint_due():
+            self.checkpoint()
         size = log.size
         if size <= cfg.max_journal_size or log.compacting or not log.pages:
             return
@@ -563,6 +565,37 @@ class PersistentQueue:
             or size > cfg.max_journal_size_absolute
         ):
             self._compact(None)
+
+    def checkpoint(self) -> bool:
+        """Let the log keep a checkpoint (replay may start there) when the queue is one run
+        of the log's ADD records: no open reads, no item handed out before (no delivery
+        count to keep), and item ids that follow one another from the head to the newest.
+        Anything else (an aborted read back at the head, say) is left to a full replay.
+        True when the log kept one. Costs a pass over the items in memory."""
+        log = self.log
+        if self._open or not log.pages:
+            return False
+        items = self._items
+        count = len(items) + self.disk_items
+        head_id = self._next_id - count
+        expect = head_id
+        for item in items:
+            if item.id != expect or item.deliveries:
+                return False
+            expect += 1
+        hint = None
+        if not items and self.disk_items:
+            hint = self._reader.position if self._reader is not None else self._cursor
+        return log.checkpoint(
+            head_id=head_id,
+            items=count,
+            size=self.mem_bytes + self.disk_bytes,
+            next_id=self._next_id,
+            xid=self._xid,
+            total=self.total_items,
+            removed_add_time=self._last_removed_add_time,
+            hint=hint,
+        )
 
     def compact(self) -> bool:
         """Compact the log now, whatever the rules say (offline tools); True if started."""
@@ -627,7 +660,13 @@ class PersistentQueue:
     # ---- life cycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop accepting work and close the log (waiters are left to time out)."""
+        """Stop accepting work, leave a checkpoint when the queue allows one (a quick next
+        start), and close the log (waiters are left to time out)."""
+        if not self.closed:
+            try:
+                self.checkpoint()
+            except (JournalError, OSError) as exc:
+                _log.warning("queue %s: no checkpoint at shutdown: %s", self.name, exc)
         self.closed = True
         if self._reader is not None:
             self._reader.close()
@@ -672,6 +711,29 @@ class _Replayer:
         q.total_items += count
         if last_id >= q._next_id:
             q._next_id = last_id + 1
+
+    def on_checkpoint(
+        self,
+        head: Position,
+        *,
+        items: int,
+        size: int,
+        next_id: int,
+        xid: int,
+        total: int,
+        removed_add_time: int,
+    ) -> None:
+        q = self.q
+        self.on_flush()
+        q._open.clear()
+        if items:
+            q._cursor = head
+            q.disk_items = items
+            q.disk_bytes = size
+        q._next_id = next_id
+        q._xid = xid
+        q.total_items = total
+        q._last_removed_add_time = removed_add_time
 
     def on_add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
         q = self.q

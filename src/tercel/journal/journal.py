@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import Final, NoReturn, Protocol
 
 from tercel.errors import JournalCorrupt, JournalWriteError
+from tercel.journal import checkpoint as ckpt
 from tercel.journal import records as rec
 from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, default_ops
-from tercel.journal.reader import ChunkReader, read_adds, skip_adds
+from tercel.journal.reader import FOUND, MORE, ChunkReader, add_id, find_add, read_adds, skip_adds
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,17 @@ PREALLOCATE_FIRST = 64 << 10
 """The first step ahead in a file. Each step doubles up to :data:`PREALLOCATE`, so a queue that
 writes little keeps little zeroed space on disk, and a busy one extends once per MiB."""
 _ZEROS = memoryview(bytes(PREALLOCATE))
+
+CHECKPOINT_EVERY = 64 << 20
+"""A journal offers to write a checkpoint (:meth:`FileJournal.checkpoint_due`) once per this
+many bytes appended, so that a restart after a crash replays at most about this much (plus
+what the queue could not sum up); a clean shutdown writes one too. Each one costs an
+``fdatasync`` of what was appended since the last sync and a walk of at most a few MiB of
+the page cache to find the head item's record."""
+
+MARK_EVERY = 1 << 20
+"""The journal notes the position and id of an ADD at least once per this many bytes of a file
+(and the first of each file): where to start looking for the head item's record."""
 
 
 class ItemLike(Protocol):
@@ -85,6 +97,22 @@ class Pager(Protocol):
     def on_adds_on_disk(self, position: rec.Position, count: int, size: int, last_id: int) -> None:
         """``count`` ADD records from ``position`` on, ``size`` payload bytes in all, the last
         one numbered ``last_id``, stay on disk: what ``count`` calls of ``on_add`` would do."""
+        ...
+
+    def on_checkpoint(
+        self,
+        head: rec.Position,
+        *,
+        items: int,
+        size: int,
+        next_id: int,
+        xid: int,
+        total: int,
+        removed_add_time: int,
+    ) -> None:
+        """Replay starts at a checkpoint: the queue is the ``items`` ADD records read from
+        ``head`` on (``size`` payload bytes), with these counters (``total``: items ever
+        added); the records after the checkpoint follow as usual."""
         ...
 
 
@@ -207,6 +235,8 @@ class _ReplayState:
     skip_until: rec.Position | None = None
     adds_until: rec.Position | None = None
     pager: Pager | None = None
+    start: rec.Position | None = None
+    """Where replay starts (a checkpoint's end); None: at the first file's first record."""
 
 
 class FileJournal:
@@ -264,6 +294,12 @@ class FileJournal:
         self.compactions = 0
         self.pages = True
         """Items can be left on disk and read back (read-behind)."""
+        self._marks: list[ckpt.Mark] = []  # see MARK_EVERY, in journal order
+        self._mark_seq = 0  # the file of the last mark
+        self._mark_off = 0  # the next mark is due at the first ADD from this offset on
+        self._appended = 0  # bytes appended since the start
+        self._checkpoint_at = 0  # _appended when a checkpoint was last due
+        self.checkpoint_path = self.path + ckpt.SUFFIX
 
     # ---- files ----------------------------------------------------------------------------
 
@@ -322,7 +358,23 @@ class FileJournal:
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         report = ReplayReport()
         state = _ReplayState(pager=pager)
+        cp = self._load_checkpoint(files) if pager is not None and files else None
+        if pager is not None and cp is not None:
+            log.info("journal %s: replay starts at the checkpoint at %s", self.name, cp.end)
+            pager.on_checkpoint(
+                cp.head,
+                items=cp.items,
+                size=cp.size,
+                next_id=cp.next_id,
+                xid=cp.xid,
+                total=cp.total,
+                removed_add_time=cp.removed_add_time,
+            )
+            self._marks = [m for m in cp.marks if m[1] == self._seq or m[1] in self._older]
+            state.start = cp.end
         for i, (seq, path) in enumerate(files):
+            if state.start is not None and seq < state.start[0]:
+                continue
             self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         self._older_total = sum(self._older.values())
@@ -358,6 +410,8 @@ class FileJournal:
             torn = Truncation(path, 0, size, "torn file header")
         else:
             start = good
+            if state.start is not None and state.start[0] == seq:
+                start = state.start[1]
             reader = self._dir.retrying(lambda: ChunkReader(path, start))
             try:
                 good = self._replay_records(seq, reader, sink, report, state)
@@ -472,6 +526,8 @@ class FileJournal:
         def add(pos: int, item_id: int, add_time: int, expiry: int, data: bytes) -> bool:
             nonlocal n
             self.replay_position = (seq, base + pos)
+            if seq != self._mark_seq or base + pos >= self._mark_off:
+                self._mark(item_id, seq, base + pos)
             on_add(item_id, add_time, expiry, data)
             n += 1
             return pager is None or not pager.pages_from(seq)  # then: count in bulk
@@ -487,6 +543,8 @@ class FileJournal:
             if pager is not None and pager.pages_from(seq):
                 stop, count, size, last_id = skip_adds(buf, pos)
                 if count:
+                    if seq != self._mark_seq or base + pos >= self._mark_off:
+                        self._mark(add_id(buf, pos), seq, base + pos)
                     pager.on_adds_on_disk((seq, base + pos), count, size, last_id)
                     n += count
                     pos = stop
@@ -562,6 +620,9 @@ class FileJournal:
             raise self._failed
         parts = self._parts
         first = not parts
+        pos = self._written + self._pending
+        if pos >= self._mark_off or self._seq != self._mark_seq:
+            self._mark(item_id, self._seq, pos)
         prefix, fields = rec.add_header(item_id, add_time, expiry, data)
         parts.append(prefix)  # the payload is not copied: write_out hands all to pwritev
         parts.append(fields)
@@ -630,6 +691,7 @@ class FileJournal:
                 log.exception("journal %s: could not cut back a failed write", self.path)
             self._fail("write", exc)
         self._written += size
+        self._appended += size
         self._unsynced = True
         if self._written > self._allocated:
             self._allocated = self._written
@@ -746,6 +808,178 @@ class FileJournal:
         """A reader of the ADD records from ``position`` on (see :class:`AddReader`)."""
         return AddReader(self, position)
 
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def _mark(self, item_id: int, seq: int, offset: int) -> None:
+        """Note the ADD of ``item_id`` at ``(seq, offset)`` (see :data:`MARK_EVERY`)."""
+        self._marks.append((item_id, seq, offset))
+        self._mark_seq = seq
+        self._mark_off = offset + MARK_EVERY
+
+    def checkpoint_due(self) -> bool:
+        """True once per :data:`CHECKPOINT_EVERY` bytes appended: the owner should call
+        :meth:`checkpoint` now (or skip this turn)."""
+        if self._appended + self._pending - self._checkpoint_at < CHECKPOINT_EVERY:
+            return False
+        self._checkpoint_at = self._appended + self._pending
+        return True
+
+    def checkpoint(
+        self,
+        *,
+        head_id: int,
+        items: int,
+        size: int,
+        next_id: int,
+        xid: int,
+        total: int,
+        removed_add_time: int,
+        hint: rec.Position | None = None,
+    ) -> bool:
+        """Write the checkpoint file: the queue is the ``items`` ADD records from the one of
+        ``head_id`` on (``size`` payload bytes), with these counters, after every record
+        appended so far. ``hint``: where that ADD may be (else the marks are searched).
+
+        The records are written out and fdatasynced first, so a checkpoint never describes
+        bytes a power cut could take back; the file itself goes through a temporary file and
+        a rename (a checkpoint cut short fails its checksum and is ignored). False, writing
+        nothing, when the head item's record is not found (it is in a snapshot file, say).
+        """
+        if self.closed or self._failed is not None:
+            return False
+        self.write_out()
+        end = (self._seq, self._written)
+        head: rec.Position | None = end
+        if items:
+            head = hint if hint is not None and self._add_id_at(hint) == head_id else None
+            head = head or self._find_add(head_id)
+            if head is None:
+                return False
+        assert head is not None
+        ops = self._ops
+        try:
+            fd = self._fd_now()
+        except OSError as exc:  # no descriptor to be had now (the pool is full): next time
+            log.warning("journal %s: no checkpoint: %s", self.path, exc)
+            return False
+        try:
+            ops.fdatasync(fd)
+        except OSError as exc:
+            self._fail("fsync", exc)
+        start = max(rec.HEADER_SIZE, end[1] - ckpt.TAIL)
+        first = max((i for i, m in enumerate(self._marks) if m[0] <= head_id), default=0)
+        marks = tuple(self._marks[first:])  # from the one the head is found from
+        cp = ckpt.Checkpoint(
+            end,
+            rec.crc32(ops.pread(fd, end[1] - start, start)),
+            head,
+            head_id,
+            items,
+            size,
+            next_id,
+            total,
+            removed_add_time,
+            xid,
+            marks,
+        )
+        tmp = f"{self.path}~~checkpoint"
+        try:
+            out = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(ops, out, ckpt.encode(cp), 0)
+            finally:
+                ops.close(out)
+            ops.rename(tmp, self.checkpoint_path)
+        except OSError as exc:  # a full disk, say: the journal itself is fine
+            log.warning("journal %s: no checkpoint: %s", self.path, exc)
+            with contextlib.suppress(OSError):
+                ops.unlink(tmp)
+            return False
+        return True
+
+    def _add_id_at(self, position: rec.Position) -> int | None:
+        """The item id of the ADD record at ``position``; None if there is none there."""
+        try:
+            fd = os.open(self._path(position[0]), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            head = os.pread(fd, rec.ADD_HEAD_SIZE, position[1])
+        finally:
+            os.close(fd)
+        if len(head) < rec.ADD_HEAD_SIZE or head[rec.PREFIX_SIZE] != rec.OP_ADD:
+            return None
+        return add_id(head, 0)
+
+    def _find_add(self, item_id: int) -> rec.Position | None:
+        """Where the ADD of ``item_id`` starts: found by walking from the last mark of a
+        smaller or equal id, at most a few marks' distance; None when not found."""
+        mark = next((m for m in reversed(self._marks) if m[0] <= item_id), None)
+        if mark is None or (mark[1] != self._seq and mark[1] not in self._older):
+            return None
+        seq = mark[1]
+        reader = ChunkReader(self._path(seq), mark[2])
+        try:
+            walked = 0
+            while walked <= 4 * MARK_EVERY and reader.prepare():
+                pos, how = find_add(reader.buffer, reader.pos, item_id)
+                if how == FOUND:
+                    return seq, reader.file_offset(pos)
+                if how != MORE or pos == reader.pos:
+                    return None
+                walked += pos - reader.pos
+                reader.advance(pos)
+            return None
+        finally:
+            reader.close()
+
+    def _load_checkpoint(self, files: list[tuple[int, str]]) -> ckpt.Checkpoint | None:
+        """The checkpoint, if there is one and the files still hold what it describes: its
+        end inside a file whose last 4 KiB before it are unchanged, and the head item's ADD
+        record whole and valid where it says. None otherwise (replay reads every file)."""
+        try:
+            with open(self.checkpoint_path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return None
+        cp = ckpt.decode(data)
+        paths = dict(files)
+        why = "damaged"
+        if cp is not None:
+            why = self._checkpoint_mismatch(cp, paths)
+        if why:
+            log.info("journal %s: not using the checkpoint (%s)", self.name, why)
+            return None
+        return cp
+
+    @staticmethod
+    def _checkpoint_mismatch(cp: ckpt.Checkpoint, paths: dict[int, str]) -> str:
+        """Why ``cp`` does not fit the files ``paths`` (seq -> path); empty when it does."""
+        end_path = paths.get(cp.end[0])
+        if end_path is None or cp.end[1] < rec.HEADER_SIZE:
+            return "its file is gone"
+        start = max(rec.HEADER_SIZE, cp.end[1] - ckpt.TAIL)
+        with open(end_path, "rb") as fh:
+            tail = os.pread(fh.fileno(), cp.end[1] - start, start)
+        if len(tail) != cp.end[1] - start or rec.crc32(tail) != cp.tail_crc:
+            return "the file changed"
+        if not cp.items:
+            return ""
+        head_path = paths.get(cp.head[0])
+        if head_path is None or cp.head > cp.end:
+            return "the head item's file is gone"
+        reader = ChunkReader(head_path, cp.head[1])
+        try:
+            span = reader.next()
+            ok = span is not None and rec.record_op(reader.buffer, span[0]) == rec.OP_ADD
+            if not ok or add_id(reader.buffer, span[0]) != cp.head_id:  # type: ignore[index]
+                return "the head item's record changed"
+        except rec.BadRecord:
+            return "the head item's record is damaged"
+        finally:
+            reader.close()
+        return ""
+
     # ---- rotation and compaction ----------------------------------------------------------
 
     def rotate(self) -> bool:
@@ -843,6 +1077,8 @@ class FileJournal:
                 ops.unlink(f"{self.path}.{seq}")
                 del self._older[seq]
         fsync_dir(self.data_dir, ops)
+        gone = set(obsolete)
+        self._marks = [m for m in self._marks if m[1] not in gone]
         self._older[target] = os.path.getsize(f"{self.path}.{target}")
         self._older_total = sum(self._older.values())
         self.compactions += 1
@@ -892,6 +1128,9 @@ class FileJournal:
         for path in [f"{self.path}.{seq}" for seq in sorted(self._older)] + [self.path]:
             with contextlib.suppress(FileNotFoundError):
                 self._ops.unlink(path)  # the journal knows its files: no directory listing
+        with contextlib.suppress(FileNotFoundError):
+            self._ops.unlink(self.checkpoint_path)
+        self._marks.clear()
         self._older.clear()
         self._older_total = self._written = 0
 

@@ -51,6 +51,14 @@ class MemoryJournal:
         """Nothing to rotate in RAM."""
         return False
 
+    def checkpoint_due(self) -> bool:
+        """Never: replay of the RAM twin is its whole history."""
+        return False
+
+    def checkpoint(self, **kwargs: object) -> bool:
+        """No checkpoints in RAM."""
+        return False
+
     def compact(self, *args: object, **kwargs: object) -> bool:
         """Nothing to compact in RAM: the twin keeps its whole history."""
         return False

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Final
 
 from tercel.journal import records as rec
 
@@ -195,6 +196,43 @@ def skip_adds(buf: bytes, pos: int) -> tuple[int, int, int, int]:
         last = pos
         pos = stop
     return pos, count, size, (_ADD_ID(buf, last)[3] if last >= 0 else 0)
+
+
+def add_id(buf: bytes, pos: int) -> int:
+    """The item id of the ADD record at ``pos`` (whole at least up to its id)."""
+    return int(_ADD_ID(buf, pos)[3])
+
+
+FOUND: Final = 1
+MORE: Final = 0
+LOST: Final = -1
+
+
+def find_add(buf: bytes, pos: int, item_id: int) -> tuple[int, int]:
+    """Walk the complete records of ``buf`` from ``pos`` (by their length fields; checksums
+    are not checked) to the ADD of ``item_id``: ``(its offset, FOUND)``, ``(offset of the
+    first incomplete record, MORE)`` at the end of the buffer, or ``(offset, LOST)`` at an ADD
+    with a larger id, a RESUME or the end of the records. Where to look is a hint (a mark);
+    whoever uses the answer checks the record."""
+    end = len(buf)
+    p, h, op_add, op_resume = rec.PREFIX_SIZE, rec.ADD_HEAD_SIZE, rec.OP_ADD, rec.OP_RESUME
+    while pos + p < end:
+        length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16 | buf[pos + 3] << 24
+        op = buf[pos + p]
+        if length == 0 or op == op_resume:
+            return pos, LOST
+        if op == op_add:
+            if pos + h > end:
+                break
+            found = add_id(buf, pos)
+            if found == item_id:
+                return pos, FOUND
+            if found > item_id:
+                return pos, LOST
+        if pos + p + length > end:
+            break
+        pos += p + length
+    return pos, MORE
 
 
 def read_adds(
