@@ -9,7 +9,8 @@ Contract:
   returns only once the server accepts connections. :meth:`Running.stop` ends it (SIGTERM, then
   SIGKILL after a grace period); :meth:`Running.kill` is an immediate SIGKILL.
 - tercel is started as ``<tercel-cmd> serve --data-dir DIR --host 127.0.0.1 --memcache-port 0
-  --ports-file PATH --config FILE --log-level warning`` and its port is read from the ports file.
+  --ports-file PATH --admin-port 0 --config FILE --log-level warning`` and its port is read
+  from the ports file (or, on a restart, ``--memcache-port`` is the port it had).
 """
 
 from __future__ import annotations
@@ -281,6 +282,8 @@ def _command(
             str(port),
             "--ports-file",
             str(ports),
+            "--admin-port",  # any free port: a fixed one collides with other servers here
+            "0",
             "--config",
             str(cfg),
             "--log-level",

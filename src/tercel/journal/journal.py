@@ -62,12 +62,13 @@ PREALLOCATE_FIRST = 64 << 10
 writes little keeps little zeroed space on disk, and a busy one extends once per MiB."""
 _ZEROS = memoryview(bytes(PREALLOCATE))
 
-CHECKPOINT_EVERY = 64 << 20
+CHECKPOINT_EVERY = 16 << 20
 """A journal offers to write a checkpoint (:meth:`FileJournal.checkpoint_due`) once per this
 many bytes appended, so that a restart after a crash replays at most about this much (plus
-what the queue could not sum up); a clean shutdown writes one too. Each one costs an
-``fdatasync`` of what was appended since the last sync and a walk of at most a few MiB of
-the page cache to find the head item's record."""
+what the queue could not sum up); a clean shutdown writes one too. Each one costs, in a
+journal that is synced, an ``fdatasync`` of what was appended since the last sync (little,
+as syncs are frequent), a walk of at most a few MiB of the page cache to find the head
+item's record, and the queue's pass over the items in memory."""
 
 MARK_EVERY = 1 << 20
 """The journal notes the position and id of an ADD at least once per this many bytes of a file
@@ -299,6 +300,7 @@ class FileJournal:
         self._mark_off = 0  # the next mark is due at the first ADD from this offset on
         self._appended = 0  # bytes appended since the start
         self._checkpoint_at = 0  # _appended when a checkpoint was last due
+        self._owner_syncs = False  # begin_sync was called: the owner makes records durable
         self.checkpoint_path = self.path + ckpt.SUFFIX
 
     # ---- files ----------------------------------------------------------------------------
@@ -760,6 +762,7 @@ class FileJournal:
                 self._ops.close(own)
 
     def _mark_synced(self) -> None:
+        self._owner_syncs = True
         self._unsynced = False
         self._preallocating = self._ahead > 0  # a file that is synced: see PREALLOCATE
 
@@ -774,6 +777,7 @@ class FileJournal:
             fd = self._fd_now()
         except OSError as exc:
             self._fail("fsync", exc)
+        self._owner_syncs = True
         self._mark_synced()
         return fd
 
@@ -840,10 +844,12 @@ class FileJournal:
         ``head_id`` on (``size`` payload bytes), with these counters, after every record
         appended so far. ``hint``: where that ADD may be (else the marks are searched).
 
-        The records are written out and fdatasynced first, so a checkpoint never describes
-        bytes a power cut could take back; the file itself goes through a temporary file and
-        a rename (a checkpoint cut short fails its checksum and is ignored). False, writing
-        nothing, when the head item's record is not found (it is in a snapshot file, say).
+        The records are written out first, and fdatasynced in a journal its owner syncs, so
+        a checkpoint never describes bytes a power cut could take back (a journal never synced,
+        ``sync_journal = false``, promises nothing across a power cut anyway); the file goes
+        through a temporary file and a rename (a checkpoint cut short fails its checksum and
+        is ignored). False, writing nothing, when the head item's record is not found (it is
+        in a snapshot file, say).
         """
         if self.closed or self._failed is not None:
             return False
@@ -862,10 +868,11 @@ class FileJournal:
         except OSError as exc:  # no descriptor to be had now (the pool is full): next time
             log.warning("journal %s: no checkpoint: %s", self.path, exc)
             return False
-        try:
-            ops.fdatasync(fd)
-        except OSError as exc:
-            self._fail("fsync", exc)
+        if self._owner_syncs:
+            try:
+                ops.fdatasync(fd)
+            except OSError as exc:
+                self._fail("fsync", exc)
         start = max(rec.HEADER_SIZE, end[1] - ckpt.TAIL)
         first = max((i for i, m in enumerate(self._marks) if m[0] <= head_id), default=0)
         marks = tuple(self._marks[first:])  # from the one the head is found from
