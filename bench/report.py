@@ -208,6 +208,47 @@ def tables(records: Iterable[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+DURABLE_GOALS = (
+    # (cell, tercel config, peer, least ratio of ops/s): issue 24's restatement of the durable
+    # goals, 1 KiB items over 32 connections.
+    ("enqueue 1KiB c=32 d=1", "tercel-sync", "redis-always", 1.0),
+    ("mixed 1KiB c=32 d=1", "tercel-sync", "redis-always", 1.0),
+    ("enqueue 1KiB c=32 d=16", "tercel-sync", "beanstalkd-f0", 5.0),
+    ("mixed 1KiB c=32 d=16", "tercel-sync", "beanstalkd-f0", 5.0),
+)
+REPLAY_GOAL = 0.5
+"""Replay cells: tercel-50ms's time to the first item after a restart, at most this share of
+Redis ``everysec``'s and of beanstalkd's, after kill -9 and after SIGTERM."""
+
+
+def goals(records: Iterable[dict[str, Any]]) -> str:
+    """The goals, each with its paired median [range] in this run and whether it holds
+    there (by the median); goals whose cells did not run are listed as not measured."""
+    recs = list(records)
+    by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in recs:
+        by_cell[r["cell"]].append(r)
+    rows: list[tuple[str, list[float], float, bool]] = []
+    for cell, target, peer, least in DURABLE_GOALS:
+        ratios = _paired(by_cell.get(cell, []), target, peer, "ops_per_s")
+        rows.append((f"{cell}: {target} ops/s ≥ {least:g}x {peer}", ratios, least, True))
+    for cell in (c for c in by_cell if c.startswith("replay")):
+        for peer in ("redis-everysec", "beanstalkd"):
+            for key, what in (("replay_first_s", "kill -9"), ("replay_term_first_s", "SIGTERM")):
+                ratios = _paired(by_cell[cell], "tercel-50ms", peer, key)
+                label = f"{cell}, after {what}: tercel-50ms time ≤ {REPLAY_GOAL:g}x {peer}"
+                rows.append((label, ratios, REPLAY_GOAL, False))
+    lines = ["| goal | paired ratio, median [range] | in this run |", "|---|---|---|"]
+    for label, ratios, bound, at_least in rows:
+        if not ratios:
+            lines.append(f"| {label} | - | not measured |")
+            continue
+        med = statistics.median(ratios)
+        holds = med >= bound if at_least else med <= bound
+        lines.append(f"| {label} | {_ratio_text(ratios)} | {'holds' if holds else 'NOT MET'} |")
+    return "\n".join(lines)
+
+
 def _read_method() -> str:
     return (Path(__file__).parent / "METHOD.md").read_text()
 
@@ -252,6 +293,10 @@ def write_docs(path: Path, records: list[dict[str, Any]], meta: dict[str, Any]) 
             "```",
             meta["command"],
             "```",
+            "",
+            "## Goals in this run",
+            "",
+            goals(records),
             "",
             "## Results",
             "",
