@@ -300,7 +300,7 @@ class FileJournal:
         self._mark_off = 0  # the next mark is due at the first ADD from this offset on
         self._appended = 0  # bytes appended since the start
         self._checkpoint_at = 0  # _appended when a checkpoint was last due
-        self._owner_syncs = False  # begin_sync was called: the owner makes records durable
+        self._owner_syncs = False  # a sync ran: the owner makes records durable
         self.checkpoint_path = self.path + ckpt.SUFFIX
 
     # ---- files ----------------------------------------------------------------------------
@@ -777,7 +777,6 @@ class FileJournal:
             fd = self._fd_now()
         except OSError as exc:
             self._fail("fsync", exc)
-        self._owner_syncs = True
         self._mark_synced()
         return fd
 
