@@ -88,6 +88,17 @@ def _paired(recs: list[dict[str, Any]], target: str, peer: str, metric: str) -> 
     return out
 
 
+def _spread(recs: list[dict[str, Any]], key: str) -> str:
+    """The median of ``key`` over ``recs`` in seconds, with its range when there are several."""
+    vals = [float(r[key]) for r in recs if r.get(key) is not None]
+    if not vals:
+        return "-"
+    med = statistics.median(vals)
+    if len(vals) == 1:
+        return f"{med:.2f} s"
+    return f"{med:.2f} s [{min(vals):.2f}-{max(vals):.2f}]"
+
+
 def _metric(rec: dict[str, Any], metric: str) -> float | None:
     if metric == "cpu":
         return cpu_us_per_op(rec)
@@ -106,8 +117,9 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
     main_metric = "replay_first_s" if replay else "p99_us" if many else "ops_per_s"
     ratio_label = "p99" if many else "ops/s"
     head = (
-        "| server | class | first dequeue after restart | listening after | fill | on disk "
-        "| peak RSS after replay | errors | tercel / peer (time) |"
+        "| server | class | first dequeue after kill -9 | after SIGTERM | listening after "
+        "| fill | on disk | peak RSS after replay | errors | tercel / peer (time, kill -9) "
+        "| tercel / peer (time, SIGTERM) |"
         if replay
         else "| server | class | ops/s | p50 | p99 | p99.9 | server CPU µs/op | client CPU µs/op "
         "| peak RSS | errors | noise "
@@ -133,21 +145,26 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
             continue
         ratios_ops: list[str] = []
         ratios_cpu: list[str] = []
+        ratios_term: list[str] = []
         for t in PEER_TARGETS.get(name, ()):
             if t in targets:
                 ratios_ops.append(f"{t}: {_ratio_text(_paired(recs, t, name, main_metric))}")
                 ratios_cpu.append(f"{t}: {_ratio_text(_paired(recs, t, name, 'cpu'))}")
+                term = _paired(recs, t, name, "replay_term_first_s")
+                ratios_term.append(f"{t}: {_ratio_text(term)}")
         rss = _median([r["peak_rss_kb"] / 1024 for r in ok if r.get("peak_rss_kb")])
         rss_s = f"{rss:.0f} MB" if rss is not None else "-"
         cls = SERVERS[name].durability
         if replay:
-            first = _median([r["replay_first_s"] for r in ok])
             listen = _median([r["replay_listen_s"] for r in ok])
             fill = _median([r["fill_s"] for r in ok])
             disk = _median([r["disk_bytes"] / 2**20 for r in ok])
             lines.append(
-                f"| {name} | {cls} | {first or 0:.2f} s | {listen or 0:.2f} s | {fill or 0:.1f} s "
-                f"| {disk or 0:.0f} MB | {rss_s} | {errs} | {'; '.join(ratios_ops) or '-'} |"
+                f"| {name} | {cls} | {_spread(ok, 'replay_first_s')} "
+                f"| {_spread(ok, 'replay_term_first_s')} "
+                f"| {listen or 0:.2f} s | {fill or 0:.1f} s "
+                f"| {disk or 0:.0f} MB | {rss_s} | {errs} | {'; '.join(ratios_ops) or '-'} "
+                f"| {'; '.join(ratios_term) or '-'} |"
             )
             continue
         rate = _median([r["ops_per_s"] for r in ok]) or 0.0
@@ -189,6 +206,47 @@ def tables(records: Iterable[dict[str, Any]]) -> str:
         out.extend(f"- `{h}`: {HOOK_SCENARIOS[h]}." for h in hooks)
         out.append("")
     return "\n".join(out)
+
+
+DURABLE_GOALS = (
+    # (cell, tercel config, peer, least ratio of ops/s): issue 24's restatement of the durable
+    # goals, 1 KiB items over 32 connections.
+    ("enqueue 1KiB c=32 d=1", "tercel-sync", "redis-always", 1.0),
+    ("mixed 1KiB c=32 d=1", "tercel-sync", "redis-always", 1.0),
+    ("enqueue 1KiB c=32 d=16", "tercel-sync", "beanstalkd-f0", 5.0),
+    ("mixed 1KiB c=32 d=16", "tercel-sync", "beanstalkd-f0", 5.0),
+)
+REPLAY_GOAL = 0.5
+"""Replay cells: tercel-50ms's time to the first item after a restart, at most this share of
+Redis ``everysec``'s and of beanstalkd's, after kill -9 and after SIGTERM."""
+
+
+def goals(records: Iterable[dict[str, Any]]) -> str:
+    """The goals, each with its paired median [range] in this run and whether it holds
+    there (by the median); goals whose cells did not run are listed as not measured."""
+    recs = list(records)
+    by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in recs:
+        by_cell[r["cell"]].append(r)
+    rows: list[tuple[str, list[float], float, bool]] = []
+    for cell, target, peer, least in DURABLE_GOALS:
+        ratios = _paired(by_cell.get(cell, []), target, peer, "ops_per_s")
+        rows.append((f"{cell}: {target} ops/s ≥ {least:g}x {peer}", ratios, least, True))
+    for cell in (c for c in by_cell if c.startswith("replay")):
+        for peer in ("redis-everysec", "beanstalkd"):
+            for key, what in (("replay_first_s", "kill -9"), ("replay_term_first_s", "SIGTERM")):
+                ratios = _paired(by_cell[cell], "tercel-50ms", peer, key)
+                label = f"{cell}, after {what}: tercel-50ms time ≤ {REPLAY_GOAL:g}x {peer}"
+                rows.append((label, ratios, REPLAY_GOAL, False))
+    lines = ["| goal | paired ratio, median [range] | in this run |", "|---|---|---|"]
+    for label, ratios, bound, at_least in rows:
+        if not ratios:
+            lines.append(f"| {label} | - | not measured |")
+            continue
+        med = statistics.median(ratios)
+        holds = med >= bound if at_least else med <= bound
+        lines.append(f"| {label} | {_ratio_text(ratios)} | {'holds' if holds else 'NOT MET'} |")
+    return "\n".join(lines)
 
 
 def _read_method() -> str:
@@ -235,6 +293,10 @@ def write_docs(path: Path, records: list[dict[str, Any]], meta: dict[str, Any]) 
             "```",
             meta["command"],
             "```",
+            "",
+            "## Goals in this run",
+            "",
+            goals(records),
             "",
             "## Results",
             "",

@@ -109,7 +109,8 @@ def build_plan(
         elif sc == "many-clients":
             add(sc, 1024 if 1024 in sizes else sizes[0], consumers, 1)
         elif sc == "replay":
-            add(sc, 1024, replay_items, 1)
+            for size in sizes:
+                add(sc, size, replay_items, 1)
         elif sc in HOOK_SCENARIOS:
             plan.append(Cell(sc, 1024, 0, 0, ()))
         else:

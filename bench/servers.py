@@ -9,7 +9,8 @@ Contract:
   returns only once the server accepts connections. :meth:`Running.stop` ends it (SIGTERM, then
   SIGKILL after a grace period); :meth:`Running.kill` is an immediate SIGKILL.
 - tercel is started as ``<tercel-cmd> serve --data-dir DIR --host 127.0.0.1 --memcache-port 0
-  --ports-file PATH --config FILE --log-level warning`` and its port is read from the ports file.
+  --ports-file PATH --admin-port 0 --config FILE --log-level warning`` and its port is read
+  from the ports file (or, on a restart, ``--memcache-port`` is the port it had).
 """
 
 from __future__ import annotations
@@ -278,9 +279,11 @@ def _command(
             "--host",
             host,
             "--memcache-port",
-            "0",
+            str(port),
             "--ports-file",
             str(ports),
+            "--admin-port",  # any free port: a fixed one collides with other servers here
+            "0",
             "--config",
             str(cfg),
             "--log-level",
@@ -310,14 +313,23 @@ def start(
     data_dir: Path | None = None,
     cell_dir: Path | None = None,
     timeout: float = 30.0,
+    port: int | None = None,
 ) -> Running:
-    """Starts ``d`` fresh (see module docstring); raises if it does not come up in time."""
+    """Starts ``d`` fresh (see module docstring); raises if it does not come up in time.
+
+    With ``port`` the server listens there (a restart on the port it had): tercel is then
+    started with ``--memcache-port PORT`` and, like the peers, counts as up once the port
+    accepts connections (its ports file is not waited for)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cell = cell_dir or Path(tempfile.mkdtemp(prefix=f"{d.name}-", dir=workdir))
     data = data_dir or cell / "data"
     data.mkdir(parents=True, exist_ok=True)
-    port = 0 if d.kind == "tercel" else free_port()
+    fixed = port is not None
+    if port is None:
+        port = 0 if d.kind == "tercel" else free_port()
     argv, ports_file = _command(d, port, data, cell, tercel_command())
+    if fixed:
+        ports_file = None
     if cpu is not None:
         argv = ["taskset", "-c", str(cpu), *argv]
     log = cell / "server.log"

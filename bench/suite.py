@@ -379,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                         failed += 1
     shutil.rmtree(runner.workdir, ignore_errors=True)
     print(report.tables(records))
+    print(report.goals(records))
     if not a.quick and not a.no_docs:
         meta["wall_s"] = time.monotonic() - t_start
         meta["results"] = os.path.relpath(out, BENCH.parent)

@@ -26,7 +26,38 @@ class ReplaySink(Protocol):
 
 
 Position = tuple[int, int]
-"""An opaque place in a log (the journal's ``(file seq, offset)``); compared only for order."""
+"""A place in a log: the journal's ``(file seq, offset)``, compared for order; the first
+field names a file (replay tells a snapshot file's records by it)."""
+
+
+class ReplayPager(Protocol):
+    """Replay's optional fast path for items that stay in the log (read-behind): the log
+    counts runs of ADD records in bulk instead of calling ``on_add`` for each."""
+
+    def pages_from(self, seq: int) -> bool:
+        """True when the ADD records that follow, in file ``seq``, would only be counted."""
+        ...
+
+    def on_adds_on_disk(self, position: Position, count: int, size: int, last_id: int) -> None:
+        """``count`` ADDs from ``position`` on (``size`` payload bytes, the last numbered
+        ``last_id``) stay in the log: the effect of ``count`` calls of ``on_add``."""
+        ...
+
+    def on_checkpoint(
+        self,
+        head: Position,
+        *,
+        items: int,
+        size: int,
+        next_id: int,
+        xid: int,
+        total: int,
+        removed_add_time: int,
+    ) -> None:
+        """Replay starts at a checkpoint the log kept (:meth:`QueueLog.checkpoint`): the queue
+        is the ``items`` items recorded from ``head`` on (``size`` payload bytes), with these
+        counters; the records after the checkpoint follow as usual."""
+        ...
 
 
 class ItemReader(Protocol):
@@ -51,8 +82,9 @@ class ItemReader(Protocol):
 class QueueLog(Protocol):
     """An append-only record of one queue's changes."""
 
-    def replay(self, sink: ReplaySink) -> object:
-        """Apply every record to ``sink`` in order; returns a report for logging."""
+    def replay(self, sink: ReplaySink, pager: ReplayPager | None = None) -> object:
+        """Apply every record to ``sink`` in order (runs of ADDs that stay in the log may go
+        to ``pager`` in bulk instead); returns a report for logging."""
         ...
 
     def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None: ...
@@ -106,6 +138,27 @@ class QueueLog(Protocol):
         cursor: Position | None,
     ) -> bool:
         """Replace history by a snapshot of this state; True when started (see the journal)."""
+        ...
+
+    def checkpoint_due(self) -> bool:
+        """True when the log would like a checkpoint now (it says how often)."""
+        ...
+
+    def checkpoint(
+        self,
+        *,
+        head_id: int,
+        items: int,
+        size: int,
+        next_id: int,
+        xid: int,
+        total: int,
+        removed_add_time: int,
+        hint: Position | None = None,
+    ) -> bool:
+        """Keep a checkpoint: the queue is the ``items`` items recorded from the one numbered
+        ``head_id`` on (``hint``: where that one may be), with these counters, so replay can
+        start here. False when the log cannot (or keeps none)."""
         ...
 
     def close(self) -> None: ...

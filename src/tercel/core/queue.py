@@ -47,6 +47,19 @@ took 29 % of the server's CPU samples in a 2 GB drain (docs/benchmarks.md, sessi
 Kestrel's default proportion (a pack of the 128 MB window each time the journal passes 1 GB).
 ``max_journal_size_absolute`` bounds the disk that consumed files may hold meanwhile."""
 
+REPLAY_WINDOW: Final = 1 << 20
+"""Payload bytes of items replay puts in memory (at most ``max_memory_size``): every later item
+of the log stays on disk, counted in bulk (:class:`_Replayer`), and the window is read back
+after start-up, a refill at a time (:data:`REFILL_FIRST`). Loading the whole 128 MB window
+during replay made start-up wait for 128 k item objects (docs/benchmarks.md, "Where restart
+time goes"). Items of a snapshot file stay in memory whatever this says."""
+
+REFILL_FIRST: Final = 1 << 20
+"""The smallest read-behind refill. A refill reads at most as many payload bytes as memory
+holds already (at least this, at most an eighth of ``max_memory_size``, the refill of a window
+in steady state): after a restart the window grows 1, 2, 4 ... MB over the first removes
+instead of one remove waiting for all of it."""
+
 NO_LIMIT: Final = 2**62 - 1
 """An unset size or count limit as :meth:`PersistentQueue.add` compares it. The config's
 ``UNLIMITED`` (2**63 - 1, Kestrel's Long.MaxValue) does not fit mypyc's unboxed ints (below
@@ -230,13 +243,15 @@ class PersistentQueue:
 
         Returns the log's replay report.
         """
-        report = self.log.replay(_Replayer(self))
+        replayer = _Replayer(self)
+        report = self.log.replay(replayer, replayer)
         for xid in sorted(self._open, reverse=True):
             self.log.abort(xid)
             item = self._open.pop(xid)
             self._items.appendleft(item)
             self.mem_bytes += len(item.data)
-        self._refill()
+        if not self._items:  # the head in memory; the rest of the window comes with removes
+            self._refill()
         return report
 
     # ---- writes ---------------------------------------------------------------------------
@@ -456,7 +471,10 @@ class PersistentQueue:
     # ---- read-behind and log upkeep -------------------------------------------------------
 
     def _refill(self) -> None:
-        """Read items back from the log until memory is full again (or none are left).
+        """Read the next items back from the log into memory, until memory is full, or this
+        call read ``max(REFILL_FIRST, min(mem_bytes, max_memory_size / 8))`` payload bytes
+        (see :data:`REFILL_FIRST`; ``mem_bytes`` as the call starts), and always the head when
+        memory has none.
 
         Never asks for more than ``disk_bytes``: during replay the log goes on past the record
         being applied, and the ADDs there are not disk items yet. A reader stops once the
@@ -465,11 +483,14 @@ class PersistentQueue:
         """
         limit = self.config.max_memory_size
         items = self._items
-        while self.disk_items and (self.mem_bytes < limit or not items):
+        step = max(REFILL_FIRST, min(self.mem_bytes, limit >> 3))
+        read = 0
+        while self.disk_items and (self.mem_bytes < limit or not items) and read < step:
             if self._reader is None:
                 assert self._cursor is not None
                 self._reader = self.log.reader(self._cursor)
-            batch = self._reader.next_adds(min(limit - self.mem_bytes, self.disk_bytes))
+            budget = min(limit - self.mem_bytes, self.disk_bytes, step - read)
+            batch = self._reader.next_adds(budget)
             if not batch:
                 raise JournalError(
                     f"queue {self.name}: {self.disk_items} items missing from the log", "", 0
@@ -484,6 +505,7 @@ class PersistentQueue:
             self.mem_bytes += size
             self.disk_items -= len(batch)
             self.disk_bytes -= size
+            read += size
         if not self.disk_items:
             self._drop_disk_items()
 
@@ -514,6 +536,8 @@ class PersistentQueue:
         """
         log = self.log
         cfg = self.config
+        if log.checkpoint_due():
+            self.checkpoint()
         size = log.size
         if size <= cfg.max_journal_size or log.compacting or not log.pages:
             return
@@ -541,6 +565,37 @@ class PersistentQueue:
             or size > cfg.max_journal_size_absolute
         ):
             self._compact(None)
+
+    def checkpoint(self) -> bool:
+        """Let the log keep a checkpoint (replay may start there) when the queue is one run
+        of the log's ADD records: no open reads, no item handed out before (no delivery
+        count to keep), and item ids that follow one another from the head to the newest.
+        Anything else (an aborted read back at the head, say) is left to a full replay.
+        True when the log kept one. Costs a pass over the items in memory."""
+        log = self.log
+        if self._open or not log.pages:
+            return False
+        items = self._items
+        count = len(items) + self.disk_items
+        head_id = self._next_id - count
+        expect = head_id
+        for item in items:
+            if item.id != expect or item.deliveries:
+                return False
+            expect += 1
+        hint = None
+        if not items and self.disk_items:
+            hint = self._reader.position if self._reader is not None else self._cursor
+        return log.checkpoint(
+            head_id=head_id,
+            items=count,
+            size=self.mem_bytes + self.disk_bytes,
+            next_id=self._next_id,
+            xid=self._xid,
+            total=self.total_items,
+            removed_add_time=self._last_removed_add_time,
+            hint=hint,
+        )
 
     def compact(self) -> bool:
         """Compact the log now, whatever the rules say (offline tools); True if started."""
@@ -605,7 +660,13 @@ class PersistentQueue:
     # ---- life cycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop accepting work and close the log (waiters are left to time out)."""
+        """Stop accepting work, leave a checkpoint when the queue allows one (a quick next
+        start), and close the log (waiters are left to time out)."""
+        if not self.closed:
+            try:
+                self.checkpoint()
+            except (JournalError, OSError) as exc:
+                _log.warning("queue %s: no checkpoint at shutdown: %s", self.name, exc)
         self.closed = True
         if self._reader is not None:
             self._reader.close()
@@ -623,23 +684,60 @@ class PersistentQueue:
 
 
 class _Replayer:
-    """Applies journal records to a queue without writing anything back."""
+    """Applies journal records to a queue without writing anything back; items past the
+    first :data:`REPLAY_WINDOW` bytes stay on disk (the log may count them in bulk)."""
 
-    __slots__ = ("q", "snapshot_seq")
+    __slots__ = ("q", "snapshot_seq", "window")
 
     def __init__(self, q: PersistentQueue) -> None:
         self.q = q
+        self.window = min(REPLAY_WINDOW, q.config.max_memory_size)
         self.snapshot_seq = -1
         """The file of the last SNAPSHOT: its items were the live window, and stay in memory
         (a DELIVERED record can only reach an item in memory)."""
 
+    def pages_from(self, seq: int) -> bool:
+        q = self.q
+        return bool(q.disk_items) or (
+            q.mem_bytes >= self.window and q.log.pages and seq != self.snapshot_seq
+        )
+
+    def on_adds_on_disk(self, position: Position, count: int, size: int, last_id: int) -> None:
+        q = self.q
+        if not q.disk_items:
+            q._cursor = position
+        q.disk_items += count
+        q.disk_bytes += size
+        q.total_items += count
+        if last_id >= q._next_id:
+            q._next_id = last_id + 1
+
+    def on_checkpoint(
+        self,
+        head: Position,
+        *,
+        items: int,
+        size: int,
+        next_id: int,
+        xid: int,
+        total: int,
+        removed_add_time: int,
+    ) -> None:
+        q = self.q
+        self.on_flush()
+        q._open.clear()
+        if items:
+            q._cursor = head
+            q.disk_items = items
+            q.disk_bytes = size
+        q._next_id = next_id
+        q._xid = xid
+        q.total_items = total
+        q._last_removed_add_time = removed_add_time
+
     def on_add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
         q = self.q
-        if q.disk_items or (
-            q.mem_bytes >= q.config.max_memory_size
-            and q.log.pages
-            and q.log.replay_position[0] != self.snapshot_seq
-        ):
+        if self.pages_from(q.log.replay_position[0]):
             if not q.disk_items:
                 q._cursor = q.log.replay_position
             q.disk_items += 1

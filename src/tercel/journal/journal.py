@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import Final, NoReturn, Protocol
 
 from tercel.errors import JournalCorrupt, JournalWriteError
+from tercel.journal import checkpoint as ckpt
 from tercel.journal import records as rec
 from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, default_ops
-from tercel.journal.reader import ChunkReader, read_adds
+from tercel.journal.reader import FOUND, MORE, ChunkReader, add_id, find_add, read_adds, skip_adds
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,18 @@ PREALLOCATE_FIRST = 64 << 10
 writes little keeps little zeroed space on disk, and a busy one extends once per MiB."""
 _ZEROS = memoryview(bytes(PREALLOCATE))
 
+CHECKPOINT_EVERY = 16 << 20
+"""A journal offers to write a checkpoint (:meth:`FileJournal.checkpoint_due`) once per this
+many bytes appended, so that a restart after a crash replays at most about this much (plus
+what the queue could not sum up); a clean shutdown writes one too. Each one costs, in a
+journal that is synced, an ``fdatasync`` of what was appended since the last sync (little,
+as syncs are frequent), a walk of at most a few MiB of the page cache to find the head
+item's record, and the queue's pass over the items in memory."""
+
+MARK_EVERY = 1 << 20
+"""The journal notes the position and id of an ADD at least once per this many bytes of a file
+(and the first of each file): where to start looking for the head item's record."""
+
 
 class ItemLike(Protocol):
     """What a snapshot needs of an item."""
@@ -70,6 +83,38 @@ class ItemLike(Protocol):
     expiry: int
     data: bytes
     deliveries: int
+
+
+class Pager(Protocol):
+    """The optional fast path of replay for items that stay on disk (read-behind): runs of
+    ADD records that the sink would only count are checked and counted here instead, with no
+    call and no object per record."""
+
+    def pages_from(self, seq: int) -> bool:
+        """True when the ADD records that follow, in file ``seq``, are only counted (up to the
+        next record that is not an ADD); asked before each run."""
+        ...
+
+    def on_adds_on_disk(self, position: rec.Position, count: int, size: int, last_id: int) -> None:
+        """``count`` ADD records from ``position`` on, ``size`` payload bytes in all, the last
+        one numbered ``last_id``, stay on disk: what ``count`` calls of ``on_add`` would do."""
+        ...
+
+    def on_checkpoint(
+        self,
+        head: rec.Position,
+        *,
+        items: int,
+        size: int,
+        next_id: int,
+        xid: int,
+        total: int,
+        removed_add_time: int,
+    ) -> None:
+        """Replay starts at a checkpoint: the queue is the ``items`` ADD records read from
+        ``head`` on (``size`` payload bytes), with these counters (``total``: items ever
+        added); the records after the checkpoint follow as usual."""
+        ...
 
 
 Background = Callable[[Callable[[], None], Callable[[BaseException | None], None]], None]
@@ -190,6 +235,9 @@ def _starts_with_snapshot(directory: DataDir, path: str) -> bool:
 class _ReplayState:
     skip_until: rec.Position | None = None
     adds_until: rec.Position | None = None
+    pager: Pager | None = None
+    start: rec.Position | None = None
+    """Where replay starts (a checkpoint's end); None: at the first file's first record."""
 
 
 class FileJournal:
@@ -247,6 +295,13 @@ class FileJournal:
         self.compactions = 0
         self.pages = True
         """Items can be left on disk and read back (read-behind)."""
+        self._marks: list[ckpt.Mark] = []  # see MARK_EVERY, in journal order
+        self._mark_seq = 0  # the file of the last mark
+        self._mark_off = 0  # the next mark is due at the first ADD from this offset on
+        self._appended = 0  # bytes appended since the start
+        self._checkpoint_at = 0  # _appended when a checkpoint was last due
+        self._owner_syncs = False  # a sync ran: the owner makes records durable
+        self.checkpoint_path = self.path + ckpt.SUFFIX
 
     # ---- files ----------------------------------------------------------------------------
 
@@ -273,8 +328,11 @@ class FileJournal:
 
     # ---- replay ---------------------------------------------------------------------------
 
-    def replay(self, sink: rec.RecordSink) -> ReplayReport:
+    def replay(self, sink: rec.RecordSink, pager: Pager | None = None) -> ReplayReport:
         """Apply every record of every file to ``sink``, in order, then open for appends.
+
+        With a ``pager``, runs of ADD records it says stay on disk are counted in bulk
+        (:class:`Pager`) instead of being passed to ``sink.on_add`` one by one.
 
         Replay starts at the newest file that begins with a SNAPSHOT (older files are left
         over from an interrupted compaction and are deleted). A torn tail of the newest file
@@ -301,8 +359,24 @@ class FileJournal:
         # Read-behind may read older files while they are replayed: know them up front.
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         report = ReplayReport()
-        state = _ReplayState()
+        state = _ReplayState(pager=pager)
+        cp = self._load_checkpoint(files) if pager is not None and files else None
+        if pager is not None and cp is not None:
+            log.info("journal %s: replay starts at the checkpoint at %s", self.name, cp.end)
+            pager.on_checkpoint(
+                cp.head,
+                items=cp.items,
+                size=cp.size,
+                next_id=cp.next_id,
+                xid=cp.xid,
+                total=cp.total,
+                removed_add_time=cp.removed_add_time,
+            )
+            self._marks = [m for m in cp.marks if m[1] == self._seq or m[1] in self._older]
+            state.start = cp.end
         for i, (seq, path) in enumerate(files):
+            if state.start is not None and seq < state.start[0]:
+                continue
             self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         self._older_total = sum(self._older.values())
@@ -338,6 +412,8 @@ class FileJournal:
             torn = Truncation(path, 0, size, "torn file header")
         else:
             start = good
+            if state.start is not None and state.start[0] == seq:
+                start = state.start[1]
             reader = self._dir.retrying(lambda: ChunkReader(path, start))
             try:
                 good = self._replay_records(seq, reader, sink, report, state)
@@ -412,7 +488,7 @@ class FileJournal:
     ) -> int:
         while reader.prepare():
             if state.skip_until is None and state.adds_until is None:
-                report.records += self._replay_fast(seq, reader, sink)
+                report.records += self._replay_fast(seq, reader, sink, state.pager)
             span = reader.next()  # one record the fast loop left: RESUME, skipped, or bad
             if span is None:
                 break
@@ -438,9 +514,12 @@ class FileJournal:
             rec.apply_record(buf, start, stop, sink)
         return reader.offset
 
-    def _replay_fast(self, seq: int, reader: ChunkReader, sink: rec.RecordSink) -> int:
+    def _replay_fast(
+        self, seq: int, reader: ChunkReader, sink: rec.RecordSink, pager: Pager | None
+    ) -> int:
         """Apply the complete, valid, ordinary records buffered at the read position (the
-        start-up hot loop, :func:`records.scan`); how many it applied."""
+        start-up hot loop: :func:`records.scan`, and :func:`reader.skip_adds` for the runs of
+        ADDs the pager counts); how many it applied."""
         buf = reader.buffer
         base = reader.file_offset(0)
         on_add = sink.on_add
@@ -449,9 +528,11 @@ class FileJournal:
         def add(pos: int, item_id: int, add_time: int, expiry: int, data: bytes) -> bool:
             nonlocal n
             self.replay_position = (seq, base + pos)
+            if seq != self._mark_seq or base + pos >= self._mark_off:
+                self._mark(item_id, seq, base + pos)
             on_add(item_id, add_time, expiry, data)
             n += 1
-            return True
+            return pager is None or not pager.pages_from(seq)  # then: count in bulk
 
         def other(pos: int, stop: int) -> None:
             nonlocal n
@@ -459,7 +540,21 @@ class FileJournal:
             rec.apply_record(buf, pos, stop, sink)
             n += 1
 
-        reader.advance(rec.scan(buf, reader.pos, add, other))
+        pos = reader.pos
+        while True:
+            if pager is not None and pager.pages_from(seq):
+                stop, count, size, last_id = skip_adds(buf, pos)
+                if count:
+                    if seq != self._mark_seq or base + pos >= self._mark_off:
+                        self._mark(add_id(buf, pos), seq, base + pos)
+                    pager.on_adds_on_disk((seq, base + pos), count, size, last_id)
+                    n += count
+                    pos = stop
+            stop = rec.scan(buf, pos, add, other)
+            if stop == pos:  # the end of the buffer, or a record for the careful path
+                break
+            pos = stop
+        reader.advance(pos)
         return n
 
     @staticmethod
@@ -527,6 +622,9 @@ class FileJournal:
             raise self._failed
         parts = self._parts
         first = not parts
+        pos = self._written + self._pending
+        if pos >= self._mark_off or self._seq != self._mark_seq:
+            self._mark(item_id, self._seq, pos)
         prefix, fields = rec.add_header(item_id, add_time, expiry, data)
         parts.append(prefix)  # the payload is not copied: write_out hands all to pwritev
         parts.append(fields)
@@ -595,6 +693,7 @@ class FileJournal:
                 log.exception("journal %s: could not cut back a failed write", self.path)
             self._fail("write", exc)
         self._written += size
+        self._appended += size
         self._unsynced = True
         if self._written > self._allocated:
             self._allocated = self._written
@@ -663,6 +762,7 @@ class FileJournal:
                 self._ops.close(own)
 
     def _mark_synced(self) -> None:
+        self._owner_syncs = True
         self._unsynced = False
         self._preallocating = self._ahead > 0  # a file that is synced: see PREALLOCATE
 
@@ -710,6 +810,181 @@ class FileJournal:
     def reader(self, position: rec.Position) -> AddReader:
         """A reader of the ADD records from ``position`` on (see :class:`AddReader`)."""
         return AddReader(self, position)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def _mark(self, item_id: int, seq: int, offset: int) -> None:
+        """Note the ADD of ``item_id`` at ``(seq, offset)`` (see :data:`MARK_EVERY`)."""
+        self._marks.append((item_id, seq, offset))
+        self._mark_seq = seq
+        self._mark_off = offset + MARK_EVERY
+
+    def checkpoint_due(self) -> bool:
+        """True once per :data:`CHECKPOINT_EVERY` bytes appended: the owner should call
+        :meth:`checkpoint` now (or skip this turn)."""
+        if self._appended + self._pending - self._checkpoint_at < CHECKPOINT_EVERY:
+            return False
+        self._checkpoint_at = self._appended + self._pending
+        return True
+
+    def checkpoint(
+        self,
+        *,
+        head_id: int,
+        items: int,
+        size: int,
+        next_id: int,
+        xid: int,
+        total: int,
+        removed_add_time: int,
+        hint: rec.Position | None = None,
+    ) -> bool:
+        """Write the checkpoint file: the queue is the ``items`` ADD records from the one of
+        ``head_id`` on (``size`` payload bytes), with these counters, after every record
+        appended so far. ``hint``: where that ADD may be (else the marks are searched).
+
+        The records are written out first, and fdatasynced in a journal its owner syncs, so
+        a checkpoint never describes bytes a power cut could take back (a journal never synced,
+        ``sync_journal = false``, promises nothing across a power cut anyway); the file goes
+        through a temporary file and a rename (a checkpoint cut short fails its checksum and
+        is ignored). False, writing nothing, when the head item's record is not found (it is
+        in a snapshot file, say).
+        """
+        if self.closed or self._failed is not None:
+            return False
+        self.write_out()
+        end = (self._seq, self._written)
+        head: rec.Position | None = end
+        if items:
+            head = hint if hint is not None and self._add_id_at(hint) == head_id else None
+            head = head or self._find_add(head_id)
+            if head is None:
+                return False
+        assert head is not None
+        ops = self._ops
+        try:
+            fd = self._fd_now()
+        except OSError as exc:  # no descriptor to be had now (the pool is full): next time
+            log.warning("journal %s: no checkpoint: %s", self.path, exc)
+            return False
+        if self._owner_syncs:
+            try:
+                ops.fdatasync(fd)
+            except OSError as exc:
+                self._fail("fsync", exc)
+        start = max(rec.HEADER_SIZE, end[1] - ckpt.TAIL)
+        first = max((i for i, m in enumerate(self._marks) if m[0] <= head_id), default=0)
+        marks = tuple(self._marks[first:])  # from the one the head is found from
+        cp = ckpt.Checkpoint(
+            end,
+            rec.crc32(ops.pread(fd, end[1] - start, start)),
+            head,
+            head_id,
+            items,
+            size,
+            next_id,
+            total,
+            removed_add_time,
+            xid,
+            marks,
+        )
+        tmp = f"{self.path}~~checkpoint"
+        try:
+            out = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(ops, out, ckpt.encode(cp), 0)
+            finally:
+                ops.close(out)
+            ops.rename(tmp, self.checkpoint_path)
+        except OSError as exc:  # a full disk, say: the journal itself is fine
+            log.warning("journal %s: no checkpoint: %s", self.path, exc)
+            with contextlib.suppress(OSError):
+                ops.unlink(tmp)
+            return False
+        return True
+
+    def _add_id_at(self, position: rec.Position) -> int | None:
+        """The item id of the ADD record at ``position``; None if there is none there."""
+        try:
+            fd = os.open(self._path(position[0]), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            head = os.pread(fd, rec.ADD_HEAD_SIZE, position[1])
+        finally:
+            os.close(fd)
+        if len(head) < rec.ADD_HEAD_SIZE or head[rec.PREFIX_SIZE] != rec.OP_ADD:
+            return None
+        return add_id(head, 0)
+
+    def _find_add(self, item_id: int) -> rec.Position | None:
+        """Where the ADD of ``item_id`` starts: found by walking from the last mark of a
+        smaller or equal id, at most a few marks' distance; None when not found."""
+        mark = next((m for m in reversed(self._marks) if m[0] <= item_id), None)
+        if mark is None or (mark[1] != self._seq and mark[1] not in self._older):
+            return None
+        seq = mark[1]
+        reader = ChunkReader(self._path(seq), mark[2])
+        try:
+            walked = 0
+            while walked <= 4 * MARK_EVERY and reader.prepare():
+                pos, how = find_add(reader.buffer, reader.pos, item_id)
+                if how == FOUND:
+                    return seq, reader.file_offset(pos)
+                if how != MORE or pos == reader.pos:
+                    return None
+                walked += pos - reader.pos
+                reader.advance(pos)
+            return None
+        finally:
+            reader.close()
+
+    def _load_checkpoint(self, files: list[tuple[int, str]]) -> ckpt.Checkpoint | None:
+        """The checkpoint, if there is one and the files still hold what it describes: its
+        end inside a file whose last 4 KiB before it are unchanged, and the head item's ADD
+        record whole and valid where it says. None otherwise (replay reads every file)."""
+        try:
+            with open(self.checkpoint_path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return None
+        cp = ckpt.decode(data)
+        paths = dict(files)
+        why = "damaged"
+        if cp is not None:
+            why = self._checkpoint_mismatch(cp, paths)
+        if why:
+            log.info("journal %s: not using the checkpoint (%s)", self.name, why)
+            return None
+        return cp
+
+    @staticmethod
+    def _checkpoint_mismatch(cp: ckpt.Checkpoint, paths: dict[int, str]) -> str:
+        """Why ``cp`` does not fit the files ``paths`` (seq -> path); empty when it does."""
+        end_path = paths.get(cp.end[0])
+        if end_path is None or cp.end[1] < rec.HEADER_SIZE:
+            return "its file is gone"
+        start = max(rec.HEADER_SIZE, cp.end[1] - ckpt.TAIL)
+        with open(end_path, "rb") as fh:
+            tail = os.pread(fh.fileno(), cp.end[1] - start, start)
+        if len(tail) != cp.end[1] - start or rec.crc32(tail) != cp.tail_crc:
+            return "the file changed"
+        if not cp.items:
+            return ""
+        head_path = paths.get(cp.head[0])
+        if head_path is None or cp.head > cp.end:
+            return "the head item's file is gone"
+        reader = ChunkReader(head_path, cp.head[1])
+        try:
+            span = reader.next()
+            ok = span is not None and rec.record_op(reader.buffer, span[0]) == rec.OP_ADD
+            if not ok or add_id(reader.buffer, span[0]) != cp.head_id:  # type: ignore[index]
+                return "the head item's record changed"
+        except rec.BadRecord:
+            return "the head item's record is damaged"
+        finally:
+            reader.close()
+        return ""
 
     # ---- rotation and compaction ----------------------------------------------------------
 
@@ -808,6 +1083,8 @@ class FileJournal:
                 ops.unlink(f"{self.path}.{seq}")
                 del self._older[seq]
         fsync_dir(self.data_dir, ops)
+        gone = set(obsolete)
+        self._marks = [m for m in self._marks if m[1] not in gone]
         self._older[target] = os.path.getsize(f"{self.path}.{target}")
         self._older_total = sum(self._older.values())
         self.compactions += 1
@@ -857,6 +1134,9 @@ class FileJournal:
         for path in [f"{self.path}.{seq}" for seq in sorted(self._older)] + [self.path]:
             with contextlib.suppress(FileNotFoundError):
                 self._ops.unlink(path)  # the journal knows its files: no directory listing
+        with contextlib.suppress(FileNotFoundError):
+            self._ops.unlink(self.checkpoint_path)
+        self._marks.clear()
         self._older.clear()
         self._older_total = self._written = 0
 

@@ -25,8 +25,8 @@ class MemoryJournal:
         self.rotations = 0
         self.compactions = 0
 
-    def replay(self, sink: rec.RecordSink) -> ReplayReport:
-        """Apply every record so far to ``sink``."""
+    def replay(self, sink: rec.RecordSink, pager: object = None) -> ReplayReport:
+        """Apply every record so far to ``sink`` (one by one: ``pager`` is not used)."""
         report = ReplayReport()
         for pos, stop in rec.iter_records(self.data, rec.HEADER_SIZE):
             self.replay_position = (1, pos)
@@ -49,6 +49,14 @@ class MemoryJournal:
 
     def rotate(self) -> bool:
         """Nothing to rotate in RAM."""
+        return False
+
+    def checkpoint_due(self) -> bool:
+        """Never: replay of the RAM twin is its whole history."""
+        return False
+
+    def checkpoint(self, **kwargs: object) -> bool:
+        """No checkpoints in RAM."""
         return False
 
     def compact(self, *args: object, **kwargs: object) -> bool:

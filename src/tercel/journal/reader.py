@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Final
 
 from tercel.journal import records as rec
 
@@ -158,6 +159,80 @@ class ChunkReader:
 _PREFIX = rec.PREFIX.unpack_from
 _HEAD = struct.Struct("<IIBQqq").unpack_from  # prefix and ADD fields: an ADD's first 33 bytes
 _FIXED = {op: size for op, size in rec.FIXED_LENGTHS.items() if op != rec.OP_RESUME}
+_ADD_ID = struct.Struct("<IIBQ").unpack_from  # prefix, opcode and item id of an ADD
+
+
+def skip_adds(buf: bytes, pos: int) -> tuple[int, int, int, int]:
+    """Walk the run of complete, valid ADD records of ``buf`` that starts at ``pos`` without
+    decoding them; return ``(offset where it stopped, records, payload bytes, item id of the
+    last one)`` (that id is 0 when there were none).
+
+    The replay of items that stay on disk (read-behind): each record's checksum is checked as
+    by :func:`records.scan`, but no object is made per record, only the one slice the checksum
+    reads. Stops at the first record that is not an ADD, or is incomplete or bad, leaving it
+    to the caller. The queue numbers items in the order it writes them, so within a file the
+    last ADD of a run has the largest id.
+
+    The fields are read a byte at a time: compiled, that is a few machine instructions, where
+    a ``struct`` unpack (a tuple and its ints per record) cost ~5x more per 64-byte record,
+    and a ``memoryview`` slice for the checksum ~1.7x more than copying the slice
+    (docs/benchmarks.md, "Where restart time goes").
+    """
+    end = len(buf)
+    crc32_ = rec.crc32
+    op_add, p, h, fields = rec.OP_ADD, rec.PREFIX_SIZE, rec.ADD_HEAD_SIZE, rec.ADD_FIELDS_SIZE
+    count = size = 0
+    last = -1
+    while pos + h <= end:
+        length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16 | buf[pos + 3] << 24
+        stop = pos + p + length
+        if buf[pos + p] != op_add or length < fields or stop > end:
+            break
+        crc = buf[pos + 4] | buf[pos + 5] << 8 | buf[pos + 6] << 16 | buf[pos + 7] << 24
+        if crc32_(buf[pos + p : stop]) != crc:
+            break
+        count += 1
+        size += length - fields
+        last = pos
+        pos = stop
+    return pos, count, size, (_ADD_ID(buf, last)[3] if last >= 0 else 0)
+
+
+def add_id(buf: bytes, pos: int) -> int:
+    """The item id of the ADD record at ``pos`` (whole at least up to its id)."""
+    return int(_ADD_ID(buf, pos)[3])
+
+
+FOUND: Final = 1
+MORE: Final = 0
+LOST: Final = -1
+
+
+def find_add(buf: bytes, pos: int, item_id: int) -> tuple[int, int]:
+    """Walk the complete records of ``buf`` from ``pos`` (by their length fields; checksums
+    are not checked) to the ADD of ``item_id``: ``(its offset, FOUND)``, ``(offset of the
+    first incomplete record, MORE)`` at the end of the buffer, or ``(offset, LOST)`` at an ADD
+    with a larger id, a RESUME or the end of the records. Where to look is a hint (a mark);
+    whoever uses the answer checks the record."""
+    end = len(buf)
+    p, h, op_add, op_resume = rec.PREFIX_SIZE, rec.ADD_HEAD_SIZE, rec.OP_ADD, rec.OP_RESUME
+    while pos + p < end:
+        length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16 | buf[pos + 3] << 24
+        op = buf[pos + p]
+        if length == 0 or op == op_resume:
+            return pos, LOST
+        if op == op_add:
+            if pos + h > end:
+                break
+            found = add_id(buf, pos)
+            if found == item_id:
+                return pos, FOUND
+            if found > item_id:
+                return pos, LOST
+        if pos + p + length > end:
+            break
+        pos += p + length
+    return pos, MORE
 
 
 def read_adds(

@@ -1,0 +1,222 @@
+"""Checkpoints: replay that starts at one must rebuild exactly what a full replay rebuilds.
+
+Every test compares against a full replay of a copy of the same files with the checkpoint
+removed (the reference), on real files, and drains both queues item by item.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tercel.clock import ManualClock
+from tercel.config import QueueConfig
+from tercel.core.queue import PersistentQueue
+from tercel.errors import JournalCorrupt
+from tercel.journal import FileJournal
+from tercel.journal import checkpoint as ckpt
+
+T0 = 1_700_000_000_000
+CONFIG = dataclasses.replace(QueueConfig(), max_memory_size=64 * 1024)  # read-behind early
+
+
+def open_queue(path: Path) -> PersistentQueue:
+    q = PersistentQueue("q", CONFIG, FileJournal(str(path), "q"), ManualClock(T0))
+    q.replay()
+    return q
+
+
+def fill(q: PersistentQueue, start: int, count: int, size: int = 1000) -> None:
+    for i in range(start, start + count):
+        assert q.add(b"%08d" % i + b"x" * (size - 8))
+
+
+def snapshot_of(q: PersistentQueue) -> tuple[int, int, int, list[tuple[int, bytes]]]:
+    """Counters and every item, drained (the queue is closed without a checkpoint after)."""
+    counters = (len(q), q.bytes, q._next_id)
+    items = []
+    while (item := q.remove()) is not None:
+        items.append((item.id, item.data[:8]))
+    return (*counters, items)
+
+
+def used_checkpoint(path: Path, caplog: pytest.LogCaptureFixture) -> tuple[object, bool]:
+    """Replay ``path`` and drain it; whether the log said replay started at the checkpoint."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tercel.journal.journal"):
+        q = open_queue(path)
+    used = any("replay starts at the checkpoint" in r.getMessage() for r in caplog.records)
+    return snapshot_of(q), used
+
+
+def reference(path: Path, tmp: Path) -> object:
+    ref = tmp / "reference"
+    shutil.rmtree(ref, ignore_errors=True)
+    shutil.copytree(path, ref)
+    (ref / "q.checkpoint").unlink(missing_ok=True)
+    return snapshot_of(open_queue(ref))
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+def test_a_clean_close_leaves_a_checkpoint_replay_starts_from(
+    data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = open_queue(data)
+    fill(q, 0, 3000)  # 3 MB through a 64 KB window: most items on disk, several marks
+    for _ in range(1500):  # the head moves past the first marks
+        q.remove()
+    q.close()
+    assert (data / "q.checkpoint").exists()
+    expected = reference(data, tmp_path)
+    state, used = used_checkpoint(data, caplog)
+    assert used
+    assert state == expected
+    assert state[0] == 1500 and state[3][0] == (1501, b"%08d" % 1500)  # type: ignore[index]
+
+
+def test_records_after_the_checkpoint_are_replayed(
+    data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = open_queue(data)
+    fill(q, 0, 2000)
+    for _ in range(10):
+        q.remove()
+    q.close()
+    q = open_queue(data)  # from the checkpoint; then a crash after more work
+    for _ in range(700):
+        q.remove()
+    fill(q, 2000, 300)
+    xid, _ = q.remove_open()  # type: ignore[misc]
+    q.abort(xid)  # the head was handed out: no new checkpoint can describe this
+    xid2, _ = q.remove_open()  # type: ignore[misc]
+    q.confirm(xid2)
+    q.log.write_out()  # type: ignore[attr-defined]  # what a crash leaves: in the kernel
+    expected = reference(data, tmp_path)
+    state, used = used_checkpoint(data, caplog)
+    assert used
+    assert state == expected
+    assert state[0] == 2000 - 10 - 700 + 300 - 1  # type: ignore[index]
+
+
+def test_no_checkpoint_while_reads_are_open_or_a_head_was_handed_out(data: Path) -> None:
+    q = open_queue(data)
+    fill(q, 0, 10)
+    xid, _ = q.remove_open()  # type: ignore[misc]
+    assert not q.checkpoint()
+    q.abort(xid)  # back at the head with a delivery count
+    assert not q.checkpoint()
+    q.remove()
+    assert q.checkpoint()
+
+
+def test_an_empty_queue_checkpoints_its_counters(
+    data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = open_queue(data)
+    fill(q, 0, 5)
+    while q.remove() is not None:
+        pass
+    q.close()
+    expected = reference(data, tmp_path)
+    q = open_queue(data)
+    assert len(q) == 0 and q._next_id == 6
+    fill(q, 5, 2)
+    q.close()
+    again = reference(data, tmp_path)
+    state, used = used_checkpoint(data, caplog)
+    assert used and state == again == (2, 2000, 8, [(6, b"00000005"), (7, b"00000006")])
+    assert expected == (0, 0, 6, [])
+
+
+@pytest.mark.parametrize("damage", ["checksum", "truncated", "tail", "head"])
+def test_a_checkpoint_that_does_not_fit_the_files_is_ignored(
+    data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    q = open_queue(data)
+    fill(q, 0, 500)
+    q.close()
+    cp_path = data / "q.checkpoint"
+    raw = bytearray(cp_path.read_bytes())
+    cp = ckpt.decode(bytes(raw))
+    assert cp is not None
+    if damage == "checksum":
+        raw[20] ^= 1
+        cp_path.write_bytes(raw)
+    elif damage == "truncated":
+        cp_path.write_bytes(raw[:-3])
+    else:  # the files changed under a well-formed checkpoint
+        seq, offset = cp.end if damage == "tail" else cp.head
+        target = data / f"q.{seq}" if (data / f"q.{seq}").exists() else data / "q"
+        with open(target, "r+b") as fh:
+            fh.seek(offset - 100 if damage == "tail" else offset + 20)
+            byte = fh.read(1)
+            fh.seek(-1, os.SEEK_CUR)
+            fh.write(bytes([byte[0] ^ 0xFF]))
+        if damage == "head":  # damage the full replay refuses too: the checkpoint hides none
+            caplog.clear()
+            with (
+                caplog.at_level(logging.INFO, logger="tercel.journal.journal"),
+                pytest.raises(JournalCorrupt, match="checksum"),
+            ):
+                open_queue(data)
+            assert any("not using the checkpoint" in r.getMessage() for r in caplog.records)
+            return
+    expected = reference(data, tmp_path)
+    state, used = used_checkpoint(data, caplog)
+    assert not used
+    assert any("not using the checkpoint" in r.getMessage() for r in caplog.records)
+    assert state == expected
+
+
+def test_compaction_past_the_head_makes_the_checkpoint_unusable(
+    data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = dataclasses.replace(CONFIG, max_journal_size=256 * 1024)
+    q = PersistentQueue("q", config, FileJournal(str(data), "q"), ManualClock(T0))
+    q.replay()
+    fill(q, 0, 1000)
+    q.close()
+    q = PersistentQueue("q", config, FileJournal(str(data), "q"), ManualClock(T0))
+    q.replay()
+    for _ in range(900):  # read-behind compaction replaces the consumed files
+        q.remove()
+    assert q.log.compactions  # type: ignore[attr-defined]
+    q.log.write_out()  # type: ignore[attr-defined]  # a crash: the old checkpoint stays
+    expected = reference(data, tmp_path)
+    state, used = used_checkpoint(data, caplog)
+    assert not used
+    assert state == expected
+    assert state[0] == 100  # type: ignore[index]
+
+
+def test_data_dirs_without_a_checkpoint_replay_as_before(
+    data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = open_queue(data)
+    fill(q, 0, 300)
+    q.log.write_out()  # type: ignore[attr-defined]  # killed: no checkpoint
+    assert not (data / "q.checkpoint").exists()
+    expected = reference(data, tmp_path)
+    state, used = used_checkpoint(data, caplog)
+    assert not used
+    assert state == expected
+    assert state[0] == 300  # type: ignore[index]
+
+
+def test_erase_removes_the_checkpoint(data: Path) -> None:
+    q = open_queue(data)
+    fill(q, 0, 3)
+    assert q.checkpoint()
+    q.erase()
+    assert not (data / "q.checkpoint").exists()
