@@ -127,6 +127,17 @@ def test_auto_abort_returns_items_to_the_head_in_order(kc: Any, qname: str) -> N
     assert data(kc.get(qname, 2, 5_000, 0)) == [b"a", b"b"]
 
 
+def test_auto_abort_counts_from_the_reply_even_with_a_timeout(
+    tsrv: ServerProcess, kc: Any, qname: str
+) -> None:
+    """A get with a timeout that finds its items at once still aborts them auto_abort_msec
+    after the reply (not after the timeout it did not need)."""
+    assert kc.put(qname, [b"a"], 0) == 1
+    assert data(kc.get(qname, 1, 60_000, 50)) == [b"a"]
+    other = client(tsrv)
+    assert data(other.get(qname, 1, 10_000, 0)) == [b"a"]  # back after ~50 ms, not 60 s
+
+
 def test_reservations_return_at_a_restart(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data", extra_args=PORTS) as srv:
         kc = client(srv)

@@ -110,7 +110,7 @@ def _method(call: Any) -> str:
 class _Gather:
     """A ``get`` in progress: what it took so far and until when it may wait."""
 
-    __slots__ = ("call", "deadline", "full", "items", "queue", "reserved", "waited")
+    __slots__ = ("call", "deadline", "full", "items", "queue", "reserved")
 
     def __init__(self, call: t.Get, queue: PersistentQueue, deadline: int) -> None:
         self.call = call
@@ -119,7 +119,6 @@ class _Gather:
         self.items: list[bytes] = []  # taken for good (a get that does not wait)
         self.reserved: list[Reservation] = []  # auto-abort leases, or a waiting get's reads
         self.full = False  # the queue's max_open_leases are all out: stop
-        self.waited = False  # parked at least once
 
     def count(self) -> int:
         return len(self.reserved) + len(self.items)
@@ -146,7 +145,6 @@ def _gather(conn: ThriftConnection, g: _Gather) -> bool:
     if g.count() < g.call.max_items and not g.full and g.deadline > now:
         pending = conn.session.wait(g.call.queue, READ_PEEK, _woken(conn, g))
         if pending is not None:
-            g.waited = True
             conn.park(g.call, pending, g.deadline - now, b"")
             return True
     _finish(conn, g, now)
@@ -211,7 +209,7 @@ def _finish(conn: ThriftConnection, g: _Gather, now: int) -> None:
     waiting get's reads are confirmed (the reply waits for those records)."""
     table = conn.ctx.reservations.table
     if g.call.auto_abort_msec > 0:
-        if g.waited:
+        if g.deadline:  # taken with room for the wait: auto_abort counts from the reply
             table.extend(g.reserved, g.call.auto_abort_msec, now)
             conn.ctx.reservations.arm()
         items = [(res.item.data, res.id) for res in g.reserved]
