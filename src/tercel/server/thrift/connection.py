@@ -55,6 +55,8 @@ class ThriftConnection(Connection):
         self.codec = t.ThriftServerCodec(MAX_FRAME)
         self.call: Any = None
         """The call being served (its seqid and method answer an error)."""
+        self.gathering: _Gather | None = None
+        """A ``get`` parked for more items."""
 
     # ---- the hooks of server.connection ---------------------------------------------------
 
@@ -97,6 +99,13 @@ class ThriftConnection(Connection):
         if isinstance(exc, JournalError):
             return "journal write failed"
         return getattr(exc, "reason", None) or str(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        gathering, self.gathering = self.gathering, None
+        super().connection_lost(exc)  # the session's close returns the reads it owns
+        if gathering is not None and gathering.call.auto_abort_msec > 0:
+            # Reserved for a reply that will never be sent: nobody has their ids.
+            self.ctx.reservations.table.abort(gathering.reserved)
 
 
 def _method(call: Any) -> str:
@@ -145,6 +154,7 @@ def _gather(conn: ThriftConnection, g: _Gather) -> bool:
     if g.count() < g.call.max_items and not g.full and g.deadline > now:
         pending = conn.session.wait(g.call.queue, READ_PEEK, _woken(conn, g))
         if pending is not None:
+            conn.gathering = g
             conn.park(g.call, pending, g.deadline - now, b"")
             return True
     _finish(conn, g, now)
@@ -192,7 +202,8 @@ def _woken(conn: ThriftConnection, g: _Gather) -> Callable[[int, QItem | None], 
 
 def _again(conn: ThriftConnection, g: _Gather, timed_out: bool) -> None:
     conn.parked = None
-    if conn.transport is None:  # left meanwhile: the session's close returned its reads
+    conn.gathering = None
+    if conn.transport is None:  # left meanwhile: connection_lost returned what it gathered
         return
     try:
         if timed_out:
