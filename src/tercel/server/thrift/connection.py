@@ -12,8 +12,9 @@ server's one table (:mod:`tercel.core.reservations`, like memcache leases): any 
 confirm or abort them by id, a disconnect does not end them, the deadline does, and the
 journal's OPEN records return them at a restart. A ``get`` that may wait (``timeout_msec > 0``)
 holds the items it gathers as reservations owned by the connection's session, confirmed only
-when the reply goes out, so a client that leaves while it waits loses nothing; one that does
-not wait takes them for good at once (Kestrel's at-most-once plain get).
+when the reply goes out, so a client that leaves while it waits loses nothing (a reservation
+``get`` whose client leaves returns what it reserved: nobody has the ids); one that does not
+wait takes them for good at once (Kestrel's at-most-once plain get).
 """
 
 from __future__ import annotations
