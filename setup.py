@@ -41,6 +41,7 @@ NATIVE_MODULES = [
     "tercel/core/reservations.py",
     "tercel/journal/records.py",
     "tercel/journal/reader.py",
+    "tercel/journal/files.py",
     "tercel/journal/journal.py",
     "tercel/server/commit.py",
     "tercel/server/context.py",
