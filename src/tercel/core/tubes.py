@@ -1,0 +1,853 @@
+"""beanstalkd's job model: tubes, priorities, delays, TTR reservations, bury and kick.
+
+Contract. :class:`JobStore` holds every job in memory (as beanstalkd does) and applies the
+semantics of beanstalkd 1.12, independent of any wire format:
+
+- Job ids are global, start at 1, are never reused and continue after a restart (replay
+  raises the counter past every id it saw).
+- A worker (:class:`Worker`, one per connection) reserves the ready job with the smallest
+  ``(priority, id)`` across its watched, non-paused tubes. Ties go by id, so a released old
+  job goes back to its original place, before newer jobs of the same priority.
+- Delayed jobs carry an absolute deadline; buried jobs form a FIFO per tube; ``kick`` kicks
+  buried jobs if there are any, else delayed ones; ``kick_job`` either.
+- A reserved job has a TTR deadline; when it passes the job is ready again (``timeouts``).
+  ``reserve`` answers DEADLINE_SOON when the worker holds a job within :data:`SAFETY_MARGIN`
+  of its deadline and nothing is ready; a worker already waiting is woken with it.
+- Waiting workers are served oldest first. :meth:`JobStore.disconnect` returns every job the
+  worker holds to ready at once (no timeout counted) and drops its wait.
+- A tube lives while a job, a user, a watcher or a waiter refers to it; ``default`` always.
+
+Time: every method reads :class:`TubeClock` once. Timers run on the monotonic clock
+(``monotonic()``, seconds); the deadlines given to the log are wall-clock epoch milliseconds,
+converted on the way in and out, so a delayed job keeps its deadline across a restart.
+Nothing here sleeps: the server asks :meth:`JobStore.next_deadline`, arms one timer, and calls
+:meth:`JobStore.tick` when it fires.
+
+Durability: every change that must survive a restart is handed to the :class:`JobLog` before
+the method returns (put, delete, bury, kick, a release with a delay or a new priority, the
+promotion of a delayed job is not logged: replay uses its absolute deadline). Reservations
+and touches are not logged: after a restart a reserved job is ready again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+READY: Final = 1
+DELAYED: Final = 2
+BURIED: Final = 3
+RESERVED: Final = 4
+STATE_NAMES: Final[dict[int, str]] = {
+    READY: "ready",
+    DELAYED: "delayed",
+    BURIED: "buried",
+    RESERVED: "reserved",
+}
+SAFETY_MARGIN: Final = 1.0
+"""Seconds before a TTR deadline in which ``reserve`` answers DEADLINE_SOON."""
+URGENT: Final = 1024
+"""Jobs with a priority below this count as urgent (``current-jobs-urgent``)."""
+DEFAULT_TUBE: Final = "default"
+
+WAKE_JOB: Final = 0
+WAKE_TIMED_OUT: Final = 1
+WAKE_DEADLINE_SOON: Final = 2
+
+Counters = tuple[int, int, int, int, int]
+"""reserves, timeouts, releases, buries, kicks."""
+
+
+class TubeClock(Protocol):
+    """The two clocks the store reads."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never jumps."""
+        ...
+
+    def now_ms(self) -> int:
+        """Wall-clock epoch milliseconds (for deadlines that outlive the process)."""
+        ...
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """A job as the log keeps it. ``deadline_ms`` is the wall-clock ready time of a delayed
+    job (0 otherwise); ``state`` is READY, DELAYED or BURIED (a reserved job is written as
+    READY). A *change* record leaves ``tube``, ``ttr``, ``created_ms`` and ``body`` unset."""
+
+    job_id: int
+    state: int
+    pri: int
+    delay: int
+    deadline_ms: int
+    counters: Counters
+    tube: str = ""
+    ttr: int = 0
+    created_ms: int = 0
+    body: bytes = b""
+
+
+class JobLog(Protocol):
+    """Where the store records what must survive a restart (see the module docstring)."""
+
+    def put(self, record: JobRecord) -> None:
+        """A new job: the whole record."""
+        ...
+
+    def change(self, record: JobRecord) -> None:
+        """A job's new state, priority, delay or deadline (and counters)."""
+        ...
+
+    def delete(self, job_id: int) -> None: ...
+
+
+class NullJobLog:
+    """No log: jobs live in memory only (``tercel beanstalkd`` without ``-b``)."""
+
+    def put(self, record: JobRecord) -> None:
+        pass
+
+    def change(self, record: JobRecord) -> None:
+        pass
+
+    def delete(self, job_id: int) -> None:
+        pass
+
+
+class Job:
+    """One job. ``deadline`` is monotonic: the ready time of a delayed job, the TTR deadline
+    of a reserved one. ``gen`` changes whenever the job moves, so stale heap entries and
+    timers are recognised and skipped."""
+
+    __slots__ = (
+        "body",
+        "buries",
+        "created",
+        "deadline",
+        "delay",
+        "gen",
+        "id",
+        "kicks",
+        "pri",
+        "releases",
+        "reserver",
+        "reserves",
+        "state",
+        "timeouts",
+        "ttr",
+        "tube",
+    )
+
+    def __init__(
+        self, job_id: int, tube: Tube, pri: int, delay: int, ttr: int, *, body: bytes, now: float
+    ) -> None:
+        self.id = job_id
+        self.tube = tube
+        self.pri = pri
+        self.delay = delay
+        self.ttr = ttr
+        self.body = body
+        self.created = now
+        self.deadline = 0.0
+        self.state = READY
+        self.gen = 0
+        self.reserver: Worker | None = None
+        self.reserves = 0
+        self.timeouts = 0
+        self.releases = 0
+        self.buries = 0
+        self.kicks = 0
+
+    @property
+    def counters(self) -> Counters:
+        return (self.reserves, self.timeouts, self.releases, self.buries, self.kicks)
+
+
+class Tube:
+    """A named set of jobs: a ready heap by ``(pri, id)``, a delayed heap by deadline, a
+    buried FIFO, and the counts ``stats-tube`` shows."""
+
+    __slots__ = (
+        "buried",
+        "cmd_delete",
+        "cmd_pause",
+        "delayed",
+        "delayed_count",
+        "name",
+        "pause",
+        "ready",
+        "ready_count",
+        "reserved_count",
+        "total_jobs",
+        "unpause_at",
+        "urgent_count",
+        "using",
+        "waiting",
+        "watching",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ready: list[tuple[int, int, int, Job]] = []  # (pri, id, gen, job), lazy deletion
+        self.delayed: list[tuple[float, int, int, Job]] = []  # (deadline, id, gen, job)
+        self.buried: dict[int, Job] = {}  # insertion order is the FIFO
+        self.ready_count = 0
+        self.urgent_count = 0
+        self.delayed_count = 0
+        self.reserved_count = 0
+        self.total_jobs = 0
+        self.using = 0
+        self.watching = 0
+        self.waiting: dict[Worker, None] = {}  # oldest first
+        self.cmd_delete = 0
+        self.cmd_pause = 0
+        self.pause = 0
+        self.unpause_at = 0.0
+
+    @property
+    def buried_count(self) -> int:
+        return len(self.buried)
+
+    @property
+    def jobs(self) -> int:
+        return self.ready_count + self.delayed_count + self.reserved_count + len(self.buried)
+
+    def ready_head(self) -> Job | None:
+        """The ready job with the smallest ``(pri, id)``, dropping stale entries on the way."""
+        heap = self.ready
+        while heap:
+            _, _, gen, job = heap[0]
+            if job.gen == gen and job.state == READY:
+                return job
+            heapq.heappop(heap)
+        return None
+
+    def delayed_head(self) -> Job | None:
+        """The delayed job with the soonest deadline."""
+        heap = self.delayed
+        while heap:
+            _, _, gen, job = heap[0]
+            if job.gen == gen and job.state == DELAYED:
+                return job
+            heapq.heappop(heap)
+        return None
+
+
+class Worker:
+    """One client's view: the tube it uses, the tubes it watches (in order), the jobs it
+    holds, and its wait. ``wake`` is called once when a wait ends: with the reserved job
+    (``WAKE_JOB``) or ``None`` and ``WAKE_TIMED_OUT`` / ``WAKE_DEADLINE_SOON``."""
+
+    __slots__ = ("gen", "reserved", "use", "wait_until", "waiting", "wake", "watch")
+
+    def __init__(self, wake: Callable[[Job | None, int], None]) -> None:
+        self.wake = wake
+        self.use: Tube | None = None
+        self.watch: dict[str, Tube] = {}
+        self.reserved: dict[int, Job] = {}
+        self.waiting = False
+        self.wait_until = -1.0  # monotonic, -1 for no limit
+        self.gen = 0  # bumped when a wait starts or ends
+
+
+@dataclass(slots=True)
+class StoreStats:
+    """Server-wide job counters (``stats``)."""
+
+    total_jobs: int = 0
+    job_timeouts: int = 0
+    ready: int = 0
+    urgent: int = 0
+    delayed: int = 0
+    buried: int = 0
+    reserved: int = 0
+    waiting: int = 0
+
+
+_TIMER_DELAYED: Final = 0
+_TIMER_TTR: Final = 1
+_TIMER_WAIT: Final = 2
+_TIMER_PAUSE: Final = 3
+
+
+class JobStore:
+    """Every tube and job of one server (see the module docstring)."""
+
+    def __init__(self, clock: TubeClock, log: JobLog | None = None) -> None:
+        self.clock = clock
+        self.log: JobLog = log if log is not None else NullJobLog()
+        self.tubes: dict[str, Tube] = {}
+        self.jobs: dict[int, Job] = {}
+        self.next_id = 1
+        self.stats = StoreStats()
+        # (when, seq, kind, gen, target): one heap for every timer; stale entries skipped.
+        self._timers: list[tuple[float, int, int, int, object]] = []
+        self._seq = itertools.count()
+        self._tube(DEFAULT_TUBE)
+
+    # ------------------------------------------------------------------------ tubes, workers
+
+    def _tube(self, name: str) -> Tube:
+        tube = self.tubes.get(name)
+        if tube is None:
+            tube = self.tubes[name] = Tube(name)
+        return tube
+
+    def _maybe_free(self, tube: Tube) -> None:
+        if (
+            tube.name != DEFAULT_TUBE
+            and not tube.jobs
+            and not tube.using
+            and not tube.watching
+            and not tube.waiting
+        ):
+            del self.tubes[tube.name]
+
+    def connect(self, wake: Callable[[Job | None, int], None]) -> Worker:
+        """A new client: it uses and watches ``default``."""
+        worker = Worker(wake)
+        tube = self._tube(DEFAULT_TUBE)
+        worker.use = tube
+        tube.using += 1
+        worker.watch[DEFAULT_TUBE] = tube
+        tube.watching += 1
+        return worker
+
+    def use(self, worker: Worker, name: str) -> None:
+        old = worker.use
+        tube = self._tube(name)
+        tube.using += 1
+        worker.use = tube
+        if old is not None:
+            old.using -= 1
+            self._maybe_free(old)
+
+    def watch(self, worker: Worker, name: str) -> int:
+        """Add ``name`` to the watch list; the list's length."""
+        if name not in worker.watch:
+            tube = self._tube(name)
+            tube.watching += 1
+            worker.watch[name] = tube
+        return len(worker.watch)
+
+    def ignore(self, worker: Worker, name: str) -> int:
+        """Drop ``name`` from the watch list; the list's length, or -1 (NOT_IGNORED) when it
+        is the last tube watched."""
+        tube = worker.watch.get(name)
+        if tube is None:
+            return len(worker.watch)
+        if len(worker.watch) == 1:
+            return -1
+        del worker.watch[name]
+        tube.watching -= 1
+        self._maybe_free(tube)
+        return len(worker.watch)
+
+    def disconnect(self, worker: Worker) -> None:
+        """The client is gone: its jobs go back to ready now, its wait and tubes are dropped."""
+        self._end_wait(worker)
+        now = self.clock.monotonic()
+        for job in list(worker.reserved.values()):
+            self._unreserve(job)
+            self._make_ready(job)
+        worker.reserved.clear()
+        tubes = list(worker.watch.values())
+        worker.watch.clear()
+        for tube in tubes:
+            tube.watching -= 1
+        if worker.use is not None:
+            worker.use.using -= 1
+            tubes.append(worker.use)
+            worker.use = None
+        for tube in tubes:
+            if tube.name in self.tubes:
+                self._maybe_free(tube)
+        self._dispatch(now)
+
+    # --------------------------------------------------------------------------- job moves
+
+    def _make_ready(self, job: Job) -> None:
+        job.state = READY
+        job.gen += 1
+        tube = job.tube
+        heapq.heappush(tube.ready, (job.pri, job.id, job.gen, job))
+        tube.ready_count += 1
+        self.stats.ready += 1
+        if job.pri < URGENT:
+            tube.urgent_count += 1
+            self.stats.urgent += 1
+
+    def _unready(self, job: Job) -> None:
+        tube = job.tube
+        tube.ready_count -= 1
+        self.stats.ready -= 1
+        if job.pri < URGENT:
+            tube.urgent_count -= 1
+            self.stats.urgent -= 1
+        job.gen += 1
+
+    def _make_delayed(self, job: Job, now: float) -> None:
+        job.state = DELAYED
+        job.gen += 1
+        job.deadline = now + job.delay
+        heapq.heappush(job.tube.delayed, (job.deadline, job.id, job.gen, job))
+        job.tube.delayed_count += 1
+        self.stats.delayed += 1
+        self._timer(job.deadline, _TIMER_DELAYED, job.gen, job)
+
+    def _undelay(self, job: Job) -> None:
+        job.tube.delayed_count -= 1
+        self.stats.delayed -= 1
+        job.gen += 1
+
+    def _make_buried(self, job: Job) -> None:
+        job.state = BURIED
+        job.gen += 1
+        job.tube.buried[job.id] = job
+        self.stats.buried += 1
+
+    def _unbury(self, job: Job) -> None:
+        del job.tube.buried[job.id]
+        self.stats.buried -= 1
+        job.gen += 1
+
+    def _take(self, job: Job) -> None:
+        """Remove ``job`` from whatever non-reserved state it is in."""
+        if job.state == READY:
+            self._unready(job)
+        elif job.state == DELAYED:
+            self._undelay(job)
+        elif job.state == BURIED:
+            self._unbury(job)
+        else:
+            self._unreserve(job)
+
+    def _reserve(self, worker: Worker, job: Job, now: float) -> None:
+        job.state = RESERVED
+        job.gen += 1
+        job.reserver = worker
+        job.reserves += 1
+        job.deadline = now + job.ttr
+        job.tube.reserved_count += 1
+        self.stats.reserved += 1
+        worker.reserved[job.id] = job
+        self._timer(job.deadline, _TIMER_TTR, job.gen, job)
+        if worker.waiting:  # a new deadline may come before its wait's DEADLINE_SOON timer
+            self._timer(job.deadline - SAFETY_MARGIN, _TIMER_WAIT, worker.gen, worker)
+
+    def _unreserve(self, job: Job) -> None:
+        worker = job.reserver
+        if worker is not None:
+            worker.reserved.pop(job.id, None)
+        job.reserver = None
+        job.tube.reserved_count -= 1
+        self.stats.reserved -= 1
+        job.gen += 1
+
+    def _deadline_ms(self, job: Job, now: float) -> int:
+        if job.state != DELAYED:
+            return 0
+        return self.clock.now_ms() + round((job.deadline - now) * 1000)
+
+    def _log_change(self, job: Job, now: float) -> None:
+        self.log.change(self.record(job, now, full=False))
+
+    def record(self, job: Job, now: float, *, full: bool = True) -> JobRecord:
+        """What the log keeps of ``job`` (a reserved job is written as ready)."""
+        state = READY if job.state == RESERVED else job.state
+        deadline = self._deadline_ms(job, now)
+        if not full:
+            return JobRecord(job.id, state, job.pri, job.delay, deadline, job.counters)
+        created = self.clock.now_ms() - round((now - job.created) * 1000)
+        return JobRecord(
+            job.id,
+            state,
+            job.pri,
+            job.delay,
+            deadline,
+            job.counters,
+            job.tube.name,
+            job.ttr,
+            created,
+            job.body,
+        )
+
+    # ----------------------------------------------------------------------------- commands
+
+    def put(self, worker: Worker, pri: int, delay: int, ttr: int, body: bytes) -> Job:
+        """A new job in the worker's used tube (ttr 0 is raised to 1 s, as beanstalkd)."""
+        now = self.clock.monotonic()
+        tube = worker.use
+        assert tube is not None
+        job = Job(self.next_id, tube, pri, delay, max(ttr, 1), body=body, now=now)
+        wall = self.clock.now_ms()
+        self.log.put(
+            JobRecord(
+                job.id,
+                DELAYED if delay > 0 else READY,
+                pri,
+                delay,
+                wall + delay * 1000 if delay > 0 else 0,
+                job.counters,
+                tube.name,
+                job.ttr,
+                wall,
+                body,
+            )
+        )
+        self.next_id += 1
+        self.jobs[job.id] = job
+        tube.total_jobs += 1
+        self.stats.total_jobs += 1
+        if delay > 0:
+            self._make_delayed(job, now)
+        else:
+            self._make_ready(job)
+            self._dispatch(now)
+        return job
+
+    def _ready_for(self, worker: Worker) -> Job | None:
+        best: Job | None = None
+        now = -1.0
+        for tube in worker.watch.values():
+            if tube.pause:
+                if now < 0:
+                    now = self.clock.monotonic()
+                if tube.unpause_at > now:
+                    continue
+            job = tube.ready_head()
+            if job is not None and (best is None or (job.pri, job.id) < (best.pri, best.id)):
+                best = job
+        return best
+
+    def deadline_soon(self, worker: Worker, now: float) -> bool:
+        """True when one of the worker's jobs is within the safety margin of its deadline."""
+        return any(j.deadline - now <= SAFETY_MARGIN for j in worker.reserved.values())
+
+    def reserve(self, worker: Worker, timeout: float) -> tuple[Job | None, int]:
+        """Reserve now if possible: ``(job, WAKE_JOB)``, ``(None, WAKE_DEADLINE_SOON)``,
+        ``(None, WAKE_TIMED_OUT)`` (timeout 0 and nothing ready), or ``(None, -1)``: the
+        worker now waits (timeout < 0: without limit) and ``wake`` will be called."""
+        now = self.clock.monotonic()
+        job = self._ready_for(worker)
+        if job is None and self.deadline_soon(worker, now):
+            return None, WAKE_DEADLINE_SOON
+        if job is not None:
+            self._unready(job)
+            self._reserve(worker, job, now)
+            return job, WAKE_JOB
+        if timeout == 0:
+            return None, WAKE_TIMED_OUT
+        worker.waiting = True
+        worker.gen += 1
+        worker.wait_until = now + timeout if timeout > 0 else -1.0
+        for tube in worker.watch.values():
+            tube.waiting[worker] = None
+        self.stats.waiting += 1
+        if timeout > 0:
+            self._timer(worker.wait_until, _TIMER_WAIT, worker.gen, worker)
+        soonest = min((j.deadline for j in worker.reserved.values()), default=-1.0)
+        if soonest >= 0:
+            self._timer(soonest - SAFETY_MARGIN, _TIMER_WAIT, worker.gen, worker)
+        return None, -1
+
+    def _end_wait(self, worker: Worker) -> None:
+        if not worker.waiting:
+            return
+        worker.waiting = False
+        worker.gen += 1
+        for tube in worker.watch.values():
+            tube.waiting.pop(worker, None)
+        self.stats.waiting -= 1
+
+    def cancel_wait(self, worker: Worker) -> bool:
+        """End the worker's wait without waking it (TIMED_OUT on a half-close); whether it
+        was waiting."""
+        was = worker.waiting
+        self._end_wait(worker)
+        return was
+
+    def reserve_job(self, worker: Worker, job_id: int) -> Job | None:
+        """Reserve a ready, delayed or buried job of any tube by id."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state == RESERVED:
+            return None
+        now = self.clock.monotonic()
+        self._take(job)
+        self._reserve(worker, job, now)
+        return job
+
+    def _own_or_idle(self, worker: Worker, job_id: int) -> Job | None:
+        job = self.jobs.get(job_id)
+        if job is None or (job.state == RESERVED and job.reserver is not worker):
+            return None
+        return job
+
+    def delete(self, worker: Worker, job_id: int) -> bool:
+        """Delete a job the worker holds, or any ready, delayed or buried job."""
+        job = self._own_or_idle(worker, job_id)
+        if job is None:
+            return False
+        self.log.delete(job_id)
+        self._take(job)
+        del self.jobs[job_id]
+        job.tube.cmd_delete += 1
+        self._maybe_free(job.tube)
+        return True
+
+    def _held(self, worker: Worker, job_id: int) -> Job | None:
+        job = worker.reserved.get(job_id)
+        return job if job is not None and job.state == RESERVED else None
+
+    def release(self, worker: Worker, job_id: int, pri: int, delay: int) -> bool:
+        job = self._held(worker, job_id)
+        if job is None:
+            return False
+        now = self.clock.monotonic()
+        changed = pri != job.pri or delay > 0
+        self._unreserve(job)
+        job.pri = pri
+        job.delay = delay
+        job.releases += 1
+        if delay > 0:
+            self._make_delayed(job, now)
+        else:
+            self._make_ready(job)
+        if changed:
+            self._log_change(job, now)
+        self._dispatch(now)
+        return True
+
+    def bury(self, worker: Worker, job_id: int, pri: int) -> bool:
+        job = self._held(worker, job_id)
+        if job is None:
+            return False
+        now = self.clock.monotonic()
+        self._unreserve(job)
+        job.pri = pri
+        job.buries += 1
+        self._make_buried(job)
+        self._log_change(job, now)
+        return True
+
+    def touch(self, worker: Worker, job_id: int) -> bool:
+        job = self._held(worker, job_id)
+        if job is None:
+            return False
+        job.gen += 1
+        job.deadline = self.clock.monotonic() + job.ttr
+        self._timer(job.deadline, _TIMER_TTR, job.gen, job)
+        return True
+
+    def _kick(self, job: Job, now: float) -> None:
+        if job.state == BURIED:
+            self._unbury(job)
+        else:
+            self._undelay(job)
+        job.kicks += 1
+        self._make_ready(job)
+        self._log_change(job, now)
+
+    def kick(self, worker: Worker, bound: int) -> int:
+        """Kick up to ``bound`` jobs of the used tube: buried ones if any, else delayed."""
+        tube = worker.use
+        assert tube is not None
+        now = self.clock.monotonic()
+        count = 0
+        if tube.buried:
+            while tube.buried and count < bound:
+                self._kick(next(iter(tube.buried.values())), now)
+                count += 1
+        else:
+            while count < bound:
+                job = tube.delayed_head()
+                if job is None:
+                    break
+                self._kick(job, now)
+                count += 1
+        if count:
+            self._dispatch(now)
+        return count
+
+    def kick_job(self, job_id: int) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None or job.state not in (BURIED, DELAYED):
+            return False
+        now = self.clock.monotonic()
+        self._kick(job, now)
+        self._dispatch(now)
+        return True
+
+    def pause(self, name: str, delay: int) -> bool:
+        """Pause reservations from tube ``name`` for ``delay`` s (0 means 1 s)."""
+        tube = self.tubes.get(name)
+        if tube is None:
+            return False
+        delay = max(delay, 1)
+        tube.pause = delay
+        tube.unpause_at = self.clock.monotonic() + delay
+        tube.cmd_pause += 1
+        self._timer(tube.unpause_at, _TIMER_PAUSE, 0, tube)
+        return True
+
+    # ----------------------------------------------------------------------- peeks, stats
+
+    def peek(self, job_id: int) -> Job | None:
+        return self.jobs.get(job_id)
+
+    def peek_ready(self, worker: Worker) -> Job | None:
+        assert worker.use is not None
+        return worker.use.ready_head()
+
+    def peek_delayed(self, worker: Worker) -> Job | None:
+        assert worker.use is not None
+        return worker.use.delayed_head()
+
+    def peek_buried(self, worker: Worker) -> Job | None:
+        assert worker.use is not None
+        return next(iter(worker.use.buried.values()), None)
+
+    def time_left(self, job: Job) -> int:
+        """Whole seconds to the job's TTR deadline (reserved) or ready time (delayed)."""
+        if job.state not in (RESERVED, DELAYED):
+            return 0
+        return max(0, int(job.deadline - self.clock.monotonic()))
+
+    def age(self, job: Job) -> int:
+        return int(self.clock.monotonic() - job.created)
+
+    def pause_left(self, tube: Tube) -> int:
+        if not tube.pause:
+            return 0
+        return max(0, int(tube.unpause_at - self.clock.monotonic()))
+
+    # ------------------------------------------------------------------------------ timers
+
+    def _timer(self, when: float, kind: int, gen: int, target: object) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), kind, gen, target))
+
+    def next_deadline(self) -> float | None:
+        """The monotonic time at which :meth:`tick` has work, or None."""
+        timers = self._timers
+        while timers:
+            when, _, kind, gen, target = timers[0]
+            if self._live(kind, gen, target):
+                return when
+            heapq.heappop(timers)
+        return None
+
+    @staticmethod
+    def _live(kind: int, gen: int, target: object) -> bool:
+        if kind == _TIMER_DELAYED:
+            assert isinstance(target, Job)
+            return target.gen == gen and target.state == DELAYED
+        if kind == _TIMER_TTR:
+            assert isinstance(target, Job)
+            return target.gen == gen and target.state == RESERVED
+        if kind == _TIMER_WAIT:
+            assert isinstance(target, Worker)
+            return target.gen == gen and target.waiting
+        assert isinstance(target, Tube)
+        return target.pause > 0
+
+    def tick(self) -> None:
+        """Run every timer that is due: promote delayed jobs, expire TTRs, end waits that
+        time out or reach DEADLINE_SOON, unpause tubes; then serve waiting workers."""
+        now = self.clock.monotonic()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, kind, gen, target = heapq.heappop(timers)
+            if not self._live(kind, gen, target):
+                continue
+            if kind == _TIMER_DELAYED:
+                assert isinstance(target, Job)
+                self._undelay(target)
+                self._make_ready(target)
+            elif kind == _TIMER_TTR:
+                assert isinstance(target, Job)
+                self._unreserve(target)
+                target.timeouts += 1
+                self.stats.job_timeouts += 1
+                self._make_ready(target)
+            elif kind == _TIMER_WAIT:
+                assert isinstance(target, Worker)
+                self._wake_waiting(target, now)
+            else:
+                assert isinstance(target, Tube)
+                if target.unpause_at <= now:
+                    target.pause = 0
+                    target.unpause_at = 0.0
+        self._dispatch(now)
+
+    def _wake_waiting(self, worker: Worker, now: float) -> None:
+        if self.deadline_soon(worker, now):
+            self._end_wait(worker)
+            worker.wake(None, WAKE_DEADLINE_SOON)
+        elif 0 <= worker.wait_until <= now:
+            self._end_wait(worker)
+            worker.wake(None, WAKE_TIMED_OUT)
+
+    def _dispatch(self, now: float) -> None:
+        """Hand ready jobs to waiting workers: the smallest ``(pri, id)`` among the tubes
+        someone waits on goes to that tube's oldest waiter (beanstalkd's process_queue)."""
+        while self.stats.waiting:
+            best: Job | None = None
+            for tube in self.tubes.values():
+                if not tube.waiting or not tube.ready_count:
+                    continue
+                if tube.pause and tube.unpause_at > now:
+                    continue
+                job = tube.ready_head()
+                if job is not None and (best is None or (job.pri, job.id) < (best.pri, best.id)):
+                    best = job
+            if best is None:
+                return
+            worker = next(iter(best.tube.waiting))
+            self._end_wait(worker)
+            self._unready(best)
+            self._reserve(worker, best, now)
+            worker.wake(best, WAKE_JOB)
+
+    # ------------------------------------------------------------------------------ replay
+
+    def restore(self, record: JobRecord) -> None:
+        """Recreate a job read back from the log (state ready, delayed or buried; a job that
+        was reserved is ready). Call before any client connects, buried jobs in the order
+        they were buried."""
+        now = self.clock.monotonic()
+        wall = self.clock.now_ms()
+        r = record
+        job = Job(r.job_id, self._tube(r.tube), r.pri, r.delay, r.ttr, body=r.body, now=now)
+        job.created = now - max(0, wall - r.created_ms) / 1000
+        job.reserves, job.timeouts, job.releases, job.buries, job.kicks = r.counters
+        self.jobs[job.id] = job
+        self.next_id = max(self.next_id, job.id + 1)
+        job.tube.total_jobs += 1
+        self.stats.total_jobs += 1
+        if r.state == DELAYED:
+            job.state = DELAYED
+            job.gen += 1
+            job.deadline = now + (r.deadline_ms - wall) / 1000
+            heapq.heappush(job.tube.delayed, (job.deadline, job.id, job.gen, job))
+            job.tube.delayed_count += 1
+            self.stats.delayed += 1
+            self._timer(job.deadline, _TIMER_DELAYED, job.gen, job)
+        elif r.state == BURIED:
+            self._make_buried(job)
+        else:
+            self._make_ready(job)
+
+    def snapshot(self) -> Iterator[Job]:
+        """Every job, for a compaction: each tube's buried jobs last, in FIFO order, so that
+        restoring them in this order rebuilds the FIFOs."""
+        buried = [j for t in self.tubes.values() for j in t.buried.values()]
+        rest = [j for j in self.jobs.values() if j.state != BURIED]
+        return iter(rest + buried)
+
+    def deadline_ms(self, job: Job) -> int:
+        """The wall-clock deadline of a delayed job (0 for any other state)."""
+        return self._deadline_ms(job, self.clock.monotonic())
