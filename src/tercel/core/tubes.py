@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -47,6 +47,13 @@ STATE_NAMES: Final[dict[int, str]] = {
     BURIED: "buried",
     RESERVED: "reserved",
 }
+COMPACT_EVERY: Final = 256
+"""Log writes between two checks of whether the log should be compacted."""
+COMPACT_RATIO: Final = 3
+"""Compact when the log is this many times the live jobs' size (beanstalkd's ``walcompact``
+keeps garbage below twice the live data, the same bound)."""
+JOB_OVERHEAD: Final = 64
+"""Bytes a job's record takes beyond its body and tube name (for the compaction policy)."""
 SAFETY_MARGIN: Final = 1.0
 """Seconds before a TTR deadline in which ``reserve`` answers DEADLINE_SOON."""
 URGENT: Final = 1024
@@ -104,6 +111,20 @@ class JobLog(Protocol):
 
     def delete(self, job_id: int) -> None: ...
 
+    @property
+    def size(self) -> int:
+        """Bytes the log occupies."""
+        ...
+
+    @property
+    def compact_floor(self) -> int:
+        """Below this size the log is never compacted."""
+        ...
+
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> None:
+        """Replace the log's history by these jobs (the whole state now)."""
+        ...
+
 
 class NullJobLog:
     """No log: jobs live in memory only (``tercel beanstalkd`` without ``-b``)."""
@@ -115,6 +136,12 @@ class NullJobLog:
         pass
 
     def delete(self, job_id: int) -> None:
+        pass
+
+    size: int = 0
+    compact_floor: int = 0
+
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> None:
         pass
 
 
@@ -288,6 +315,10 @@ class JobStore:
         self._timers: list[tuple[float, int, int, int, object]] = []
         self._seq = itertools.count()
         self._tube(DEFAULT_TUBE)
+        self.live_bytes = 0
+        """The size of the live jobs' records (bodies, tube names, fixed fields)."""
+        self._until_check = COMPACT_EVERY
+        self.compactions = 0
 
     # ------------------------------------------------------------------------ tubes, workers
 
@@ -455,6 +486,24 @@ class JobStore:
 
     def _log_change(self, job: Job, now: float) -> None:
         self.log.change(self.record(job, now, full=False))
+        self._logged()
+
+    def _logged(self) -> None:
+        self._until_check -= 1
+        if self._until_check <= 0:
+            self._until_check = COMPACT_EVERY
+            self.maybe_compact()
+
+    def maybe_compact(self) -> bool:
+        """Compact the log if it has grown past :data:`COMPACT_RATIO` times the live data
+        (and past its floor); whether it did."""
+        size = self.log.size
+        if size < self.log.compact_floor or size < COMPACT_RATIO * self.live_bytes:
+            return False
+        now = self.clock.monotonic()
+        self.log.compact(self.next_id, (self.record(j, now) for j in self.snapshot()))
+        self.compactions += 1
+        return True
 
     def record(self, job: Job, now: float, *, full: bool = True) -> JobRecord:
         """What the log keeps of ``job`` (a reserved job is written as ready)."""
@@ -501,6 +550,8 @@ class JobStore:
         )
         self.next_id += 1
         self.jobs[job.id] = job
+        self.live_bytes += len(body) + len(tube.name) + JOB_OVERHEAD
+        self._logged()
         tube.total_jobs += 1
         self.stats.total_jobs += 1
         if delay > 0:
@@ -595,6 +646,8 @@ class JobStore:
         self.log.delete(job_id)
         self._take(job)
         del self.jobs[job_id]
+        self.live_bytes -= len(job.body) + len(job.tube.name) + JOB_OVERHEAD
+        self._logged()
         job.tube.cmd_delete += 1
         self._maybe_free(job.tube)
         return True
@@ -826,6 +879,7 @@ class JobStore:
         job.reserves, job.timeouts, job.releases, job.buries, job.kicks = r.counters
         self.jobs[job.id] = job
         self.next_id = max(self.next_id, job.id + 1)
+        self.live_bytes += len(job.body) + len(job.tube.name) + JOB_OVERHEAD
         job.tube.total_jobs += 1
         self.stats.total_jobs += 1
         if r.state == DELAYED:

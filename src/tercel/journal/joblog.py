@@ -1,0 +1,527 @@
+"""The job log of the beanstalkd front end: one log for every tube, records keyed by job id.
+
+Format version 3 (``docs/journal_format.md`` §17). The files live in their own directory
+(``<data_dir>/beanstalk.d`` under ``tercel serve``, the ``-b`` directory of ``tercel
+beanstalkd``) and are named only by numbers, never by tube names: a tube name is a field
+inside a record, so no name beanstalkd allows (``.``, ``/``, ``;``, ``(``, ``)``) ever
+becomes a path.
+
+- ``jobs.<n>``: the log, appended to in order; a new file starts when the current one
+  passes ``max_file_size`` (beanstalkd's ``-s``). ``n`` counts up from 1.
+- ``snapshot.<n>``: the state of every job recorded in ``jobs.1`` .. ``jobs.<n>``, written
+  by a compaction. Replay starts from the newest snapshot and reads only ``jobs.<m>`` with
+  ``m > n``; older files still on disk are ignored and deleted.
+- ``snapshot.<n>.tmp``: a snapshot being written; deleted at start-up.
+- ``lock``: held with ``flock`` while a server runs.
+
+Each file starts with the 8-byte header ``TRCL 03 00 00 00`` and holds records framed as in
+every tercel journal (``u32 length | u32 crc32 | body``), with four opcodes: JOB (a whole
+job), STATE (a job's new state), DELETE and SNAPSHOT (first record of a snapshot file).
+Replay keeps the latest record of each id (later records override earlier ones), so a job
+that was reserved when the process died comes back as it was last logged: ready, delayed
+(with its wall-clock deadline) or buried. A bad record at the end of the newest ``jobs``
+file is a torn tail and is cut off; anywhere else it stops start-up (:class:`JournalCorrupt`).
+
+Writes are buffered and handed to the OS by :meth:`JobJournal.write_out` (the server's group
+commit calls it before any reply that depends on the records), with the same interface the
+committer uses for queue journals.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final, NoReturn, Protocol
+
+from tercel.errors import JournalCorrupt, JournalWriteError
+from tercel.journal.journal import failpoint, fsync_dir
+from tercel.journal.records import MAGIC, PREFIX, PREFIX_SIZE, crc32
+
+log = logging.getLogger("tercel.journal")
+
+VERSION: Final = 3
+HEADER: Final = MAGIC + bytes([VERSION, 0, 0, 0])
+HEADER_SIZE: Final = len(HEADER)
+DEFAULT_MAX_FILE_SIZE: Final = 10 * 1024 * 1024
+MAX_BODY: Final = 1024 * 1024 * 1024 + 256
+
+OP_JOB: Final = 10
+OP_STATE: Final = 11
+OP_DELETE: Final = 12
+OP_SNAPSHOT: Final = 13
+
+_JOB = struct.Struct("<BQBIIIqqIIIIIB")  # op id state pri delay ttr created deadline 5xctr len
+_STATE = struct.Struct("<BQBIIqIIIII")  # op id state pri delay deadline 5 counters
+_DELETE = struct.Struct("<BQ")
+_SNAPSHOT = struct.Struct("<BQQ")  # op, next job id, last jobs file covered
+_U32: Final = 0xFFFF_FFFF
+
+JOBS_PREFIX: Final = "jobs."
+SNAP_PREFIX: Final = "snapshot."
+FAILPOINTS: Final = (
+    "jobs_compact_before_write",
+    "jobs_compact_after_write",
+    "jobs_compact_after_rename",
+    "jobs_compact_after_delete",
+)
+"""Crash windows of a job-log compaction, in order (``TERCEL_FAILPOINT=<name>``)."""
+
+
+class JobFields(Protocol):
+    """What the log reads of a job (the core's ``JobRecord`` has these attributes)."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def state(self) -> int: ...
+    @property
+    def pri(self) -> int: ...
+    @property
+    def delay(self) -> int: ...
+    @property
+    def deadline_ms(self) -> int: ...
+    @property
+    def counters(self) -> tuple[int, int, int, int, int]: ...
+    @property
+    def tube(self) -> str: ...
+    @property
+    def ttr(self) -> int: ...
+    @property
+    def created_ms(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+
+
+@dataclass(slots=True)
+class LoggedJob:
+    """A job as replay found it (the latest of its records)."""
+
+    job_id: int
+    state: int
+    pri: int
+    delay: int
+    deadline_ms: int
+    counters: tuple[int, int, int, int, int]
+    tube: str
+    ttr: int
+    created_ms: int
+    body: bytes
+
+
+@dataclass(slots=True)
+class JobReplay:
+    """What :meth:`JobJournal.replay` found: the jobs (buried ones in bury order), the next
+    free job id, and how many bytes of torn tail were cut off."""
+
+    jobs: list[LoggedJob]
+    next_id: int
+    torn_bytes: int
+    records: int
+
+
+def _clamp(counters: tuple[int, int, int, int, int]) -> tuple[int, int, int, int, int]:
+    a, b, c, d, e = counters
+    return (min(a, _U32), min(b, _U32), min(c, _U32), min(d, _U32), min(e, _U32))
+
+
+def _frame(body: bytes) -> bytes:
+    return PREFIX.pack(len(body), crc32(body)) + body
+
+
+def encode_job(job: JobFields) -> list[bytes]:
+    """A JOB record as pieces (the body is not copied)."""
+    tube = job.tube.encode("ascii")
+    head = _JOB.pack(
+        OP_JOB,
+        job.job_id,
+        job.state,
+        job.pri,
+        job.delay,
+        job.ttr,
+        job.created_ms,
+        job.deadline_ms,
+        *_clamp(job.counters),
+        len(tube),
+    )
+    fields = head + tube
+    crc = crc32(job.body, crc32(fields))
+    return [PREFIX.pack(len(fields) + len(job.body), crc) + fields, job.body]
+
+
+def encode_state(job: JobFields) -> bytes:
+    return _frame(
+        _STATE.pack(
+            OP_STATE,
+            job.job_id,
+            job.state,
+            job.pri,
+            job.delay,
+            job.deadline_ms,
+            *_clamp(job.counters),
+        )
+    )
+
+
+def encode_delete(job_id: int) -> bytes:
+    return _frame(_DELETE.pack(OP_DELETE, job_id))
+
+
+def _seqs(directory: str, prefix: str) -> list[int]:
+    return sorted(
+        int(e[len(prefix) :])
+        for e in os.listdir(directory)
+        if e.startswith(prefix) and e[len(prefix) :].isdigit()
+    )
+
+
+class _Torn(Exception):
+    """A bad record; ``offset`` is where it starts."""
+
+    def __init__(self, offset: int, why: str) -> None:
+        super().__init__(why)
+        self.offset = offset
+        self.why = why
+
+
+class JobJournal:
+    """The job log in ``directory`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        directory: str,
+        max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+        on_dirty: Callable[[JobJournal], None] | None = None,
+        name: str = "beanstalk",
+    ) -> None:
+        self.directory = directory
+        self.name = name
+        self.max_file_size = max_file_size
+        self.on_dirty = on_dirty
+        os.makedirs(directory, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock_fd)
+            raise
+        self._fd = -1
+        self.seq = 0  # the current jobs file
+        self._written = 0  # bytes of the current file
+        self._older = 0  # bytes of the other files
+        self._parts: list[bytes] = []
+        self._pending = 0
+        self._failed: JournalWriteError | None = None
+        self._unsynced = False
+        self.syncing = False
+        self.records_written = 0
+        self.records_migrated = 0
+        self.oldest_seq = 0
+
+    # ------------------------------------------------------------------------------- replay
+
+    def replay(self) -> JobReplay:
+        """Read the newest snapshot and every later jobs file; open the log for appends."""
+        d = self.directory
+        for entry in os.listdir(d):
+            if entry.startswith(SNAP_PREFIX) and entry.endswith(".tmp"):
+                os.unlink(os.path.join(d, entry))
+        snaps = _seqs(d, SNAP_PREFIX)
+        covered = snaps[-1] if snaps else 0
+        jobs: dict[int, LoggedJob] = {}
+        next_id = 1
+        records = 0
+        if snaps:
+            path = os.path.join(d, f"{SNAP_PREFIX}{covered}")
+            next_id, n, _ = self._replay_file(path, jobs, newest=False, snapshot=True)
+            records += n
+        self._remove_covered(covered, snaps[:-1])
+        seqs = [s for s in _seqs(d, JOBS_PREFIX) if s > covered]
+        torn = 0
+        for i, seq in enumerate(seqs):
+            path = os.path.join(d, f"{JOBS_PREFIX}{seq}")
+            top, n, cut = self._replay_file(path, jobs, newest=i == len(seqs) - 1)
+            next_id = max(next_id, top)
+            records += n
+            torn += cut
+        for job_id in jobs:
+            next_id = max(next_id, job_id + 1)
+        self.oldest_seq = seqs[0] if seqs else covered + 1
+        self.seq = seqs[-1] if seqs else covered + 1
+        self._older = sum(
+            os.path.getsize(os.path.join(d, f"{JOBS_PREFIX}{s}")) for s in seqs[:-1]
+        ) + (os.path.getsize(os.path.join(d, f"{SNAP_PREFIX}{covered}")) if snaps else 0)
+        self._open(self.seq)
+        return JobReplay(list(jobs.values()), next_id, torn, records)
+
+    def _remove_covered(self, covered: int, old_snaps: list[int]) -> None:
+        d = self.directory
+        for seq in _seqs(d, JOBS_PREFIX):
+            if seq <= covered:
+                os.unlink(os.path.join(d, f"{JOBS_PREFIX}{seq}"))
+        for seq in old_snaps:
+            os.unlink(os.path.join(d, f"{SNAP_PREFIX}{seq}"))
+
+    def _replay_file(
+        self, path: str, jobs: dict[int, LoggedJob], *, newest: bool, snapshot: bool = False
+    ) -> tuple[int, int, int]:
+        """Apply one file; (next id seen, records, torn bytes cut off)."""
+        with open(path, "rb") as fh:
+            data = fh.read()
+        if len(data) < HEADER_SIZE:
+            if newest and HEADER.startswith(data):
+                os.truncate(path, 0)
+                return 1, 0, len(data)
+            raise JournalCorrupt("not a tercel job log (bad file header)", path, 0)
+        if data[:HEADER_SIZE] != HEADER:
+            raise JournalCorrupt("not a version 3 job log (bad file header)", path, 0)
+        try:
+            return (*self._apply(data, jobs, snapshot), 0)
+        except _Torn as torn:
+            if not newest or snapshot:
+                raise JournalCorrupt(torn.why, path, torn.offset) from None
+            log.warning("job log %s: torn tail at %d (%s), cut off", path, torn.offset, torn.why)
+            os.truncate(path, torn.offset)
+            keep = data[: torn.offset]
+            return (*self._apply(keep, jobs, snapshot), len(data) - torn.offset)
+
+    @staticmethod
+    def _apply(data: bytes, jobs: dict[int, LoggedJob], snapshot: bool) -> tuple[int, int]:
+        pos = HEADER_SIZE
+        end = len(data)
+        next_id = 1
+        count = 0
+        while pos < end:
+            if end - pos < PREFIX_SIZE:
+                raise _Torn(pos, "record header runs past the end of the file")
+            length, crc = PREFIX.unpack_from(data, pos)
+            start = pos + PREFIX_SIZE
+            stop = start + length
+            if length == 0 or length > MAX_BODY or stop > end:
+                raise _Torn(pos, "record runs past the end of the file")
+            body = data[start:stop]
+            if crc32(body) != crc:
+                raise _Torn(pos, "checksum mismatch")
+            op = body[0]
+            if op == OP_JOB and length >= _JOB.size:
+                f = _JOB.unpack_from(body)
+                tube_end = _JOB.size + f[13]
+                job = LoggedJob(
+                    f[1],
+                    f[2],
+                    f[3],
+                    f[4],
+                    f[7],
+                    (f[8], f[9], f[10], f[11], f[12]),
+                    body[_JOB.size : tube_end].decode("ascii"),
+                    f[5],
+                    f[6],
+                    body[tube_end:],
+                )
+                jobs.pop(job.job_id, None)
+                jobs[job.job_id] = job
+                next_id = max(next_id, job.job_id + 1)
+            elif op == OP_STATE and length == _STATE.size:
+                f = _STATE.unpack_from(body)
+                old = jobs.pop(f[1], None)
+                if old is not None:  # a state change keeps the bury order: move to the end
+                    old.state, old.pri, old.delay, old.deadline_ms = f[2], f[3], f[4], f[5]
+                    old.counters = (f[6], f[7], f[8], f[9], f[10])
+                    jobs[old.job_id] = old
+                next_id = max(next_id, f[1] + 1)
+            elif op == OP_DELETE and length == _DELETE.size:
+                _, job_id = _DELETE.unpack(body)
+                jobs.pop(job_id, None)
+                next_id = max(next_id, job_id + 1)
+            elif op == OP_SNAPSHOT and length == _SNAPSHOT.size and snapshot and count == 0:
+                _, snap_next, _ = _SNAPSHOT.unpack(body)
+                next_id = max(next_id, snap_next)
+            else:
+                raise _Torn(pos, f"bad record (opcode {op}, length {length})")
+            count += 1
+            pos = stop
+        return next_id, count
+
+    # ------------------------------------------------------------------------------- writes
+
+    def _path(self, seq: int) -> str:
+        return os.path.join(self.directory, f"{JOBS_PREFIX}{seq}")
+
+    def _open(self, seq: int) -> None:
+        path = self._path(seq)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        self._written = os.fstat(self._fd).st_size
+        if self._written == 0:
+            os.pwrite(self._fd, HEADER, 0)
+            self._written = HEADER_SIZE
+            fsync_dir(self.directory)
+
+    def _append(self, parts: list[bytes]) -> None:
+        if self._failed is not None:
+            raise self._failed
+        first = not self._parts
+        self._parts.extend(parts)
+        self._pending += sum(len(p) for p in parts)
+        self.records_written += 1
+        if first and self.on_dirty is not None:
+            self.on_dirty(self)
+
+    def put(self, record: JobFields) -> None:
+        self._append(encode_job(record))
+
+    def change(self, record: JobFields) -> None:
+        self._append([encode_state(record)])
+
+    def delete(self, job_id: int) -> None:
+        self._append([encode_delete(job_id)])
+
+    def write_out(self) -> int:
+        """Hand every buffered record to the OS (one ``pwritev``); the bytes written. A
+        file that passed ``max_file_size`` is then closed and a new one started."""
+        parts = self._parts
+        if not parts or self._fd < 0:
+            return 0
+        size = self._pending
+        self._parts = []
+        self._pending = 0
+        try:
+            offset = self._written
+            for i in range(0, len(parts), 1024):
+                chunk = parts[i : i + 1024]
+                want = sum(len(p) for p in chunk)
+                n = os.pwritev(self._fd, chunk, offset)
+                if n < want:
+                    os.pwrite(self._fd, b"".join(chunk)[n:], offset + n)
+                offset += want
+        except OSError as exc:
+            try:
+                os.ftruncate(self._fd, self._written)
+            except OSError:
+                log.exception("job log: could not cut back a failed write")
+            self._fail("write", exc)
+        self._written += size
+        self._unsynced = True
+        if self._written >= self.max_file_size:
+            self.rotate()
+        return size
+
+    def rotate(self) -> None:
+        """Close the current file (synced) and start the next."""
+        self.write_out()
+        if self._fd < 0:
+            return
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self._fail("fsync", exc)
+        os.close(self._fd)
+        self._older += self._written
+        self._unsynced = False
+        self.seq += 1
+        self._open(self.seq)
+
+    def _fail(self, what: str, exc: OSError) -> NoReturn:
+        err = JournalWriteError(
+            f"{what} failed: {exc.strerror or exc}", self._path(self.seq), self._written
+        )
+        self._failed = err
+        log.error("%s", err)
+        raise err from exc
+
+    def sync(self) -> None:
+        fd = self.begin_sync()
+        if fd >= 0:
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                self._fail("fsync", exc)
+
+    def begin_sync(self) -> int:
+        if self._fd >= 0:
+            self._unsynced = False
+        return self._fd
+
+    def sync_failed(self, exc: OSError) -> NoReturn:
+        self._fail("fsync", exc)
+
+    def sync_done(self) -> None:
+        self.syncing = False
+
+    @property
+    def needs_sync(self) -> bool:
+        return self._unsynced
+
+    @property
+    def failed(self) -> bool:
+        return self._failed is not None
+
+    @property
+    def size(self) -> int:
+        """Bytes of every file of the log, buffered records included."""
+        return self._older + self._written + self._pending
+
+    # --------------------------------------------------------------------------- compaction
+
+    @property
+    def compact_floor(self) -> int:
+        """Never compact a log smaller than two files."""
+        return 2 * self.max_file_size
+
+    def compact(self, next_id: int, jobs: Iterable[JobFields]) -> None:
+        """Replace every file by one snapshot of ``jobs`` (the state now), crash-safely:
+        rotate, write ``snapshot.<n>.tmp``, fsync, rename, fsync the directory, then delete
+        the files it covers by name. Runs on the caller's thread."""
+        self.rotate()
+        covered = self.seq - 1
+        tmp = os.path.join(self.directory, f"{SNAP_PREFIX}{covered}.tmp")
+        final = os.path.join(self.directory, f"{SNAP_PREFIX}{covered}")
+        failpoint("jobs_compact_before_write")
+        count = 0
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            parts = [HEADER, _frame(_SNAPSHOT.pack(OP_SNAPSHOT, next_id, covered))]
+            size = sum(len(p) for p in parts)
+            offset = 0
+            for job in jobs:
+                parts.extend(encode_job(job))
+                count += 1
+                if len(parts) >= 1024:
+                    os.pwritev(fd, parts, offset)
+                    offset += sum(len(p) for p in parts)
+                    parts = []
+            if parts:
+                os.pwritev(fd, parts, offset)
+                offset += sum(len(p) for p in parts)
+            size = offset
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        failpoint("jobs_compact_after_write")
+        os.rename(tmp, final)
+        fsync_dir(self.directory)
+        failpoint("jobs_compact_after_rename")
+        self._remove_covered(
+            covered, [s for s in _seqs(self.directory, SNAP_PREFIX) if s < covered]
+        )
+        fsync_dir(self.directory)
+        failpoint("jobs_compact_after_delete")
+        self._older = size
+        self.oldest_seq = self.seq
+        self.records_migrated += count
+
+    def close(self) -> None:
+        """Write what is buffered, sync, close the file and release the lock."""
+        if self._fd >= 0:
+            try:
+                if self._failed is None:
+                    self.write_out()
+                    self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1

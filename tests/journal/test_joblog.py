@@ -1,0 +1,175 @@
+"""The beanstalkd job log (journal/joblog.py) under the job store: replay, torn tails,
+rotation, compaction and a crash at each of its fail points."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tercel.core.tubes import BURIED, DELAYED, READY, JobRecord, JobStore, Worker
+from tercel.errors import JournalCorrupt
+from tercel.journal.joblog import FAILPOINTS, HEADER, JobJournal
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.mono = 50.0
+        self.wall = 1_700_000_000_000
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def now_ms(self) -> int:
+        return self.wall
+
+
+def _open(path: Path, clock: Clock, max_file_size: int = 1 << 20) -> tuple[JobStore, JobJournal]:
+    journal = JobJournal(str(path), max_file_size)
+    found = journal.replay()
+    store = JobStore(clock, journal)
+    for job in found.jobs:
+        store.restore(JobRecord(*[getattr(job, f) for f in JobRecord.__slots__]))
+    store.next_id = max(store.next_id, found.next_id)
+    return store, journal
+
+
+def _worker(store: JobStore) -> Worker:
+    return store.connect(lambda job, why: None)
+
+
+def _states(store: JobStore) -> dict[int, tuple[str, int, int, bytes]]:
+    return {j.id: (j.tube.name, j.state, j.pri, j.body) for j in store.jobs.values()}
+
+
+def test_replay_restores_states_ids_and_deadlines(tmp_path: Path) -> None:
+    clock = Clock()
+    store, journal = _open(tmp_path, clock)
+    w = _worker(store)
+    store.use(w, "a.b/c;(d)")
+    store.watch(w, "a.b/c;(d)")
+    for i in range(6):
+        store.put(w, i, 0, 60, b"job%d" % i)
+    store.put(w, 9, 30, 60, b"delayed")
+    for _ in range(4):
+        store.reserve(w, 0)
+    store.bury(w, 2, 100)
+    store.bury(w, 1, 100)
+    store.release(w, 3, 7, 0)
+    store.delete(w, 4)  # reserved by w; job 5 and 6 stay ready
+    expected = _states(store)
+    assert expected[3][1:3] == (READY, 7)
+    assert expected[1][1] == BURIED and 4 not in expected
+    journal.write_out()
+    journal.close()
+    assert sorted(os.listdir(tmp_path)) == ["jobs.1", "lock"]  # no tube name became a path
+
+    clock.mono = 1000.0  # a new process: another monotonic origin; 10 s of wall time later
+    clock.wall += 10_000
+    store2, journal2 = _open(tmp_path, clock)
+    assert _states(store2) == expected
+    assert store2.time_left(store2.jobs[7]) == 20
+    assert store2.jobs[7].state == DELAYED
+    w2 = _worker(store2)
+    store2.use(w2, "a.b/c;(d)")
+    peeked = store2.peek_buried(w2)
+    assert peeked is not None and peeked.id == 2  # bury order kept
+    assert store2.put(w2, 0, 0, 1, b"new").id == 8
+    journal2.close()
+
+
+def test_deleted_last_job_id_is_not_reused(tmp_path: Path) -> None:
+    clock = Clock()
+    store, journal = _open(tmp_path, clock)
+    w = _worker(store)
+    store.put(w, 0, 0, 1, b"a")
+    store.delete(w, 1)
+    journal.close()
+    store, journal = _open(tmp_path, clock)
+    assert store.put(_worker(store), 0, 0, 1, b"b").id == 2
+    journal.close()
+
+
+def test_torn_tail_is_cut_and_middle_damage_stops_startup(tmp_path: Path) -> None:
+    clock = Clock()
+    store, journal = _open(tmp_path, clock)
+    w = _worker(store)
+    store.put(w, 0, 0, 1, b"a" * 100)
+    store.put(w, 0, 0, 1, b"b" * 100)
+    journal.close()
+    path = tmp_path / "jobs.1"
+    data = path.read_bytes()
+    path.write_bytes(data[:-10])
+    store, journal = _open(tmp_path, clock)
+    assert list(store.jobs) == [1]
+    assert path.stat().st_size < len(data) - 10
+    journal.close()
+    damaged = bytearray(path.read_bytes())
+    damaged[len(HEADER) + 20] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    (tmp_path / "jobs.2").write_bytes(HEADER)
+    with pytest.raises(JournalCorrupt):
+        _open(tmp_path, clock)
+
+
+def test_rotation_and_compaction_keep_the_state(tmp_path: Path) -> None:
+    clock = Clock()
+    store, journal = _open(tmp_path, clock, max_file_size=4096)
+    w = _worker(store)
+    for i in range(600):
+        store.put(w, i % 7, 0, 60, b"%d" % i)
+        journal.write_out()
+        if i % 3:
+            store.delete(w, i + 1)
+            journal.write_out()
+    assert store.compactions >= 1
+    expected = _states(store)
+    journal.close()
+    names = os.listdir(tmp_path)
+    assert any(n.startswith("snapshot.") for n in names)
+    store2, journal2 = _open(tmp_path, clock, max_file_size=4096)
+    assert _states(store2) == expected
+    assert store2.next_id == 601
+    journal2.close()
+
+
+_CRASH = """
+import sys
+sys.path.insert(0, {src!r})
+from tercel.core.tubes import JobStore
+from tercel.journal.joblog import JobJournal
+class Clock:
+    def monotonic(self): return 5.0
+    def now_ms(self): return 1_700_000_000_000
+journal = JobJournal({path!r}, 1 << 20)
+journal.replay()
+store = JobStore(Clock(), journal)
+w = store.connect(lambda job, why: None)
+for i in range(50):
+    store.put(w, i, 0, 60, b"x%d" % i)
+for i in range(1, 40):
+    store.delete(w, i)
+store.reserve(w, 0)
+store.bury(w, 40, 1)
+journal.write_out()
+store.log.compact(store.next_id, (store.record(j, 5.0) for j in store.snapshot()))
+"""
+
+
+@pytest.mark.parametrize("failpoint", FAILPOINTS)
+def test_crash_at_every_compaction_step(tmp_path: Path, failpoint: str) -> None:
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    script = _CRASH.format(src=src, path=str(tmp_path))
+    env = {**os.environ, "TERCEL_FAILPOINT": failpoint}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, check=False)
+    assert done.returncode == 99
+    store, journal = _open(tmp_path, Clock())
+    assert sorted(store.jobs) == list(range(40, 51))
+    assert store.jobs[40].state == BURIED
+    assert store.next_id == 51
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    journal.close()
