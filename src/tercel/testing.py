@@ -87,6 +87,22 @@ class ServerProcess:
         if os.path.exists(fifo):
             os.unlink(fifo)
         os.mkfifo(fifo)
+        args = self._command(fifo)
+        env = dict(os.environ, **(self.env or {}))
+        self.log_path = os.path.join(self._tmp, "server.log")
+        with open(self.log_path, "ab") as log_file:
+            # stdout is never written by the server: its pipe closing tells us it died.
+            self.proc = subprocess.Popen(
+                args,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+            )
+        self.ports = self._read_ports(fifo, timeout)
+        return self
+
+    def _command(self, fifo: str) -> list[str]:
+        """The server's command line; it writes its ports to ``fifo``."""
         launch = list(self.launcher or (sys.executable, "-m", "tercel"))
         if self.open_files:  # ulimit -n N, soft and hard, then run tercel as -m would
             launch = [sys.executable, "-c", _LIMITED.format(n=self.open_files)]
@@ -110,18 +126,7 @@ class ServerProcess:
             cfg = os.path.join(self._tmp, "tercel.toml")
             Path(cfg).write_text(self.config_text)
             args += ["--config", cfg]
-        env = dict(os.environ, **(self.env or {}))
-        self.log_path = os.path.join(self._tmp, "server.log")
-        with open(self.log_path, "ab") as log_file:
-            # stdout is never written by the server: its pipe closing tells us it died.
-            self.proc = subprocess.Popen(
-                args,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=log_file,
-            )
-        self.ports = self._read_ports(fifo, timeout)
-        return self
+        return args
 
     def _read_ports(self, fifo: str, timeout: float) -> dict[str, int]:
         assert self.proc is not None
@@ -207,3 +212,29 @@ class ServerProcess:
     ) -> None:
         if self.proc is not None:
             self.kill()
+
+
+class BeanstalkdProcess(ServerProcess):
+    """A ``tercel beanstalkd`` subprocess on ``127.0.0.1:0`` (``-b data_dir`` unless
+    ``data_dir`` is None: memory only). ``extra_args`` are beanstalkd flags (``-f0``, ``-z``)."""
+
+    def __init__(
+        self,
+        data_dir: str | Path | None,
+        *,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(data_dir or "", extra_args=extra_args, env=env, admin_port=None)
+        self.memory_only = data_dir is None
+
+    def _command(self, fifo: str) -> list[str]:
+        args = [sys.executable, "-m", "tercel", "beanstalkd", "-l", "127.0.0.1", "-p", "0"]
+        if not self.memory_only:
+            args += ["-b", str(self.data_dir)]
+        return [*args, "--ports-file", fifo, *self.extra_args]
+
+    @property
+    def port(self) -> int:
+        """The beanstalkd port."""
+        return self.ports["beanstalk"]

@@ -24,21 +24,22 @@ from tercel.protocol.beanstalk import (
 )
 
 BAD = Invalid(BAD_FORMAT)
+BAD_PUT = Invalid(BAD_FORMAT, "put")
 UNKNOWN = Invalid(UNKNOWN_COMMAND)
 
 CASES: list[tuple[bytes, list[Request]]] = [
     (b"put 1 2 3 5\r\nhello\r\n", [Command("put", pri=1, delay=2, ttr=3, body=b"hello")]),
     (b"put  1  2  3  0\r\n\r\n", [Command("put", pri=1, delay=2, ttr=3, body=b"")]),
     (b"put 4294967295 0 0 1\r\nx\r\n", [Command("put", pri=4294967295, body=b"x")]),
-    (b"put 4294967296 0 0 1\r\nx\r\n", [BAD, UNKNOWN]),
-    (b"put 1 0 1 1 \r\nx\r\n", [BAD, UNKNOWN]),
+    (b"put 4294967296 0 0 1\r\nx\r\n", [BAD_PUT, UNKNOWN]),
+    (b"put 1 0 1 1 \r\nx\r\n", [BAD_PUT, UNKNOWN]),
     (
         b"put 1 0 1 65536 x\r\n" + b"a" * 65538 + b"stats\r\n",
-        [Invalid(JOB_TOO_BIG), Command("stats")],
+        [Invalid(JOB_TOO_BIG, "put"), Command("stats")],
     ),
-    (b"put 0 0 1 2\r\nabXYstats\r\n", [Invalid(EXPECTED_CRLF), Command("stats")]),
-    (b"put 0 0 1 2\r\nab\r\r\nquit\r\n", [Invalid(EXPECTED_CRLF), UNKNOWN]),
-    (b"put -1 0 1 1\r\nx\r\n", [BAD, UNKNOWN]),
+    (b"put 0 0 1 2\r\nabXYstats\r\n", [Invalid(EXPECTED_CRLF, "put"), Command("stats")]),
+    (b"put 0 0 1 2\r\nab\r\r\nquit\r\n", [Invalid(EXPECTED_CRLF, "put"), UNKNOWN]),
+    (b"put -1 0 1 1\r\nx\r\n", [BAD_PUT, UNKNOWN]),
     (b"put\r\n", [UNKNOWN]),
     (b"puts\r\n", [UNKNOWN]),
     (b"PUT 1\r\n", [UNKNOWN]),
@@ -97,6 +98,7 @@ CASES: list[tuple[bytes, list[Request]]] = [
     (b"pause-tube default 0 x\r\n", [BAD]),
     (b"pause-tube default 4294967296\r\n", [BAD]),
     (b"quit\r\n", [Command("quit")]),
+    (b"quit now\r\n", [Command("quit")]),
     (b"stats\x00\r\n", [BAD]),
     (b"stats\n", []),
     (b"x" * 230 + b"\r\nstats\r\n", [BAD, Command("stats")]),
@@ -126,7 +128,7 @@ def test_max_job_size_is_the_limit() -> None:
     assert _feed([b"put 0 0 1 3\r\nabc\r\n"], max_job_size=3)[0] == Command(
         "put", ttr=1, body=b"abc"
     )
-    assert _feed([b"put 0 0 1 4\r\nabcd\r\n"], max_job_size=3) == [Invalid(JOB_TOO_BIG)]
+    assert _feed([b"put 0 0 1 4\r\nabcd\r\n"], max_job_size=3) == [Invalid(JOB_TOO_BIG, "put")]
 
 
 def test_incomplete_request_stays_buffered() -> None:

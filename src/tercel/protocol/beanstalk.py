@@ -77,9 +77,12 @@ class Command:
 
 @dataclass(slots=True)
 class Invalid:
-    """A request beanstalkd rejects; ``reply`` is the exact bytes to send back."""
+    """A request beanstalkd rejects; ``reply`` is the exact bytes to send back. ``op`` is
+    ``"put"`` for a rejected put (beanstalkd counts those in ``cmd-put``; no other rejected
+    command is counted), empty otherwise."""
 
     reply: bytes
+    op: str = ""
 
 
 Request = Command | Invalid
@@ -120,8 +123,9 @@ PAUSED: Final = _reply("PAUSED")
 
 _INVALID_BAD: Final = Invalid(BAD_FORMAT)
 _INVALID_UNKNOWN: Final = Invalid(UNKNOWN_COMMAND)
-_INVALID_CRLF: Final = Invalid(EXPECTED_CRLF)
-_INVALID_TOO_BIG: Final = Invalid(JOB_TOO_BIG)
+_INVALID_CRLF: Final = Invalid(EXPECTED_CRLF, "put")
+_INVALID_TOO_BIG: Final = Invalid(JOB_TOO_BIG, "put")
+_INVALID_PUT: Final = Invalid(BAD_FORMAT, "put")
 
 # Commands without arguments: the whole line must be the word.
 _BARE: Final = (
@@ -133,7 +137,6 @@ _BARE: Final = (
     "list-tubes-watched",
     "list-tube-used",
     "list-tubes",
-    "quit",
 )
 # beanstalkd's which_cmd() order: the first prefix that matches decides the command.
 _PREFIXES: Final[tuple[tuple[bytes, str], ...]] = (
@@ -244,13 +247,15 @@ def parse_line(line: bytes) -> Request | PutLine:
     try:
         return _parse(op, line, len(prefix))
     except _BadFormat:
-        return _INVALID_BAD
+        return _INVALID_PUT if op == "put" else _INVALID_BAD
 
 
 def _parse(op: str, line: bytes, at: int) -> Request | PutLine:
     if op in _BARE:
         if len(line) != at:
             raise _BadFormat
+        return Command(op)
+    if op == "quit":  # beanstalkd quits on any line that starts with "quit"
         return Command(op)
     if op in _ID_ONLY:
         return Command(op, job_id=_last_number(line, at, U64_MAX))
@@ -358,7 +363,7 @@ class BeanstalkCodec:
                 if parsed.size > self._max_job_size:
                     self._skip = parsed.size + 2
                 elif parsed.garbage:
-                    out.append(_INVALID_BAD)
+                    out.append(_INVALID_PUT)
                 else:
                     self._put = (parsed.pri, parsed.delay, parsed.ttr, parsed.size)
                 continue
@@ -385,10 +390,13 @@ def name_reply(word: bytes, tube: str) -> bytes:
     return b"%s %s\r\n" % (word, tube.encode("ascii"))
 
 
-YamlValue = int | str | bool | float
+YamlValue = int | str | bool | float | bytes
+"""``str`` values are quoted; ``bytes`` are written as they are (a job's state word)."""
 
 
 def _yaml_value(value: YamlValue) -> bytes:
+    if isinstance(value, bytes):
+        return value
     if isinstance(value, bool):
         return b"true" if value else b"false"
     if isinstance(value, int):

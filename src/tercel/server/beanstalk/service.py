@@ -1,0 +1,253 @@
+"""The beanstalkd front end's shared state: the job store, its log, group commit, the one
+timer, the counters ``stats`` shows, and the listeners.
+
+One :class:`BeanstalkService` runs inside ``tercel serve`` (``--beanstalk-port``, journaled in
+``<data_dir>/beanstalk.d``, sharing the server's status) or alone under ``tercel beanstalkd``
+(``-b DIR`` or memory only). Connections (:mod:`tercel.server.beanstalk.connection`) call the
+store and then :meth:`BeanstalkService.rearm`, which keeps one loop timer set for the store's
+next deadline (delayed job, TTR, wait timeout, DEADLINE_SOON, unpause).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import platform
+import resource
+import socket
+import time
+from typing import TYPE_CHECKING, cast
+
+from tercel import __version__
+from tercel.core.tubes import JobRecord, JobStore
+from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, JobJournal
+from tercel.protocol.beanstalk import DEFAULT_MAX_JOB_SIZE, random_id
+from tercel.server.commit import Committer
+
+if TYPE_CHECKING:
+    from tercel.server.beanstalk.connection import BeanstalkConnection
+
+log = logging.getLogger("tercel.beanstalk")
+
+JOBLOG_DIR = "beanstalk.d"
+"""The job log's directory inside ``tercel serve``'s data dir (never a queue's file name)."""
+
+CMD_COUNTERS = (
+    "put",
+    "peek",
+    "peek-ready",
+    "peek-delayed",
+    "peek-buried",
+    "reserve",
+    "reserve-with-timeout",
+    "delete",
+    "release",
+    "use",
+    "watch",
+    "ignore",
+    "bury",
+    "kick",
+    "touch",
+    "stats",
+    "stats-job",
+    "stats-tube",
+    "list-tubes",
+    "list-tube-used",
+    "list-tubes-watched",
+    "pause-tube",
+)
+"""The ``cmd-*`` counters of ``stats``, in beanstalkd's order (reserve-job and kick-job have
+none in 1.12)."""
+
+
+class SystemTubeClock:
+    """The store's clocks: ``time.monotonic`` and the wall clock in epoch ms."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+class BeanstalkService:
+    """Everything the beanstalkd connections share (see the module docstring).
+
+    ``sync``: None (never fsync while running, ``-F``), 0 (fsync before every reply, grouped:
+    ``-f0``) or a period in ms (``-f MS``). ``log_dir``: None keeps jobs in memory only.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        log_dir: str | None,
+        *,
+        sync: int | None = 50,
+        max_job_size: int = DEFAULT_MAX_JOB_SIZE,
+        max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+    ) -> None:
+        self.loop = loop
+        self.max_job_size = max_job_size
+        self.max_file_size = max_file_size
+        self._sync = sync
+        self.committer = Committer(loop, self._policy)
+        self.journal: JobJournal | None = None
+        if log_dir is not None:
+            self.journal = JobJournal(log_dir, max_file_size, on_dirty=self._dirty)
+        self.store = JobStore(SystemTubeClock(), self.journal)
+        self.cmd = dict.fromkeys(CMD_COUNTERS, 0)
+        self.connections: set[BeanstalkConnection] = set()
+        self.total_connections = 0
+        self.draining = False
+        self.writable = True
+        """False while the server's status refuses new items (READONLY, QUIESCENT, stopping):
+        ``put`` answers DRAINING."""
+        self.readable = True
+        """False while the server's status refuses reads (QUIESCENT, stopping): a reserve
+        answers TIMED_OUT at once."""
+        self.started = time.monotonic()
+        self.instance_id = random_id()
+        self.hostname = socket.gethostname()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._listeners: list[asyncio.Server] = []
+
+    # ---- start and stop -------------------------------------------------------------------
+
+    def replay(self) -> int:
+        """Read the job log back into the store; the number of jobs restored."""
+        if self.journal is None:
+            return 0
+        found = self.journal.replay()
+        for job in found.jobs:
+            self.store.restore(
+                JobRecord(
+                    job.job_id,
+                    job.state,
+                    job.pri,
+                    job.delay,
+                    job.deadline_ms,
+                    job.counters,
+                    job.tube,
+                    job.ttr,
+                    job.created_ms,
+                    job.body,
+                )
+            )
+        self.store.next_id = max(self.store.next_id, found.next_id)
+        if found.torn_bytes:
+            log.warning("job log: cut %d bytes of torn tail", found.torn_bytes)
+        self.rearm()
+        return len(found.jobs)
+
+    async def listen(self, sock: socket.socket) -> str:
+        """Serve connections on a bound, listening socket; its address for the logs."""
+        from tercel.server.beanstalk.connection import BeanstalkConnection
+
+        def factory() -> asyncio.BaseProtocol:
+            return cast(asyncio.BaseProtocol, BeanstalkConnection(self))
+
+        if sock.family == socket.AF_UNIX:
+            server = await self.loop.create_unix_server(factory, sock=sock, backlog=1024)
+        else:
+            server = await self.loop.create_server(factory, sock=sock, backlog=1024)
+        self._listeners.append(server)
+        name = sock.getsockname()
+        return name if isinstance(name, str) else f"{name[0]}:{name[1]}"
+
+    def port(self) -> int:
+        """The TCP port of the first listener (0 for a Unix socket)."""
+        name = self._listeners[0].sockets[0].getsockname()
+        return 0 if isinstance(name, str) else int(name[1])
+
+    async def stop(self) -> None:
+        """Stop listening, return every reservation, write and sync the log, close it."""
+        for server in self._listeners:
+            server.close()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for conn in list(self.connections):
+            conn.abort()
+        self.committer.flush_now()
+        if self.journal is not None:
+            self.journal.close()
+        self.committer.close()
+        for server in self._listeners:
+            await server.wait_closed()
+
+    # ---- group commit ---------------------------------------------------------------------
+
+    def _policy(self, name: str) -> int | None:
+        return self._sync
+
+    def _dirty(self, journal: JobJournal) -> None:
+        self.committer.journal_dirty(journal)  # type: ignore[arg-type]
+
+    # ---- the timer ------------------------------------------------------------------------
+
+    def rearm(self) -> None:
+        """Keep one timer at the store's next deadline (call after anything that may add
+        or remove one)."""
+        when = self.store.next_deadline()
+        if when is None:
+            return
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self.loop.call_later(max(0.0, when - time.monotonic()), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        try:
+            self.store.tick()
+        except Exception:
+            log.exception("beanstalk timer failed")
+        self.rearm()
+
+    # ---- stats ----------------------------------------------------------------------------
+
+    def stats(self) -> list[tuple[str, int | str | bool | float]]:
+        """``stats``' body, in beanstalkd 1.12's key order."""
+        s = self.store.stats
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        j = self.journal
+        uname = os.uname()
+        pairs: list[tuple[str, int | str | bool | float]] = [
+            ("current-jobs-urgent", s.urgent),
+            ("current-jobs-ready", s.ready),
+            ("current-jobs-reserved", s.reserved),
+            ("current-jobs-delayed", s.delayed),
+            ("current-jobs-buried", s.buried),
+        ]
+        pairs.extend((f"cmd-{name}", self.cmd[name]) for name in CMD_COUNTERS)
+        pairs += [
+            ("job-timeouts", s.job_timeouts),
+            ("total-jobs", s.total_jobs),
+            ("max-job-size", self.max_job_size),
+            ("current-tubes", len(self.store.tubes)),
+            ("current-connections", len(self.connections)),
+            ("current-producers", sum(1 for c in self.connections if c.producer)),
+            ("current-workers", sum(1 for c in self.connections if c.consumer)),
+            ("current-waiting", s.waiting),
+            ("total-connections", self.total_connections),
+            ("pid", os.getpid()),
+            ("version", f"{__version__} (tercel)"),
+            ("rusage-utime", usage.ru_utime),
+            ("rusage-stime", usage.ru_stime),
+            ("uptime", int(time.monotonic() - self.started)),
+            ("binlog-oldest-index", j.oldest_seq if j is not None else 0),
+            ("binlog-current-index", j.seq if j is not None else 0),
+            ("binlog-records-migrated", j.records_migrated if j is not None else 0),
+            ("binlog-records-written", j.records_written if j is not None else 0),
+            ("binlog-max-size", self.max_file_size),
+            ("draining", self.draining),
+            ("id", self.instance_id),
+            ("hostname", self.hostname),
+            ("os", uname.version),
+            ("platform", platform.machine()),
+        ]
+        return pairs
