@@ -4,8 +4,6 @@ The public surface is small: the version, the exception tree and the configurati
 The server itself is started through the ``tercel`` command (see :mod:`tercel.cli`).
 """
 
-from typing import TYPE_CHECKING
-
 from tercel.errors import (
     ConfigError,
     JournalCorrupt,
@@ -16,6 +14,7 @@ from tercel.errors import (
 )
 
 __version__ = "0.1.0"
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~9 ms at start-up
 
 if TYPE_CHECKING:
     from tercel.embedded import PersistentQueue
