@@ -52,6 +52,11 @@ NATIVE_MODULES = [
     "tercel/server/kestrel_ops.py",
     "tercel/server/text/connection.py",
     "tercel/server/thrift/connection.py",
+    "tercel/protocol/beanstalk.py",
+    "tercel/core/tubes.py",
+    "tercel/journal/joblog.py",
+    "tercel/server/beanstalk/service.py",
+    "tercel/server/beanstalk/connection.py",
 ]
 """The request path (codec, handlers, session, queue, journal, group commit): the modules whose
 interpretation cost is most of a command's CPU (docs/benchmarks.md)."""

@@ -37,9 +37,9 @@ HOOK_SCENARIOS: dict[str, str] = {
 ALL_SCENARIOS = LOAD_SCENARIOS + SPECIAL_SCENARIOS + tuple(HOOK_SCENARIOS)
 DEFAULT_SCENARIOS = ALL_SCENARIOS
 
-BLOCKING_SERVERS = ("tercel-50ms", "redis-everysec", "beanstalkd")
-RELIABLE_SERVERS = ("tercel-50ms", "beanstalkd")
-REPLAY_SERVERS = ("tercel-50ms", "redis-everysec", "beanstalkd")
+BLOCKING_SERVERS = ("tercel-50ms", "tercel-bs-50ms", "redis-everysec", "beanstalkd")
+RELIABLE_SERVERS = ("tercel-50ms", "tercel-bs-50ms", "beanstalkd")
+REPLAY_SERVERS = ("tercel-50ms", "tercel-bs-50ms", "redis-everysec", "beanstalkd")
 
 
 @dataclass(frozen=True)

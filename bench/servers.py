@@ -38,7 +38,7 @@ class ServerDef:
     """A server configuration. ``kind`` selects the launcher; ``opts`` are its knobs."""
 
     name: str
-    kind: str  # memcached | redis | beanstalkd | tercel
+    kind: str  # memcached | redis | beanstalkd | tercel | tercel-bs (tercel beanstalkd)
     proto: str  # mc | bs | redis
     durability: str  # none | periodic | durable
     opts: tuple[str, ...] = ()
@@ -51,7 +51,7 @@ class ServerDef:
     @property
     def is_tercel(self) -> bool:
         """True for the server this suite exists to measure."""
-        return self.kind == "tercel"
+        return self.kind in ("tercel", "tercel-bs")
 
 
 SERVERS: dict[str, ServerDef] = {
@@ -65,6 +65,15 @@ SERVERS: dict[str, ServerDef] = {
         ServerDef("tercel-nosync", "tercel", "mc", "none", ("false",)),
         ServerDef("tercel-50ms", "tercel", "mc", "periodic", ('"50ms"',)),
         ServerDef("tercel-sync", "tercel", "mc", "durable", ("true",)),
+        ServerDef(
+            "tercel-bs-50ms",
+            "tercel-bs",
+            "bs",
+            "periodic",
+            ("-f", "50"),
+            note="tercel beanstalkd -b DIR",
+        ),
+        ServerDef("tercel-bs-sync", "tercel-bs", "bs", "durable", ("-f0",), note="-b DIR -f0"),
         ServerDef(
             "tercel-sync-loop",
             "tercel",
@@ -81,9 +90,9 @@ SERVERS: dict[str, ServerDef] = {
 PEER_TARGETS: dict[str, tuple[str, ...]] = {
     "memcached": ("tercel-nosync", "tercel-50ms"),
     "redis-everysec": ("tercel-nosync", "tercel-50ms"),
-    "beanstalkd": ("tercel-nosync", "tercel-50ms"),
+    "beanstalkd": ("tercel-nosync", "tercel-50ms", "tercel-bs-50ms"),
     "redis-always": ("tercel-sync", "tercel-sync-loop"),
-    "beanstalkd-f0": ("tercel-sync", "tercel-sync-loop"),
+    "beanstalkd-f0": ("tercel-sync", "tercel-sync-loop", "tercel-bs-sync"),
 }
 """For each peer, the tercel configurations whose paired ratio against it is reported: the same
 durability class, plus memcached as the protocol-speed ceiling for the Kestrel-like mode. Issue 7
@@ -147,7 +156,7 @@ def _env(d: ServerDef | None = None) -> dict[str, str] | None:
 
 def available(d: ServerDef) -> str | None:
     """None if ``d`` can be started here, else the reason it cannot."""
-    if d.kind == "tercel":
+    if d.is_tercel:
         return None if tercel_command() else "tercel is not installed (.venv/bin/tercel)"
     exe = {"memcached": "memcached", "redis": "redis-server", "beanstalkd": "beanstalkd"}[d.kind]
     return None if shutil.which(exe) else f"{exe} not found"
@@ -265,6 +274,12 @@ def _command(
         ], None
     if d.kind == "beanstalkd":
         return ["beanstalkd", "-l", host, "-p", str(port), "-b", str(data), *d.opts], None
+    if d.kind == "tercel-bs":  # the beanstalkd front end, with beanstalkd's own flags
+        if not tercel:
+            raise RuntimeError("tercel is not installed")
+        ports = cell / f"ports-{time.monotonic_ns()}.json"
+        argv = [*tercel, "beanstalkd", "-l", host, "-p", "0", "-b", str(data), *d.opts]
+        return [*argv, "--ports-file", str(ports)], ports
     if d.kind == "tercel":
         if not tercel:
             raise RuntimeError("tercel is not installed")
@@ -298,7 +313,8 @@ def _read_ports(path: Path, deadline: float, proc: subprocess.Popen[bytes]) -> i
         if proc.poll() is not None:
             raise RuntimeError(f"tercel exited with {proc.returncode} before writing its ports")
         try:
-            return int(json.loads(path.read_text())["memcache"])
+            ports = json.loads(path.read_text())
+            return int(ports.get("memcache") or ports["beanstalk"])
         except (OSError, ValueError, KeyError):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"tercel wrote no ports file at {path}") from None
@@ -326,7 +342,7 @@ def start(
     data.mkdir(parents=True, exist_ok=True)
     fixed = port is not None
     if port is None:
-        port = 0 if d.kind == "tercel" else free_port()
+        port = 0 if d.is_tercel else free_port()
     argv, ports_file = _command(d, port, data, cell, tercel_command())
     if fixed:
         ports_file = None
@@ -340,7 +356,7 @@ def start(
             stdout=logf,
             stderr=subprocess.STDOUT,
             cwd=cell,
-            env=_env(d) if d.kind == "tercel" else None,
+            env=_env(d) if d.is_tercel else None,
         )
     r = Running(d, proc, port, data, cell, log)
     deadline = time.monotonic() + timeout

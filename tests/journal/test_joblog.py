@@ -3,6 +3,7 @@ rotation, compaction and a crash at each of its fail points."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ def _open(path: Path, clock: Clock, max_file_size: int = 1 << 20) -> tuple[JobSt
     found = journal.replay()
     store = JobStore(clock, journal)
     for job in found.jobs:
-        store.restore(JobRecord(*[getattr(job, f) for f in JobRecord.__slots__]))
+        store.restore(JobRecord(*[getattr(job, f.name) for f in dataclasses.fields(JobRecord)]))
     store.next_id = max(store.next_id, found.next_id)
     return store, journal
 

@@ -17,7 +17,7 @@ import platform
 import resource
 import socket
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tercel import __version__
 from tercel.core.tubes import JobRecord, JobStore
@@ -112,6 +112,7 @@ class BeanstalkService:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._listeners: list[asyncio.Server] = []
+        self._port = 0
 
     # ---- start and stop -------------------------------------------------------------------
 
@@ -153,13 +154,18 @@ class BeanstalkService:
         else:
             server = await self.loop.create_server(factory, sock=sock, backlog=1024)
         self._listeners.append(server)
-        name = sock.getsockname()
-        return name if isinstance(name, str) else f"{name[0]}:{name[1]}"
+        name: Any = sock.getsockname()  # a str (Unix) or a tuple
+        if isinstance(name, str):
+            return name
+        if not self._port:
+            self._port = int(name[1])
+        return f"{name[0]}:{name[1]}"
 
     def port(self) -> int:
-        """The TCP port of the first listener (0 for a Unix socket)."""
-        name = self._listeners[0].sockets[0].getsockname()
-        return 0 if isinstance(name, str) else int(name[1])
+        """The TCP port of the first TCP listener (0 if none). (Read from the socket given to
+        :meth:`listen`: uvloop's ``Server.sockets`` is a list where typeshed says tuple, which
+        compiled code refuses.)"""
+        return self._port
 
     async def stop(self) -> None:
         """Stop listening, return every reservation, write and sync the log, close it."""
@@ -183,7 +189,7 @@ class BeanstalkService:
         return self._sync
 
     def _dirty(self, journal: JobJournal) -> None:
-        self.committer.journal_dirty(journal)  # type: ignore[arg-type]
+        self.committer.journal_dirty(journal)
 
     # ---- the timer ------------------------------------------------------------------------
 
