@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from codec_fuzz import Codec, fuzz_tests
 from tercel.protocol.beanstalk import (
     BAD_FORMAT,
     EXPECTED_CRLF,
@@ -158,3 +159,41 @@ def test_replies() -> None:
         body == b'OK 61\r\n---\nid: 3\ntube: "t.x"\ndraining: false\nrusage-utime: 0.500000\n\r\n'
     )
     assert yaml_dict([("os", '#1 "x"')]).endswith(b'os: "#1 \\"x\\""\n\r\n')
+
+
+class _Pump:
+    """The fuzz harness's feed/step shape over :meth:`BeanstalkCodec.feed`."""
+
+    NEED_DATA = object()
+
+    def __init__(self) -> None:
+        self.codec = BeanstalkCodec(max_job_size=64)
+        self.ready: list[Request] = []
+
+    def feed(self, data: bytes) -> None:
+        self.ready.extend(self.codec.feed(data))
+
+    def step(self) -> object:
+        return self.ready.pop(0) if self.ready else self.NEED_DATA
+
+
+TestBeanstalkFuzz = fuzz_tests(
+    Codec(
+        name="beanstalk server",
+        new=_Pump,
+        feed=lambda pump, data: pump.feed(data),
+        step=lambda pump: pump.step(),
+        need_data=_Pump.NEED_DATA,
+        clean=(),
+        closes=lambda exc: False,
+        seeds=(
+            b"put 0 0 10 3\r\nabc\r\n",
+            b"reserve-with-timeout 0\r\n",
+            b"use a.b/c\r\nwatch x\r\nignore default\r\n",
+            b"release 1 2 3\r\nbury 4 5\r\nkick 9\r\nkick-job 1\r\n",
+            b"stats\r\nstats-job 1\r\nstats-tube default\r\npause-tube default 1\r\n",
+            b"put 0 0 1 99\r\n" + b"x" * 101,
+        ),
+        tokens=(b"put ", b" 4294967296", b" 18446744073709551616", b"\r\n", b"\x00", b"-"),
+    )
+)
