@@ -196,8 +196,11 @@ def test_deadline_soon_with_ttr_one(bsd: BeanstalkdProcess) -> None:
     c.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\nDEADLINE_SOON\r\n")
 
 
-def test_kill_9_keeps_ready_delayed_buried_and_readies_reserved(tmp_path: Path) -> None:
-    proc = BeanstalkdProcess(tmp_path / "wal").start()
+@pytest.mark.parametrize("sync", [(), ("-f0",), ("-F",)], ids=["f50", "f0", "F"])
+def test_kill_9_keeps_ready_delayed_buried_and_readies_reserved(
+    tmp_path: Path, sync: tuple[str, ...]
+) -> None:
+    proc = BeanstalkdProcess(tmp_path / "wal", extra_args=sync).start()
     try:
         c = Raw(proc.port)
         c.send(
@@ -366,3 +369,20 @@ def test_serve_with_beanstalk_port_survives_kill_9(tmp_path: Path) -> None:
         c.send(b"watch t\r\nreserve-with-timeout 0\r\n")
         c.expect(b"WATCHING 2\r\nRESERVED 1 3\r\nabc\r\n")
         assert sorted(os.listdir(tmp_path / "data" / "beanstalk.d")) == ["jobs.1", "lock"]
+
+
+@pytest.mark.parametrize(
+    ("status", "reserve"), [("readonly", b"RESERVED 1 1\r\nx\r\n"), ("quiescent", b"TIMED_OUT\r\n")]
+)
+def test_server_status_applies(tmp_path: Path, status: str, reserve: bytes) -> None:
+    data = tmp_path / "data"
+    with ServerProcess(data, extra_args=("--beanstalk-port", "0")) as proc:
+        c = Raw(proc.ports["beanstalk"])
+        c.send(b"put 0 0 60 1\r\nx\r\n")
+        c.expect(b"INSERTED 1\r\n")
+        proc.stop()
+        (data / ".status").write_text(status + "\n")
+        proc.start()
+        c = Raw(proc.ports["beanstalk"])
+        c.send(b"put 0 0 60 1\r\ny\r\nreserve-with-timeout 0\r\n")
+        c.expect(b"DRAINING\r\n" + reserve)

@@ -215,6 +215,7 @@ class JobJournal:
         self._parts: list[bytes] = []
         self._pending = 0
         self._failed: JournalWriteError | None = None
+        self._retired: list[int] = []  # descriptors of rotated files a running sync may use
         self._unsynced = False
         self.syncing = False
         self.records_written = 0
@@ -417,7 +418,10 @@ class JobJournal:
             os.fdatasync(self._fd)
         except OSError as exc:
             self._fail("fsync", exc)
-        os.close(self._fd)
+        if self.syncing:  # a periodic fdatasync of this file runs on a worker thread
+            self._retired.append(self._fd)  # closed by sync_done, never under its feet
+        else:
+            os.close(self._fd)
         self._older += self._written
         self._unsynced = False
         self.seq += 1
@@ -448,7 +452,10 @@ class JobJournal:
         self._fail("fsync", exc)
 
     def sync_done(self) -> None:
+        """A periodic sync finished (on the loop): close the files rotated meanwhile."""
         self.syncing = False
+        while self._retired:
+            os.close(self._retired.pop())
 
     @property
     def needs_sync(self) -> bool:
@@ -522,6 +529,8 @@ class JobJournal:
             finally:
                 os.close(self._fd)
                 self._fd = -1
+        while self._retired:
+            os.close(self._retired.pop())
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
