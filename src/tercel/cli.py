@@ -56,6 +56,11 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="logging level",
     )
+    sub.add_parser(
+        "beanstalkd",
+        add_help=False,
+        help="run a beanstalkd-compatible server (beanstalkd's flags; tercel beanstalkd -h)",
+    )
     from tercel import journal_tool
 
     journal_tool.add_parser(sub)
@@ -165,6 +170,11 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tercel`` command."""
+    rest = sys.argv[1:] if argv is None else list(argv)
+    if rest[:1] == ["beanstalkd"]:  # beanstalkd's own flags; binds before anything loads
+        from tercel import beanstalkd_cli
+
+        return beanstalkd_cli.main(rest[1:])
     args = _build_parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper(), logging.INFO)

@@ -69,11 +69,20 @@ def _thrift_connection(ctx: ServerContext) -> Connection:
     return ThriftConnection(ctx)
 
 
+def _beanstalk_connection(ctx: ServerContext) -> Connection:
+    """The beanstalkd front end keeps its own job store, job log and group commit
+    (:mod:`tercel.server.beanstalk.service`), started with the server; its connections do not
+    subclass :class:`Connection` yet (they run the same kind of pump), hence the cast."""
+    from tercel.server.beanstalk.service import connection_for
+
+    return cast(Connection, connection_for(ctx))
+
+
 FRONT_ENDS: tuple[FrontEnd, ...] = (
     FrontEnd("memcache", "memcache_port", MemcacheConnection),
     FrontEnd("text", "text_port", _text_connection),
     FrontEnd("thrift", "thrift_port", _thrift_connection),
-    FrontEnd("beanstalk", "beanstalk_port", None),
+    FrontEnd("beanstalk", "beanstalk_port", _beanstalk_connection),
 )
 """Every front end tercel has; a listener is started for each whose port is configured."""
 
@@ -199,6 +208,10 @@ class Server:
         if stale:
             log.warning("compiled modules older than their sources (run make): %s", stale)
         self._replay()
+        if srv.beanstalk_port is not None:
+            from tercel.server.beanstalk.service import start_in_server
+
+            start_in_server(ctx, self.data_dir, self.config.defaults)
         if admin_module is not None:
             assert srv.admin_port is not None
             self.admin = (await admin_module).AdminServer(ctx)
@@ -300,6 +313,10 @@ class Server:
         ctx.reservations.close()
         if self.admin is not None:
             await self.admin.stop()
+        if self.config.server.beanstalk_port is not None:
+            from tercel.server.beanstalk.service import stop_in_server
+
+            await stop_in_server(ctx)
         for conn in list(ctx.connections):
             conn.end_session()
         self.committer.flush_now()

@@ -17,7 +17,7 @@ import platform
 import resource
 import socket
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from tercel import __version__
 from tercel.core.tubes import JobRecord, JobStore
@@ -26,7 +26,9 @@ from tercel.protocol.beanstalk import DEFAULT_MAX_JOB_SIZE, random_id
 from tercel.server.commit import Committer
 
 if TYPE_CHECKING:
+    from tercel.config import QueueConfig
     from tercel.server.beanstalk.connection import BeanstalkConnection
+    from tercel.server.context import ServerContext
 
 log = logging.getLogger("tercel.beanstalk")
 
@@ -61,6 +63,13 @@ CMD_COUNTERS = (
 none in 1.12)."""
 
 
+class Gate(Protocol):
+    """The server's status flags (``ServerContext`` has them)."""
+
+    writable: bool
+    readable: bool
+
+
 class SystemTubeClock:
     """The store's clocks: ``time.monotonic`` and the wall clock in epoch ms."""
 
@@ -86,8 +95,12 @@ class BeanstalkService:
         sync: int | None = 50,
         max_job_size: int = DEFAULT_MAX_JOB_SIZE,
         max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+        gate: Gate | None = None,
     ) -> None:
         self.loop = loop
+        self.gate = gate
+        """Under ``tercel serve``: the server's status (READONLY and QUIESCENT refuse puts
+        with DRAINING; QUIESCENT also answers a reserve TIMED_OUT at once)."""
         self.max_job_size = max_job_size
         self.max_file_size = max_file_size
         self._sync = sync
@@ -100,12 +113,6 @@ class BeanstalkService:
         self.connections: set[BeanstalkConnection] = set()
         self.total_connections = 0
         self.draining = False
-        self.writable = True
-        """False while the server's status refuses new items (READONLY, QUIESCENT, stopping):
-        ``put`` answers DRAINING."""
-        self.readable = True
-        """False while the server's status refuses reads (QUIESCENT, stopping): a reserve
-        answers TIMED_OUT at once."""
         self.started = time.monotonic()
         self.instance_id = random_id()
         self.hostname = socket.gethostname()
@@ -257,3 +264,66 @@ class BeanstalkService:
             ("platform", platform.machine()),
         ]
         return pairs
+
+    @property
+    def writable(self) -> bool:
+        """False while the server's status refuses new items."""
+        return self.gate is None or self.gate.writable
+
+    @property
+    def readable(self) -> bool:
+        """False while the server's status refuses reads."""
+        return self.gate is None or self.gate.readable
+
+    def counters(self) -> dict[str, int]:
+        """The counters ``tercel serve`` adds to its stats under ``beanstalk``."""
+        s = self.store.stats
+        out = {f"cmd_{name.replace('-', '_')}": n for name, n in self.cmd.items()}
+        out.update(
+            jobs_ready=s.ready,
+            jobs_reserved=s.reserved,
+            jobs_delayed=s.delayed,
+            jobs_buried=s.buried,
+            total_jobs=s.total_jobs,
+            job_timeouts=s.job_timeouts,
+            waiting=s.waiting,
+            tubes=len(self.store.tubes),
+        )
+        return out
+
+
+# ---- inside ``tercel serve`` ------------------------------------------------------------------
+
+_IN_SERVER: dict[object, BeanstalkService] = {}
+"""The service of each running server, by its context (one per process in practice)."""
+
+
+def start_in_server(ctx: ServerContext, data_dir: str, defaults: QueueConfig) -> BeanstalkService:
+    """Create and replay the service of ``tercel serve``: journaled in ``<data_dir>/beanstalk.d``
+    with the default queue settings' ``journal`` and ``sync_journal``, the server's status."""
+    svc = BeanstalkService(
+        ctx.loop,
+        os.path.join(data_dir, JOBLOG_DIR) if defaults.journal else None,
+        sync=defaults.sync_journal,
+        gate=ctx,
+    )
+    restored = svc.replay()
+    if restored:
+        log.info("restored %d beanstalk job(s)", restored)
+    ctx.add_counters("beanstalk", svc.counters)
+    _IN_SERVER[ctx] = svc
+    return svc
+
+
+def connection_for(ctx: ServerContext) -> BeanstalkConnection:
+    """A new connection to the service of ``ctx``'s server."""
+    from tercel.server.beanstalk.connection import BeanstalkConnection
+
+    return BeanstalkConnection(_IN_SERVER[ctx])
+
+
+async def stop_in_server(ctx: ServerContext) -> None:
+    """Close the connections, write and sync the job log, close it."""
+    svc = _IN_SERVER.pop(ctx, None)
+    if svc is not None:
+        await svc.stop()
