@@ -5,7 +5,7 @@
 Flags as beanstalkd 1.12's (port 11300, ``-z 65535``, ``-f 50``, ``-s 10485760``), except that
 the default listen address is 127.0.0.1 (beanstalkd's is 0.0.0.0). ``-l unix:/path`` listens on
 a Unix socket. Without ``-b`` jobs live in memory only and nothing is written anywhere; with
-``-b DIR`` every state change is journaled in DIR (``docs/journal_format.md`` §16).
+``-b DIR`` every state change is journaled in DIR (``docs/journal_format.md`` §17).
 ``-f MS`` fsyncs at most every MS ms, ``-f0`` before every reply (grouped), ``-F`` never.
 SIGTERM and SIGINT stop cleanly; SIGUSR1 turns drain mode on.
 
