@@ -135,7 +135,7 @@ class PersistentQueue:
         return ok
 
     def abort(self, xid: int) -> bool:
-        """Return open read ``xid``'s item to the head; False when it is not open."""
+        """Return open read ``xid``'s item to its place in the queue; False when it is not open."""
         ok = self._check().abort(xid)
         self._durable()
         return ok

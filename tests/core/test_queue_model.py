@@ -76,9 +76,14 @@ class Model:
         self.next_id += 1
         return True
 
+    def put_back(self, item: MItem) -> None:
+        """A returned item goes back to its place by id (not to the head)."""
+        at = next((i for i, it in enumerate(self.items) if it.id > item.id), len(self.items))
+        self.items.insert(at, item)
+
     def restart(self) -> None:
-        for xid in sorted(self.open, reverse=True):
-            self.items.insert(0, self.open.pop(xid))
+        for xid in sorted(self.open):
+            self.put_back(self.open.pop(xid))
 
 
 configs = st.builds(
@@ -180,7 +185,7 @@ class QueueMachine(RuleBasedStateMachine):
     def abort(self, pick: int) -> None:
         xids = sorted(self.model.open)
         xid = xids[pick % len(xids)]
-        self.model.items.insert(0, self.model.open.pop(xid))
+        self.model.put_back(self.model.open.pop(xid))
         assert self.q.abort(xid)
 
     @rule(xid=st.integers(0, 50))

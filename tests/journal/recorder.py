@@ -46,6 +46,9 @@ class Recorder:
     def on_abort(self, xid: int) -> None:
         self.events.append(("abort", xid))
 
+    def on_return(self, xid: int) -> None:
+        self.events.append(("return", xid))
+
     def on_flush(self) -> None:
         self.events.append(("flush",))
 

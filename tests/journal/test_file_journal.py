@@ -83,7 +83,7 @@ def test_appends_replay_in_order(tmp_path: Path, journal: FileJournal) -> None:
         ("add", 1, 10, 20, b"one"),
         ("add", 2, 11, 0, b""),
         ("open", 5),
-        ("abort", 5),
+        ("return", 5),  # abort() writes RETURN since format version 3
         ("open", 6),
         ("confirm", 6),
         ("remove",),
@@ -238,11 +238,11 @@ def test_bad_magic_is_corrupt(tmp_path: Path, name: str) -> None:
 
 
 def test_unsupported_version_is_corrupt(tmp_path: Path) -> None:
-    data = write(tmp_path / "q", add(1), header=b"TRCL\x03\x00\x00\x00")
+    data = write(tmp_path / "q", add(1), header=b"TRCL\x04\x00\x00\x00")
     with pytest.raises(JournalCorrupt) as info:
         replay(tmp_path)
     assert (info.value.path, info.value.offset) == (str(tmp_path / "q"), 4)
-    assert "version 3" in str(info.value)
+    assert "version 4" in str(info.value)
     assert (tmp_path / "q").read_bytes() == data
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import tercel
 from tercel.core.tubes import BURIED, DELAYED, READY, JobRecord, JobStore, Worker
 from tercel.errors import JournalCorrupt
 from tercel.journal.joblog import FAILPOINTS, HEADER, JobJournal
@@ -163,7 +164,7 @@ store.log.compact(store.next_id, (store.record(j, 5.0) for j in store.snapshot()
 
 @pytest.mark.parametrize("failpoint", FAILPOINTS)
 def test_crash_at_every_compaction_step(tmp_path: Path, failpoint: str) -> None:
-    src = str(Path(__file__).resolve().parents[2] / "src")
+    src = str(Path(tercel.__file__).resolve().parents[1])  # the tercel this test imports
     script = _CRASH.format(src=src, path=str(tmp_path))
     env = {**os.environ, "TERCEL_FAILPOINT": failpoint}
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, check=False)

@@ -30,6 +30,8 @@ def encode(events: list[Event]) -> bytearray:
                 rec.encode_xid(buf, rec.OP_CONFIRM, xid)
             case ("abort", int(xid)):
                 rec.encode_xid(buf, rec.OP_ABORT, xid)
+            case ("return", int(xid)):
+                rec.encode_xid(buf, rec.OP_RETURN, xid)
             case _:
                 raise AssertionError(ev)
     return buf
@@ -51,9 +53,10 @@ def raw(body: bytes) -> bytes:
 
 
 def test_file_header() -> None:
-    assert rec.FILE_HEADER == b"TRCL\x02\x00\x00\x00"
+    assert rec.FILE_HEADER == b"TRCL\x03\x00\x00\x00"
     assert rec.header_version(b"TRCL\x01\x00\x00\x00") == 1
-    assert rec.header_version(b"TRCL\x03\x00\x00\x00") is None
+    assert rec.header_version(b"TRCL\x03\x00\x00\x00") == 3
+    assert rec.header_version(b"TRCL\x04\x00\x00\x00") is None
     assert rec.HEADER_SIZE == 8
 
 
@@ -69,7 +72,7 @@ def test_add_layout() -> None:
 def test_simple_and_xid_layout() -> None:
     assert raw(b"\x02") == rec.REMOVE_RECORD
     assert raw(b"\x06") == rec.FLUSH_RECORD
-    for op in (rec.OP_OPEN, rec.OP_CONFIRM, rec.OP_ABORT):
+    for op in (rec.OP_OPEN, rec.OP_CONFIRM, rec.OP_ABORT, rec.OP_RETURN):
         buf = bytearray()
         rec.encode_xid(buf, op, 0xDEADBEEF)
         assert bytes(buf) == raw(struct.pack("<BI", op, 0xDEADBEEF))
@@ -96,7 +99,7 @@ events = st.one_of(
     ),
     st.just(("remove",)),
     st.just(("flush",)),
-    st.tuples(st.sampled_from(["open", "confirm", "abort"]), xids),
+    st.tuples(st.sampled_from(["open", "confirm", "abort", "return"]), xids),
 )
 
 

@@ -60,7 +60,7 @@ def test_a_synced_journal_writes_zeros_ahead_and_close_cuts_them(tmp_path: Path)
     data = (tmp_path / "q").read_bytes()
     assert len(data) == j.current_size + jmod.PREALLOCATE_FIRST
     assert data[j.current_size :] == bytes(jmod.PREALLOCATE_FIRST)
-    assert data[:8] == rec.FILE_HEADER and rec.VERSION == 2
+    assert data[:8] == rec.FILE_HEADER and rec.VERSION >= 2
     steps = []  # each time the records reach the zeros: how many more are written
     for i in range(3, 40):
         before = (tmp_path / "q").stat().st_size

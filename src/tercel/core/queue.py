@@ -88,6 +88,25 @@ class QItem:
         self.deliveries = 0
 
 
+def put_back(items: deque[QItem], item: QItem) -> None:
+    """Return ``item`` (taken by an open read, a lease or a TTR) to its original place: the
+    queue is kept in item-id order (every memcache item has the same priority, so this is
+    beanstalkd's ``(priority, id)`` order), not in the order the returns happen. Usually the
+    item is older than every item left, and this is an ``appendleft``."""
+    if not items or item.id < items[0].id:
+        items.appendleft(item)
+        return
+    lo, hi = 1, len(items)
+    item_id = item.id
+    while lo < hi:  # the first position whose item is newer
+        mid = (lo + hi) // 2
+        if items[mid].id < item_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    items.insert(lo, item)
+
+
 def _frozen(item: QItem) -> QItem:
     """A copy of ``item`` as it is now."""
     copy = QItem(item.id, item.add_time, item.expiry, item.data)
@@ -248,7 +267,7 @@ class PersistentQueue:
         for xid in sorted(self._open, reverse=True):
             self.log.abort(xid)
             item = self._open.pop(xid)
-            self._items.appendleft(item)
+            put_back(self._items, item)
             self.mem_bytes += len(item.data)
         if not self._items:  # the head in memory; the rest of the window comes with removes
             self._refill()
@@ -401,12 +420,13 @@ class PersistentQueue:
         return True
 
     def abort(self, xid: int) -> bool:
-        """Return open read ``xid``'s item to the head; False when no such read is open."""
+        """Return open read ``xid``'s item to its original place in the queue (by item id,
+        :func:`put_back`); False when no such read is open."""
         if xid not in self._open or self.closed:
             return False
         self.log.abort(xid)
         item = self._open.pop(xid)
-        self._items.appendleft(item)
+        put_back(self._items, item)
         self.mem_bytes += len(item.data)
         self.canceled_transactions += 1
         if self._waiters:
@@ -414,8 +434,8 @@ class PersistentQueue:
         return True
 
     def abort_many(self, xids: list[int]) -> int:
-        """Return several open reads to the head so that they keep the order of ``xids``
-        (oldest first), and only then serve blocked readers; how many were open."""
+        """Return several open reads to their places (:meth:`abort`), and only then serve
+        blocked readers; how many were open."""
         waiters, self._waiters = self._waiters, {}
         try:
             n = sum(self.abort(xid) for xid in reversed(xids))
@@ -781,10 +801,19 @@ class _Replayer:
         self.q._open.pop(xid, None)
 
     def on_abort(self, xid: int) -> None:
+        """ABORT (format versions 1 and 2): the item went back to the head."""
         q = self.q
         item = q._open.pop(xid, None)
         if item is not None:
             q._items.appendleft(item)
+            q.mem_bytes += len(item.data)
+
+    def on_return(self, xid: int) -> None:
+        """RETURN (version 3): the item went back to its place by item id."""
+        q = self.q
+        item = q._open.pop(xid, None)
+        if item is not None:
+            put_back(q._items, item)
             q.mem_bytes += len(item.data)
 
     def on_flush(self) -> None:

@@ -39,20 +39,22 @@ from typing import Final, NoReturn, Protocol
 
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal.journal import fsync_dir
-from tercel.journal.records import MAGIC, PREFIX, PREFIX_SIZE, crc32
+from tercel.journal.records import FILE_HEADER, PREFIX, PREFIX_SIZE, VERSION, crc32, header_version
 
 log = logging.getLogger("tercel.journal")
 
-VERSION: Final = 3
-HEADER: Final = MAGIC + bytes([VERSION, 0, 0, 0])
+HEADER: Final = FILE_HEADER
+"""The record format's header (written); any version from :data:`FIRST_VERSION` is read."""
+FIRST_VERSION: Final = 3
+"""The first format version with the job records."""
 HEADER_SIZE: Final = len(HEADER)
 DEFAULT_MAX_FILE_SIZE: Final = 10 * 1024 * 1024
 MAX_BODY: Final = 1024 * 1024 * 1024 + 256
 
-OP_JOB: Final = 10
-OP_STATE: Final = 11
-OP_DELETE: Final = 12
-OP_SNAPSHOT: Final = 13
+OP_JOB: Final = 16
+OP_STATE: Final = 17
+OP_DELETE: Final = 18
+OP_SNAPSHOT: Final = 19
 
 _JOB = struct.Struct("<BQBIIIqqIIIIIB")  # op id state pri delay ttr created deadline 5xctr len
 _STATE = struct.Struct("<BQBIIqIIIII")  # op id state pri delay deadline 5 counters
@@ -285,8 +287,9 @@ class JobJournal:
                 os.truncate(path, 0)
                 return 1, 0, len(data)
             raise JournalCorrupt("not a tercel job log (bad file header)", path, 0)
-        if data[:HEADER_SIZE] != HEADER:
-            raise JournalCorrupt("not a version 3 job log (bad file header)", path, 0)
+        version = header_version(data[:HEADER_SIZE])
+        if version is None or version < FIRST_VERSION:
+            raise JournalCorrupt(f"not a version {VERSION} job log (bad file header)", path, 0)
         try:
             return (*self._apply(data, jobs, snapshot), 0)
         except _Torn as torn:

@@ -650,8 +650,8 @@ class FileJournal:
         self._xid(rec.OP_CONFIRM, xid)
 
     def abort(self, xid: int) -> None:
-        """Journal open read ``xid`` being aborted (the item is back at the head)."""
-        self._xid(rec.OP_ABORT, xid)
+        """Journal open read ``xid`` being aborted: a RETURN record (the item back in place)."""
+        self._xid(rec.OP_RETURN, xid)
 
     def _simple(self, record: bytes) -> None:
         if self._failed is not None:

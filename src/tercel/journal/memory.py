@@ -79,7 +79,7 @@ class MemoryJournal:
         rec.encode_xid(self.data, rec.OP_CONFIRM, xid)
 
     def abort(self, xid: int) -> None:
-        rec.encode_xid(self.data, rec.OP_ABORT, xid)
+        rec.encode_xid(self.data, rec.OP_RETURN, xid)
 
     @property
     def size(self) -> int:

@@ -25,11 +25,13 @@ Bytes = bytes | bytearray | memoryview | mmap.mmap
 """Anything replay can read records from."""
 
 MAGIC: Final = b"TRCL"
-VERSION: Final = 2
+VERSION: Final = 3
 """Version 2 has version 1's records; what is new is that a file may end in zero bytes
 (space written ahead of the records so an ``fdatasync`` need not commit a new file size):
-a record prefix of eight zero bytes ends the records, and only zeros may follow it."""
-VERSIONS: Final = (1, VERSION)
+a record prefix of eight zero bytes ends the records, and only zeros may follow it. Version 3
+adds RETURN (an open read's item back to its place by item id; ABORT puts it at the head) and
+the beanstalkd job log's opcodes (``joblog.py``)."""
+VERSIONS: Final = (1, 2, VERSION)
 """Versions replay reads. Files of an older version are read, never appended to."""
 
 
@@ -59,12 +61,14 @@ OP_FLUSH: Final = 6
 OP_SNAPSHOT: Final = 7
 OP_RESUME: Final = 8
 OP_DELIVERED: Final = 9
+OP_RETURN: Final = 10
 OP_NAMES: Final = {
     OP_ADD: "ADD",
     OP_REMOVE: "REMOVE",
     OP_OPEN: "OPEN",
     OP_CONFIRM: "CONFIRM",
     OP_ABORT: "ABORT",
+    OP_RETURN: "RETURN",
     OP_FLUSH: "FLUSH",
     OP_SNAPSHOT: "SNAPSHOT",
     OP_RESUME: "RESUME",
@@ -98,6 +102,7 @@ class RecordSink(Protocol):
     def on_open(self, xid: int) -> None: ...
     def on_confirm(self, xid: int) -> None: ...
     def on_abort(self, xid: int) -> None: ...
+    def on_return(self, xid: int) -> None: ...
     def on_flush(self) -> None: ...
     def on_snapshot(self, next_id: int, xid: int) -> None: ...
     def on_delivered(self, count: int) -> None: ...
@@ -184,6 +189,7 @@ FIXED_LENGTHS: Final[dict[int, int]] = {
     OP_OPEN: _XID.size,
     OP_CONFIRM: _XID.size,
     OP_ABORT: _XID.size,
+    OP_RETURN: _XID.size,
     OP_REMOVE: 1,
     OP_FLUSH: 1,
     OP_SNAPSHOT: _SNAPSHOT.size,
@@ -258,6 +264,8 @@ def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
             sink.on_open(xid)
         elif op == OP_CONFIRM:
             sink.on_confirm(xid)
+        elif op == OP_RETURN:
+            sink.on_return(xid)
         else:
             sink.on_abort(xid)
 
@@ -318,7 +326,7 @@ def describe_record(buf: Bytes, pos: int, stop: int) -> dict[str, object]:
     if op == OP_ADD:
         _, out["item_id"], out["add_time"], out["expiry"] = _ADD.unpack_from(buf, start)
         out["data"] = bytes(buf[start + ADD_FIELDS_SIZE : stop])
-    elif op in (OP_OPEN, OP_CONFIRM, OP_ABORT):
+    elif op in (OP_OPEN, OP_CONFIRM, OP_ABORT, OP_RETURN):
         out["xid"] = _XID.unpack_from(buf, start)[1]
     elif op == OP_SNAPSHOT:
         _, out["next_id"], out["xid"] = _SNAPSHOT.unpack_from(buf, start)

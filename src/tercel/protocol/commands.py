@@ -130,7 +130,7 @@ class Ack:
 
 @dataclass(slots=True)
 class Release:
-    """``release <queue> <lease_id>...``: return leased items to the head."""
+    """``release <queue> <lease_id>...``: return leased items to their places in the queue."""
 
     queue: str
     ids: tuple[str, ...]

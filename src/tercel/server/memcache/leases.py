@@ -139,7 +139,7 @@ def handle_ack(conn: Connection, cmd: Ack) -> None:
 
 
 def handle_release(conn: Connection, cmd: Release) -> None:
-    """``release <q> <id>...`` -> ``RELEASED <n>``: back to the head, in queue order."""
+    """``release <q> <id>...`` -> ``RELEASED <n>``: back to their places, in queue order."""
     n = conn.ctx.reservations.table.abort(_named(conn, cmd.queue, cmd.ids))
     conn.out.append(mc.counted(b"RELEASED", n))
 
