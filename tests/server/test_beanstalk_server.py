@@ -360,9 +360,15 @@ def test_serve_with_beanstalk_port_survives_kill_9(tmp_path: Path) -> None:
         c = Raw(proc.ports["beanstalk"])
         c.send(b"use t\r\nput 0 0 60 3\r\nabc\r\n")
         c.expect(b"USING t\r\nINSERTED 1\r\n")
-        with proc.connect() as m:  # memcache beside it
+        with proc.connect() as m:  # memcache beside it, and the beanstalk counters in its stats
             m.sendall(b"set q 0 0 1\r\nx\r\n")
             assert m.recv(100) == b"STORED\r\n"
+            m.sendall(b"stats\r\n")
+            stats = b""
+            while not stats.endswith(b"END\r\n"):
+                stats += m.recv(65536)
+            assert b"STAT beanstalk_cmd_put 1\r\n" in stats
+            assert b"STAT beanstalk_curr_jobs_ready 1\r\n" in stats
         proc.kill()
         proc.start()
         c = Raw(proc.ports["beanstalk"])

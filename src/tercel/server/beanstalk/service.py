@@ -276,18 +276,21 @@ class BeanstalkService:
         return self.gate is None or self.gate.readable
 
     def counters(self) -> dict[str, int]:
-        """The counters ``tercel serve`` adds to its stats under ``beanstalk``."""
+        """The counters ``tercel serve`` adds to its stats under ``beanstalk`` (``curr_*`` are
+        levels: gauges on the admin server; the rest count)."""
         s = self.store.stats
         out = {f"cmd_{name.replace('-', '_')}": n for name, n in self.cmd.items()}
         out.update(
-            jobs_ready=s.ready,
-            jobs_reserved=s.reserved,
-            jobs_delayed=s.delayed,
-            jobs_buried=s.buried,
+            curr_connections=len(self.connections),
+            total_connections=self.total_connections,
+            curr_jobs_ready=s.ready,
+            curr_jobs_reserved=s.reserved,
+            curr_jobs_delayed=s.delayed,
+            curr_jobs_buried=s.buried,
+            curr_waiting=s.waiting,
+            curr_tubes=len(self.store.tubes),
             total_jobs=s.total_jobs,
             job_timeouts=s.job_timeouts,
-            waiting=s.waiting,
-            tubes=len(self.store.tubes),
         )
         return out
 
