@@ -280,7 +280,7 @@ def test_journal_reader_on_a_journal_with_known_contents(spark: Any, work: Path)
         r.confirm()  # CONFIRM 1
         r = c.reserve("jq")  # OPEN 2
         assert r is not None
-        r.abort()  # ABORT 2
+        r.abort()  # RETURN 2 (journal version 3; ABORT in versions 1-2)
         srv.stop()
     with open(data / "jq", "ab") as f:
         f.write(b"\x30\x00\x00\x00torn")  # a torn tail: ignored by default
@@ -295,7 +295,7 @@ def test_journal_reader_on_a_journal_with_known_contents(spark: Any, work: Path)
         ("OPEN", None, 1, None),
         ("CONFIRM", None, 1, None),
         ("OPEN", None, 2, None),
-        ("ABORT", None, 2, None),
+        ("RETURN", None, 2, None),
     ]
     assert {(r.queue, r.file, r.file_seq) for r in rows} == {("jq", "jq", 1)}
     assert rows[0].offset == 8 and rows[1].offset == rows[0].offset + rows[0].size
