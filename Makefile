@@ -74,7 +74,7 @@ soak: $(STAMP) $(NATIVE)
 	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS)
 
 fuzz: $(STAMP) $(NATIVE)
-	TERCEL_FUZZ_EXAMPLES=3000 $(BIN)/pytest -q -p no:cacheprovider tests/protocol/test_codec_fuzz.py
+	TERCEL_FUZZ_EXAMPLES=3000 $(BIN)/pytest -q -p no:cacheprovider tests/protocol -k Fuzz
 	$(BIN)/python bench/fuzz.py --seconds $(FUZZ_SECONDS)
 
 example: $(STAMP)

@@ -36,7 +36,8 @@ Adding a codec takes a few lines in its own test module (tests import this modul
 are fragments worth inserting (command words, extreme numbers). ``new`` should use small
 limits (a 64-byte line) so that the limit paths are reached. The number of examples per test
 is ``TERCEL_FUZZ_EXAMPLES`` (default 150, kept small for ``make test``; ``make fuzz`` runs
-more).
+3000 for every class under ``tests/protocol`` whose name holds ``Fuzz``: name yours
+``Test<Codec>Fuzz``).
 """
 
 from __future__ import annotations
