@@ -113,10 +113,18 @@ def _write(data: bytes) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run one client verb; the exit code."""
-    try:
-        from tercel.client import Client
+    from tercel.client import Client
+    from tercel.client._base import parse_server
 
-        with Client(_servers(args), timeout=args.timeout) as client:
+    servers = _servers(args)
+    try:
+        for address in servers:
+            parse_server(address)
+    except ValueError as exc:  # a usage error, not a traceback
+        print(f"tercel {args.command}: {exc}", file=sys.stderr)
+        return exit_codes.USAGE
+    try:
+        with Client(servers, timeout=args.timeout) as client:
             code: int = VERBS[args.command](client, args)
             return code
     except ClientError as exc:

@@ -149,6 +149,12 @@ class ClientTimeout(TransportError):
     """The server did not accept the connection or answer within the client's timeout."""
 
 
+class BadRequest(ClientError):
+    """A request the client refuses to send: a queue name (or other word of a request line)
+    that is empty or holds whitespace, a control character or a non-ASCII one would not be
+    read as one word (``flush a b`` is the server's ``flush a``)."""
+
+
 class BadReply(ClientError):
     """A reply that does not parse: client and server disagree about the protocol."""
 

@@ -18,6 +18,7 @@ import pytest
 from conftest import Raw
 from tercel.client import AsyncClient, Client
 from tercel.errors import (
+    BadRequest,
     ClientTimeout,
     NoServerAvailable,
     NotStored,
@@ -332,3 +333,18 @@ def test_a_waiting_read_with_a_short_timeout_asks_every_server(tmp_path: Path) -
             for _ in range(5):
                 only_c.put("q", b"x")
                 assert client.get("q", timeout=timeout) == b"x"
+
+
+@pytest.mark.parametrize("bad", ["a b", "a\r\nflush_all", "a\tb", "", "caf\u00e9 x"])
+def test_a_queue_name_that_is_not_one_word_is_refused_not_sent(
+    client: Client, qname: str, bad: str
+) -> None:
+    """``flush("q x")`` once sent ``flush q x``, which the server read as ``flush q``: it
+    emptied another queue (``delete`` deleted it); a name with CRLF injected a command."""
+    victim = qname if bad != "a\r\nflush_all" else qname + "_v"
+    name = bad.replace("a", qname, 1)
+    client.put(victim, b"kept")
+    for call in (client.flush, client.delete, client.peek, lambda n: client.put(n, b"x")):
+        with pytest.raises(BadRequest):
+            call(name)
+    assert client.peek(victim) == b"kept"

@@ -161,3 +161,15 @@ def test_serve_says_which_build_runs_and_logs_the_replay(tmp_path: Path) -> None
     assert build in log
     assert "replaying 2 queue(s) from" in log
     assert "replayed 2 queue(s), 3 items in" in log
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:abc", "[::1]:x"])
+def test_a_bad_server_address_is_a_usage_error_not_a_traceback(address: str) -> None:
+    for verb in ("queues", "status", "flush"):
+        args = [sys.executable, "-m", "tercel", verb, "--server", address]
+        done = subprocess.run(
+            [*args, "q"] if verb == "flush" else args, capture_output=True, check=False
+        )
+        assert done.returncode == exit_codes.USAGE, done.stderr
+        assert b"Traceback" not in done.stderr
+        assert b"bad server address" in done.stderr

@@ -89,3 +89,31 @@ def test_sighup_right_after_listening_reloads_and_keeps_serving(
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(30)
     assert code == 0, _rest_of_log(proc, lines)
+
+
+def test_a_front_end_that_cannot_be_imported_stops_the_start_before_listening(
+    tmp_path: Path,
+) -> None:
+    """Issue 21 item 4: thriftpy2 missing (an import of the Thrift front end that fails) is a
+    failed start, not a server that listens and then fails at its first Thrift connection."""
+    flags = ("--memcache-port", "0", "--thrift-port", "0", "--log-level", "info")
+    script = (
+        "import sys, runpy; sys.modules['thriftpy2'] = None; "
+        "sys.argv[0] = 'tercel'; runpy.run_module('tercel', run_name='__main__')"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script, "serve", "--data-dir", str(tmp_path / "data"), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    ) as server:
+        assert server.stderr is not None
+        log = b""
+        for line in server.stderr:
+            log += line
+            if b"listening" in line:  # before the fix: it listens, and stays up
+                server.kill()
+                break
+        code = server.wait(30)
+    assert b"listening" not in log, log
+    assert code == 1, log
+    assert b"thriftpy2" in log, log

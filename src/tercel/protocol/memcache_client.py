@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from tercel.errors import BadReply
+from tercel.errors import BadReply, BadRequest
 from tercel.protocol.commands import (
     Ack,
     Command,
@@ -119,14 +119,24 @@ def get_key(
     abort: bool = False,
     peek: bool = False,
 ) -> bytes:
-    """``queue[/t=ms][/close][/open][/abort][/peek]``: a Kestrel get key."""
-    key = queue
+    """``queue[/t=ms][/close][/open][/abort][/peek]``: a Kestrel get key. BadRequest for a
+    ``queue`` that is not one word (:func:`_word`)."""
+    key = _word(queue).decode("ascii")
     if timeout_ms is not None and timeout_ms > 0:
         key += f"/t={timeout_ms}"
     for flag, word in ((close, "close"), (open, "open"), (abort, "abort"), (peek, "peek")):
         if flag:
             key += "/" + word
-    return key.encode("ascii")
+    return key.encode("utf-8")
+
+
+def _word(text: str | bytes) -> bytes:
+    """``text`` as one word of a request line; BadRequest when it would not be read as one
+    (empty, or holding whitespace, a control character or a non-ASCII one)."""
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    if not raw or not raw.isascii() or any(c <= 32 or c == 127 for c in raw):
+        raise BadRequest(f"bad queue name {raw[:80]!r}: not one printable ASCII word")
+    return raw
 
 
 def _error(line: bytes) -> ErrorReply | None:
@@ -172,10 +182,10 @@ class MemcacheClientCodec:
         line = self._line_reply
         match cmd:
             case Get():
-                return b"%b %b\r\n" % (b"gets" if cmd.cas else b"get", cmd.key), self._value
+                return b"%b %b\r\n" % (b"gets" if cmd.cas else b"get", _word(cmd.key)), self._value
             case Set():
                 head = b"set %b %d %d %d" % (
-                    cmd.queue.encode(),
+                    _word(cmd.queue),
                     cmd.flags,
                     cmd.exptime,
                     len(cmd.data),
@@ -183,39 +193,39 @@ class MemcacheClientCodec:
                 return head + b"\r\n" + cmd.data + b"\r\n", line
             case Delete() | Flush():
                 verb = b"delete" if isinstance(cmd, Delete) else b"flush"
-                return b"%b %b\r\n" % (verb, cmd.queue.encode()), line
+                return b"%b %b\r\n" % (verb, _word(cmd.queue)), line
             case FlushAll():
                 return b"flush_all\r\n", line
             case FlushExpired():
-                return b"flush_expired %b\r\n" % cmd.queue.encode(), line
+                return b"flush_expired %b\r\n" % _word(cmd.queue), line
             case DumpStats():
-                return b" ".join((b"dump_stats", *(q.encode() for q in cmd.queues))) + b"\r\n", (
+                return b" ".join((b"dump_stats", *(_word(q) for q in cmd.queues))) + b"\r\n", (
                     self._blocks
                 )
             case Simple():
                 reader = self._listing if cmd.name in _LISTINGS else line
                 return cmd.name.encode() + b"\r\n", None if cmd.name in _NO_REPLY else reader
             case Status():
-                tail = b"" if cmd.value is None else b" " + cmd.value.encode()
+                tail = b"" if cmd.value is None else b" " + _word(cmd.value)
                 return b"status%b\r\n" % tail, line
             case Lease():
-                args = (cmd.queue.encode(), cmd.max_items, cmd.wait_ms, cmd.lease_ms)
+                args = (_word(cmd.queue), cmd.max_items, cmd.wait_ms, cmd.lease_ms)
                 return b"lease %b %d %d %d\r\n" % args, self._lease
             case Ack() | Release():
                 verb = b"ack" if isinstance(cmd, Ack) else b"release"
-                return b" ".join((verb, cmd.queue.encode(), *_id_bytes(cmd.ids))) + b"\r\n", line
+                return b" ".join((verb, _word(cmd.queue), *_id_bytes(cmd.ids))) + b"\r\n", line
             case Renew():
-                head = b"renew %b %d" % (cmd.queue.encode(), cmd.lease_ms)
+                head = b"renew %b %d" % (_word(cmd.queue), cmd.lease_ms)
                 return b" ".join((head, *_id_bytes(cmd.ids))) + b"\r\n", line
             case Monitor():
                 tail = b"" if cmd.max_items is None else b" %d" % cmd.max_items
                 return b"monitor %b %d%b\r\n" % (
-                    cmd.queue.encode(),
+                    _word(cmd.queue),
                     cmd.seconds,
                     tail,
                 ), self._values
             case Confirm():
-                return b"confirm %b %d\r\n" % (cmd.queue.encode(), cmd.count), line
+                return b"confirm %b %d\r\n" % (_word(cmd.queue), cmd.count), line
         raise ValueError(f"the client codec cannot send {type(cmd).__name__}")
 
     # ---- replies --------------------------------------------------------------------------

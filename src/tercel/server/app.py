@@ -4,7 +4,7 @@ them until stopped. Imported by nothing but the CLI (and ``bench/``).
 The journal and the core meet through :mod:`tercel.storage` only: each queue gets its journal
 from ``storage.open_log``, and the data dir's one lock is ``storage.DataDirLock``. The listeners
 come from :data:`FRONT_ENDS`, one row per front end: the ``[server]`` key of its port and the
-factory of its connections (docs/architecture.md, "How to add a front end").
+loader of its connections' factory (docs/architecture.md, "How to add a front end").
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+ConnectionFactory = Callable[[ServerContext], Connection]
+"""Makes the connection of one accepted socket."""
+
+
 @dataclass(frozen=True)
 class FrontEnd:
     """One row of the listener table."""
@@ -50,36 +54,46 @@ class FrontEnd:
     """The listener's name: its key in the ports file and in ``/server_info``."""
     setting: str
     """The ``[server]`` key (and ``--<key>`` flag) of its port; None there: no listener."""
-    factory: Callable[[ServerContext], Connection] | None
-    """Makes the connection of each accepted socket; None: this front end is not built yet."""
+    load: Callable[[], ConnectionFactory] | None
+    """Imports its connection class and returns the factory of each accepted socket's
+    connection; None: this front end is not built yet. Called by :meth:`Server.start` for the
+    configured front ends only, on a thread while the journals replay: an import that fails
+    stops the start before anything listens, never a live server at its first connection."""
 
 
-def _text_connection(ctx: ServerContext) -> Connection:
+def _memcache_connection() -> ConnectionFactory:
+    return MemcacheConnection
+
+
+def _text_connection() -> ConnectionFactory:
     from tercel.server.text.connection import TextConnection
 
-    return TextConnection(ctx)
+    return TextConnection
 
 
-def _thrift_connection(ctx: ServerContext) -> Connection:
-    """Loaded on the first connection: thriftpy2 and the IDL it parses cost ~60 ms of start-up
-    that servers without a Thrift port should not pay (so does the text front end, for
-    symmetry; a module already imported costs a dict lookup per accept)."""
+def _thrift_connection() -> ConnectionFactory:
+    """thriftpy2 and the IDL it parses cost ~60 ms of start-up that servers without a Thrift
+    port should not pay, so this runs only when the Thrift port is configured."""
     from tercel.server.thrift.connection import ThriftConnection
 
-    return ThriftConnection(ctx)
+    return ThriftConnection
 
 
-def _beanstalk_connection(ctx: ServerContext) -> Connection:
+def _beanstalk_connection() -> ConnectionFactory:
     """The beanstalkd front end keeps its own job store, job log and group commit
     (:mod:`tercel.server.beanstalk.service`), started with the server; its connections do not
     subclass :class:`Connection` yet (they run the same kind of pump), hence the cast."""
+    import tercel.server.beanstalk.connection  # noqa: F401  (now, not at the first accept)
     from tercel.server.beanstalk.service import connection_for
 
-    return cast(Connection, connection_for(ctx))
+    def make(ctx: ServerContext) -> Connection:
+        return cast(Connection, connection_for(ctx))
+
+    return make
 
 
 FRONT_ENDS: tuple[FrontEnd, ...] = (
-    FrontEnd("memcache", "memcache_port", MemcacheConnection),
+    FrontEnd("memcache", "memcache_port", _memcache_connection),
     FrontEnd("text", "text_port", _text_connection),
     FrontEnd("thrift", "thrift_port", _thrift_connection),
     FrontEnd("beanstalk", "beanstalk_port", _beanstalk_connection),
@@ -95,10 +109,15 @@ def listener_table(config: ServerConfig) -> list[tuple[FrontEnd, int]]:
         port: int | None = getattr(config.server, fe.setting)
         if port is None:
             continue
-        if fe.factory is None:
+        if fe.load is None:
             raise ConfigError(f"server.{fe.setting}: the {fe.name} front end is not built yet")
         table.append((fe, port))
     return table
+
+
+def _load(fe: FrontEnd) -> ConnectionFactory:
+    assert fe.load is not None  # listener_table() lists built front ends only
+    return fe.load()
 
 
 def _import_admin() -> ModuleType:
@@ -198,6 +217,8 @@ class Server:
         admin_module = (
             None if srv.admin_port is None else self.loop.run_in_executor(None, _import_admin)
         )
+        # The configured front ends' modules (thriftpy2 and its IDL for Thrift): same thread.
+        factories = [self.loop.run_in_executor(None, _load, fe) for fe, _ in table]
         ctx = self.ctx
         ctx.status.load()
         ctx.status_changed()
@@ -216,7 +237,11 @@ class Server:
             assert srv.admin_port is not None
             self.admin = (await admin_module).AdminServer(ctx)
             ctx.ports["admin"] = await self.admin.start(srv.host, srv.admin_port)
-        servers = [await self._listen(fe, port) for fe, port in table]
+        loaded = [await factory for factory in factories]
+        servers = [
+            await self._listen(fe, port, factory)
+            for (fe, port), factory in zip(table, loaded, strict=True)
+        ]
         for fe, listener in zip((fe for fe, _ in table), servers, strict=True):
             self._listeners.append(listener)
             sock = listener.sockets[0].getsockname()
@@ -261,10 +286,8 @@ class Server:
                 time.monotonic() - t0,
             )
 
-    async def _listen(self, fe: FrontEnd, port: int) -> asyncio.Server:
+    async def _listen(self, fe: FrontEnd, port: int, factory: ConnectionFactory) -> asyncio.Server:
         """Create the (not yet serving) listener of one front end."""
-        factory = fe.factory
-        assert factory is not None
         ctx = self.ctx
 
         def protocol() -> asyncio.BaseProtocol:
