@@ -36,8 +36,8 @@ JOURNAL_SCHEMA = (
 )
 """One row per record: ``offset`` is the record's byte offset in ``file``; ``size`` its bytes
 on disk (header included); ``xid`` is set for OPEN/CONFIRM/ABORT/RETURN (and SNAPSHOT: the
-last xid); ``item_id`` for ADD (SNAPSHOT: the next item id); ``add_time``, ``expiry`` and ``payload`` for
-ADD only (``expiry`` null when the item never expires)."""
+last xid); ``item_id`` for ADD (SNAPSHOT: the next item id); ``add_time``, ``expiry`` and
+``payload`` for ADD only (``expiry`` null when the item never expires)."""
 
 TS = pa.timestamp("us", tz="UTC")
 ARROW_SCHEMA = pa.schema(
