@@ -166,3 +166,33 @@ def test_refuses_while_a_server_holds_the_directory(tmp_path: Path) -> None:
         client.close()
         out = tool("salvage", str(tmp_path), "q")
         assert out.returncode == 2 and "in use by a running tercel" in out.stderr
+
+
+def test_a_checkpoint_does_not_outlive_a_salvage_that_changed_the_files(tmp_path: Path) -> None:
+    # A clean stop leaves a checkpoint: "the queue is 200 ADDs from item 0's record in q.1,
+    # replay goes on at the end of the newest file". Salvage then cuts a damaged ADD out of
+    # q.1: the checkpoint no longer describes the files, and must not be trusted.
+    data = tmp_path / "data"
+    with ServerProcess(data, READ_BEHIND) as srv:
+        client = Client(("127.0.0.1", srv.port), default_noreply=False)
+        for i in range(200):
+            assert client.set("q", item(i))
+        client.close()
+        srv.stop()
+    assert (data / "q.checkpoint").exists()
+    first = data / "q.1"
+    at = offsets(first)
+    damage(first, at[5] + rec.ADD_HEAD_SIZE + 3, b"#")  # a payload byte of item 5
+    out = tool("salvage", str(data), "q")
+    assert out.returncode == 1, out.stderr
+    assert tool("check", str(data), "q").returncode == 0
+    with ServerProcess(data, READ_BEHIND) as srv:
+        client = Client(("127.0.0.1", srv.port), default_noreply=False)
+        got = []
+        while (value := client.get("q")) is not None:
+            got.append(value)
+        client.set("q", b"after")
+        assert client.get("q") == b"after"
+        client.close()
+        srv.stop()
+    assert got == [item(i) for i in range(200) if i != 5]

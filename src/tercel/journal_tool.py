@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Never, TextIO
 
 from tercel.journal import list_queue_names
 from tercel.journal import records as rec
+from tercel.journal.checkpoint import SUFFIX as CHECKPOINT_SUFFIX
 from tercel.journal.journal import journal_files
 from tercel.journal.reader import ChunkReader
 from tercel.names import valid_name
@@ -245,7 +246,12 @@ def salvage(data_dir: str, queue: str, out: TextIO, *, dry_run: bool = False) ->
     try:
         paths = journal_files(data_dir, queue)
         with _bar(paths, queue) as bar:
-            result = salvage_queue(_with_seqs(paths), write=not dry_run, progress=bar.update)
+            result = salvage_queue(
+                _with_seqs(paths),
+                write=not dry_run,
+                progress=bar.update,
+                checkpoint=os.path.join(data_dir, queue + CHECKPOINT_SUFFIX),
+            )
     finally:
         lock.release()
     for fp in result.files:

@@ -31,6 +31,7 @@ as far as their headers could be read; items an ADD carried in a cut span are lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -191,11 +192,18 @@ def _patched(fp: FilePlan, buf: bytes, by_seq: dict[int, FilePlan], notes: list[
 
 
 def salvage_queue(
-    files: list[tuple[int, str]], *, write: bool, progress: Callable[[int], object] | None = None
+    files: list[tuple[int, str]],
+    *,
+    write: bool,
+    progress: Callable[[int], object] | None = None,
+    checkpoint: str | None = None,
 ) -> QueuePlan:
     """Plan (and with ``write``, carry out) the salvage of one queue whose files are
     ``(seq, path)`` in replay order; ``progress(n)`` is called with each file's size once it
-    is scanned."""
+    is scanned. ``checkpoint``: the queue's checkpoint file, deleted (and the deletion made
+    durable) before any file is rewritten: it describes the files as they were, and a
+    checkpoint whose end file is unchanged would otherwise pass its checks at the next start
+    while a file before its end lost records (replay would count items that are gone)."""
     contents = {}
     plans = []
     for seq, path in files:
@@ -215,7 +223,11 @@ def salvage_queue(
             new = _patched(fp, buf, by_seq, result.resumes)
             if fp.damaged or len(result.resumes) > moved:
                 rewritten.append((fp, new))
-    if write:
+    if write and rewritten:
+        if checkpoint is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(checkpoint)
+            _fsync_dir(os.path.dirname(checkpoint))
         for fp, new in rewritten:
             _replace(fp.path, new)
     return result
@@ -234,7 +246,11 @@ def _replace(path: str, data: bytes) -> None:
         os.close(fd)
     os.link(path, f"{path}.damaged-{time.time_ns() // 1_000_000}")
     os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(path: str) -> None:
+    dfd = os.open(path or ".", os.O_RDONLY)
     try:
         os.fsync(dfd)
     finally:
