@@ -6,7 +6,9 @@ removed (the reference), on real files, and drains both queues item by item.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import shutil
@@ -20,6 +22,8 @@ from tercel.core.queue import PersistentQueue
 from tercel.errors import JournalCorrupt
 from tercel.journal import FileJournal
 from tercel.journal import checkpoint as ckpt
+from tercel.journal.faults import FaultyFiles
+from tercel.journal.files import DataDir
 
 T0 = 1_700_000_000_000
 CONFIG = dataclasses.replace(QueueConfig(), max_memory_size=64 * 1024)  # read-behind early
@@ -220,3 +224,43 @@ def test_erase_removes_the_checkpoint(data: Path) -> None:
     assert q.checkpoint()
     q.erase()
     assert not (data / "q.checkpoint").exists()
+
+
+@pytest.mark.parametrize("how", ["eio-on-the-checkpoint", "crash-after-the-files"])
+def test_a_queue_deleted_half_way_leaves_no_checkpoint_for_its_next_incarnation(
+    data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    # The first life ends empty, two rotations in: its checkpoint says "nothing before
+    # (3, header)". A delete then stops half way (an I/O error on the checkpoint's unlink;
+    # or a crash once the journal files are gone, the checkpoint still there): the next queue
+    # of that name, once it reaches file 3, must not replay from that checkpoint and skip
+    # files 1 and 2 (four acknowledged items lost before the fix).
+    q = open_queue(data)
+    fill(q, 0, 3)
+    for _ in range(3):
+        q.remove()
+    q.log.rotate()
+    q.log.rotate()
+    q.close()
+    saved = (data / "q.checkpoint").read_bytes()
+    faults = FaultyFiles()
+    if how == "eio-on-the-checkpoint":
+        faults.fail("unlink", errno.EIO, path="q.checkpoint")
+    journal = FileJournal(str(data), "q", directory=DataDir(str(data), ops=faults))
+    q = PersistentQueue("q", CONFIG, journal, ManualClock(T0))
+    q.replay()
+    with contextlib.suppress(OSError):
+        q.erase()
+    if how == "crash-after-the-files":
+        (data / "q.checkpoint").write_bytes(saved)
+    q = open_queue(data)  # the queue made again under the same name
+    fill(q, 100, 2)
+    q.log.rotate()
+    fill(q, 102, 2)
+    q.log.rotate()
+    fill(q, 104, 2)
+    q.log.write_out()  # then kill -9: no clean close, no new checkpoint
+    want = reference(data, tmp_path)
+    got, _ = used_checkpoint(data, caplog)
+    assert got == want
+    assert [d for _, d in got[3]] == [b"%08d" % i for i in range(100, 106)]  # type: ignore[index]

@@ -360,6 +360,9 @@ class FileJournal:
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         report = ReplayReport()
         state = _ReplayState(pager=pager)
+        if not files:  # a checkpoint without files is left over from an earlier queue
+            with contextlib.suppress(FileNotFoundError):
+                self._ops.unlink(self.checkpoint_path)
         cp = self._load_checkpoint(files) if pager is not None and files else None
         if pager is not None and cp is not None:
             log.info("journal %s: replay starts at the checkpoint at %s", self.name, cp.end)
@@ -1131,11 +1134,13 @@ class FileJournal:
         self._unsynced = False  # nothing of it is worth an fsync any more
         self._allocated = self._written
         self.close()
+        # The checkpoint first: one left without its files (a crash half way) would be taken
+        # by the next queue of this name once its files reach the checkpoint's end.
+        with contextlib.suppress(FileNotFoundError):
+            self._ops.unlink(self.checkpoint_path)
         for path in [f"{self.path}.{seq}" for seq in sorted(self._older)] + [self.path]:
             with contextlib.suppress(FileNotFoundError):
                 self._ops.unlink(path)  # the journal knows its files: no directory listing
-        with contextlib.suppress(FileNotFoundError):
-            self._ops.unlink(self.checkpoint_path)
         self._marks.clear()
         self._older.clear()
         self._older_total = self._written = 0
