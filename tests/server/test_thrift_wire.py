@@ -270,3 +270,20 @@ def test_a_client_that_leaves_a_waiting_reservation_get_frees_its_items(
         # Until the waiting get has reserved the item (a round trip or two).
         assert any(kc.peek(qname).open_transactions == 1 for _ in range(1000))
     assert data(kc.get(qname, 1, 10_000, 0)) == [b"kept"]
+
+
+def test_an_argument_of_the_wrong_type_is_an_exception_not_a_default(
+    tsrv: ServerProcess, kc: Any, qname: str
+) -> None:
+    """thriftpy2 skips a field whose wire type is not the IDL's: a put whose items are a
+    list<i32> was acknowledged as 0 stored, an i64 expiration_msec read as 0 (never)."""
+    head = struct.pack("!iI", -0x7FFEFFFF - 1 | 1, 3) + b"put" + struct.pack("!i", 9)
+    name = struct.pack("!bhi", 11, 1, len(qname)) + qname.encode()
+    items = struct.pack("!bhbi", 15, 2, 8, 2) + struct.pack("!ii", 1, 2)
+    one = struct.pack("!bhbi", 15, 2, 11, 1) + struct.pack("!i", 1) + b"x"
+    expiry = struct.pack("!bhq", 10, 3, 5)  # an i64 where the IDL has an i32
+    for body in (head + name + items + b"\x00", head + name + one + expiry + b"\x00"):
+        reply = _raw_call(tsrv, struct.pack("!i", len(body)) + body)
+        assert b"malformed arguments" in reply
+    assert kc.peek(qname).items == 0
+    assert kc.put(qname, [b"x"], 0) == 1

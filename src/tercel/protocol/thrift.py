@@ -331,12 +331,13 @@ def decode_call(payload: bytes) -> ThriftCall:
     build = _BUILDERS.get(method)
     if build is None:
         return BadCall(seqid, method, UNKNOWN_METHOD, f"unknown method {method}")
+    args = getattr(_SERVICE, method + "_args")()
     try:
         _check_struct(payload, start, MAX_DEPTH)
+        _check_types(payload, start, args.thrift_spec)
     except (ProtocolError, struct.error) as exc:
         reason = exc.reason if isinstance(exc, ProtocolError) else "truncated"
         return BadCall(seqid, method, PROTOCOL_ERROR, f"malformed arguments: {reason}")
-    args = getattr(_SERVICE, method + "_args")()
     try:
         proto = TCyBinaryProtocol(TCyMemoryBuffer(payload[start:]), decode_response=True)
         proto.read_struct(args)
@@ -397,6 +398,34 @@ def _check_value(buf: bytes, pos: int, ttype: int, depth: int) -> int:
     if end > len(buf):
         raise ProtocolError("value past the end of the frame")
     return end
+
+
+_BINARY: Final = 18
+"""thriftpy2's ``binary`` in a spec; ``string`` on the wire."""
+
+
+def _check_types(buf: bytes, pos: int, spec: dict[int, tuple[Any, ...]]) -> None:
+    """Each argument the IDL declares must come with its declared wire type, and a list's or
+    set's elements with theirs: thriftpy2 skips a field of another type, which would then read
+    as absent (a put whose items it could not read acknowledged as ``0`` stored). Run after
+    :func:`_check_struct` (the walk is then within the frame). Raises ProtocolError."""
+    while True:
+        (ftype,) = _I8.unpack_from(buf, pos)
+        if ftype == 0:
+            return
+        (fid,) = _I16.unpack_from(buf, pos + 1)
+        want = spec.get(fid)
+        if want is not None:
+            if ftype != want[0]:
+                raise ProtocolError(f"{want[1]} sent as type {ftype}, not {want[0]}")
+            elem = want[2]
+            if ftype in (_LIST, _SET) and isinstance(elem, int):
+                (etype,) = _I8.unpack_from(buf, pos + 3)
+                (n,) = _I32.unpack_from(buf, pos + 4)
+                wire = _STRING if elem == _BINARY else elem
+                if n and etype != wire:
+                    raise ProtocolError(f"{want[1]} holds type {etype}, not {wire}")
+        pos = _check_value(buf, pos + 3, ftype, MAX_DEPTH)
 
 
 def _check_elements(buf: bytes, pos: int, n: int, types: tuple[int, ...], depth: int) -> int:
