@@ -6,6 +6,7 @@ import itertools
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import pytest
 
@@ -20,12 +21,25 @@ if native.stale_modules():  # the suite must test the sources as they are now
     )
 
 _names = itertools.count()
-_open: list[Raw] = []
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+_open: list[Closable] = []
+
+
+def track(conn: C) -> C:
+    """Close ``conn`` (any client with ``close()``) when the test ends; returns it."""
+    _open.append(conn)
+    return conn
 
 
 @pytest.fixture(autouse=True)
-def _close_raw_connections() -> Iterator[None]:
-    """Close every Raw connection a test opened, whatever happened in it."""
+def _close_connections() -> Iterator[None]:
+    """Close every connection a test opened with :func:`track`, whatever happened in it."""
     yield
     while _open:
         _open.pop().close()
@@ -37,7 +51,7 @@ class Raw:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = b""
-        _open.append(self)
+        track(self)
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)

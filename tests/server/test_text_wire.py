@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw, drain, set_cmd
+from conftest import Raw, drain, set_cmd, track
 from tercel.testing import ServerProcess
 
 PORTS = ("--text-port", "0")
@@ -45,20 +45,8 @@ class Text:
         self.sock.close()
 
 
-_open: list[Text] = []
-
-
 def text(srv: ServerProcess) -> Text:
-    c = Text(socket.create_connection(("127.0.0.1", srv.ports["text"]), timeout=10))
-    _open.append(c)
-    return c
-
-
-@pytest.fixture(autouse=True)
-def _close_text_connections() -> Iterator[None]:
-    yield
-    while _open:
-        _open.pop().close()
+    return track(Text(socket.create_connection(("127.0.0.1", srv.ports["text"]), timeout=10)))
 
 
 @pytest.fixture(scope="module")

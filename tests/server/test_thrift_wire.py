@@ -19,14 +19,12 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory
 
-from conftest import Raw, drain, set_cmd
+from conftest import Raw, drain, set_cmd, track
 from tercel.protocol.thrift import IDL_PATH
 from tercel.testing import ServerProcess
 
 IDL = thriftpy2.load(IDL_PATH, module_name="wire_kestrel_thrift")
 PORTS = ("--thrift-port", "0", "--text-port", "0")
-
-_open: list[Any] = []
 
 
 def client(srv: ServerProcess) -> Any:
@@ -38,15 +36,7 @@ def client(srv: ServerProcess) -> Any:
         proto_factory=TBinaryProtocolFactory(),
         timeout=10_000,
     )
-    _open.append(c)
-    return c
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _open:
-        _open.pop().close()
+    return track(c)
 
 
 @pytest.fixture(scope="module")
