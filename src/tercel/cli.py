@@ -12,14 +12,11 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tercel import __version__, exit_codes
 from tercel.config import ServerConfig, load_config
 from tercel.errors import ConfigError, JournalCorrupt
-
-if TYPE_CHECKING:  # asyncio loads after the memcache port is bound (see _bind_early)
-    import asyncio
 
 log = logging.getLogger("tercel")
 
@@ -90,17 +87,6 @@ def _config_from(args: argparse.Namespace) -> ServerConfig:
     return config.with_server(**overrides) if overrides else config
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
-    import asyncio
-
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
-
-
 def _bind_early(host: str, port: int) -> socket.socket:
     """A listening socket for a front end's port, made before the server's modules load.
 
@@ -148,9 +134,10 @@ def serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from tercel.server.app import run_server
+    from tercel.server.loop import new_loop
 
     try:
-        with asyncio.Runner(loop_factory=_new_loop) as runner:
+        with asyncio.Runner(loop_factory=new_loop) as runner:
             runner.run(run_server(config, args.ports_file, sockets=sockets, early_signals=early))
     except JournalCorrupt as exc:
         log.error("journal is corrupt, refusing to start: %s", exc)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from tercel.errors import JournalCorrupt
 from tercel.server.beanstalk.service import BeanstalkService
+from tercel.server.loop import new_loop
 
 if TYPE_CHECKING:
     from tercel.beanstalkd_cli import Options
@@ -23,15 +24,6 @@ log = logging.getLogger("tercel.beanstalk")
 EXIT_LOCKED = 10
 """beanstalkd's exit code when another instance holds the ``-b`` directory."""
 EXIT_CORRUPT = 3
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
 
 
 async def _serve(opts: Options, sock: socket.socket) -> int:
@@ -81,7 +73,7 @@ def run(opts: Options, sock: socket.socket) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        with asyncio.Runner(loop_factory=_new_loop) as runner:
+        with asyncio.Runner(loop_factory=new_loop) as runner:
             return runner.run(_serve(opts, sock))
     except JournalCorrupt as exc:
         log.error("job log is corrupt, refusing to start: %s", exc)
