@@ -5,11 +5,14 @@ and restart, disconnects. Replies were checked against Debian's beanstalkd 1.12.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiostalk
 import beanstalkc
@@ -392,3 +395,35 @@ def test_server_status_applies(tmp_path: Path, status: str, reserve: bytes) -> N
         c = Raw(proc.ports["beanstalk"])
         c.send(b"put 0 0 60 1\r\ny\r\nreserve-with-timeout 0\r\n")
         c.expect(b"DRAINING\r\n" + reserve)
+
+
+def _stats_json(proc: ServerProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(proc.admin_url + "/stats.json", timeout=10) as resp:
+        doc: dict[str, Any] = json.loads(resp.read())
+    return doc
+
+
+def test_connections_are_counted_by_the_shared_layer(tmp_path: Path) -> None:
+    """beanstalkd connections are the shared layer's: counted per front end in /stats.json,
+    in the server's totals, and in beanstalkd's own ``stats``; a parked reserve is one too."""
+    with ServerProcess(tmp_path / "data", extra_args=("--beanstalk-port", "0")) as proc:
+        port = proc.ports["beanstalk"]
+        waiter, other = Raw(port), Raw(port)
+        waiter.send(b"reserve\r\n")
+        stats = other.yaml(b"stats\r\n")  # answered after the waiter's reserve was read
+        assert (stats["current-connections"], stats["total-connections"]) == ("2", "2")
+        assert (stats["current-workers"], stats["current-waiting"]) == ("1", "1")
+        doc = _stats_json(proc)
+        assert doc["gauges"]["beanstalk/curr_connections"] == 2
+        assert doc["counters"]["beanstalk/total_connections"] == 2
+        assert doc["gauges"]["connections"] >= 2
+        waiter.sock.shutdown(socket.SHUT_WR)  # TIMED_OUT, then the server closes it
+        waiter.expect(b"TIMED_OUT\r\n")
+        assert waiter.sock.recv(10) == b""
+        other.send(b"put 0 0 60 1\r\nx\r\n")
+        other.expect(b"INSERTED 1\r\n")  # nobody waits any more: the job stays ready
+        stats = other.yaml(b"stats\r\n")
+        assert (stats["current-connections"], stats["total-connections"]) == ("1", "2")
+        assert (stats["current-workers"], stats["current-producers"]) == ("0", "1")
+        assert stats["current-jobs-ready"] == "1"
+        assert _stats_json(proc)["gauges"]["beanstalk/curr_connections"] == 1

@@ -120,6 +120,11 @@ class ServerContext:
             self.connections.discard(conn)
             self._per_front_end[conn.front_end][0] -= 1
 
+    def connection_counts(self, front_end: str) -> tuple[int, int]:
+        """``front_end``'s connections open now and ever opened."""
+        counts = self._per_front_end.get(front_end)
+        return (0, 0) if counts is None else (counts[0], counts[1])
+
     # ---- per-front-end counters -----------------------------------------------------------
 
     def add_counters(self, front_end: str, provider: Callable[[], dict[str, int]]) -> None:
