@@ -137,6 +137,7 @@ def test_transcript_byte_for_byte(bsd: BeanstalkdProcess) -> None:
         "1",
         "1",
     )
+    assert job["file"] == "1"  # its put record is in jobs.1
     tube = c.yaml(b"stats-tube t.x/(a);b$\r\n")
     assert next(iter(tube)) == "name" and len(tube) == 14
     assert tube["current-jobs-ready"] == "2" and tube["cmd-delete"] == "1"
@@ -244,6 +245,7 @@ def test_memory_only_writes_nothing(tmp_path: Path) -> None:
         c.send(b"put 0 0 1 1\r\nx\r\n")
         c.expect(b"INSERTED 1\r\n")
         assert c.yaml(b"stats\r\n")["binlog-current-index"] == "0"
+        assert c.yaml(b"stats-job 1\r\n")["file"] == "0"  # not journaled
         proc.kill()
         proc.start()
         c = Raw(proc.port)
@@ -377,6 +379,7 @@ def test_serve_with_beanstalk_port_survives_kill_9(tmp_path: Path) -> None:
         c = Raw(proc.ports["beanstalk"])
         c.send(b"watch t\r\nreserve-with-timeout 0\r\n")
         c.expect(b"WATCHING 2\r\nRESERVED 1 3\r\nabc\r\n")
+        assert c.yaml(b"stats-job 1\r\n")["file"] == "1"  # read back from jobs.1
         assert sorted(os.listdir(tmp_path / "data" / "beanstalk.d")) == ["jobs.1", "lock"]
 
 

@@ -267,7 +267,7 @@ class BeanstalkConnection(Connection):
                     ("delay", job.delay),
                     ("ttr", job.ttr),
                     ("time-left", store.time_left(job)),
-                    ("file", 0),
+                    ("file", job.file),
                     ("reserves", job.reserves),
                     ("timeouts", job.timeouts),
                     ("releases", job.releases),

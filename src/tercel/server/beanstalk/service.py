@@ -143,6 +143,7 @@ class BeanstalkService:
                     job.ttr,
                     job.created_ms,
                     job.body,
+                    job.file,
                 )
             )
         self.store.next_id = max(self.store.next_id, found.next_id)
