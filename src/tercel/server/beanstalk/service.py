@@ -285,6 +285,23 @@ class BeanstalkService:
         )
         return out
 
+    def tube_counters(self) -> dict[str, dict[str, int]]:
+        """Per tube, what ``stats-tube`` counts (the admin server's per-tube metrics, label
+        ``tube``: ``curr_*`` gauges, the rest counters)."""
+        return {
+            name: {
+                "curr_jobs_urgent": t.urgent_count,
+                "curr_jobs_ready": t.ready_count,
+                "curr_jobs_reserved": t.reserved_count,
+                "curr_jobs_delayed": t.delayed_count,
+                "curr_jobs_buried": t.buried_count,
+                "total_jobs": t.total_jobs,
+                "cmd_delete": t.cmd_delete,
+                "cmd_pause_tube": t.cmd_pause,
+            }
+            for name, t in self.store.tubes.items()
+        }
+
 
 # ---- the service of a context ---------------------------------------------------------------
 
@@ -309,6 +326,7 @@ def start_in_server(ctx: ServerContext, data_dir: str, defaults: QueueConfig) ->
     if restored:
         log.info("restored %d beanstalk job(s)", restored)
     ctx.add_counters(FRONT_END, svc.counters)
+    ctx.add_labelled(FRONT_END, "tube", svc.tube_counters)
     return svc
 
 
