@@ -21,7 +21,8 @@ Rules match an operation name (a :class:`FileOps` method) and optionally a subst
 path (for the descriptor operations, the path the descriptor was opened with). ``skip`` lets
 that many matching calls through first; ``times`` (None: forever) bounds how often the rule
 fires; ``armed_by=(op, path)`` keeps the rule asleep until such a call has completed. The
-compaction crash windows the journal documents are :data:`COMPACTION_CRASHES`.
+compaction crash windows the journals document are :data:`COMPACTION_CRASHES` (queue
+journals) and :data:`JOB_COMPACTION_CRASHES` (the beanstalkd job log).
 
 Thread-safe enough for the journal's worker threads (a lock around the rule bookkeeping).
 """
@@ -205,27 +206,37 @@ class FaultyFiles:
         return self._run("scandir", path, lambda: self.inner.scandir(path))
 
 
-def _before_write(f: FaultyFiles) -> None:
-    f.crash("open", path="~~")  # the snapshot file is about to be created
+Crashes = dict[str, Callable[[FaultyFiles], None]]
 
 
-def _after_write(f: FaultyFiles) -> None:
-    f.crash("rename", path="~~")  # written and fsynced, not yet renamed
+def _compaction_crashes(marker: str, prefix: str) -> Crashes:
+    """The four crash windows of a compaction whose snapshot file is written under a name
+    containing ``marker`` and then renamed: as rules, named ``<prefix>_<window>``."""
+
+    def before_write(f: FaultyFiles) -> None:
+        f.crash("open", path=marker)  # the snapshot file is about to be created
+
+    def after_write(f: FaultyFiles) -> None:
+        f.crash("rename", path=marker)  # written and fsynced, not yet renamed
+
+    def after_rename(f: FaultyFiles) -> None:
+        f.crash("fsync", armed_by=("rename", marker))  # renamed; the directory not yet fsynced
+
+    def after_delete(f: FaultyFiles) -> None:
+        # The second directory fsync after the rename follows the deletion of the older files.
+        f.crash("fsync", after=True, skip=1, armed_by=("rename", marker))
+
+    return {
+        f"{prefix}_before_write": before_write,
+        f"{prefix}_after_write": after_write,
+        f"{prefix}_after_rename": after_rename,
+        f"{prefix}_after_delete": after_delete,
+    }
 
 
-def _after_rename(f: FaultyFiles) -> None:
-    f.crash("fsync", armed_by=("rename", "~~"))  # renamed; the directory not yet fsynced
-
-
-def _after_delete(f: FaultyFiles) -> None:
-    # The second directory fsync after the rename follows the deletion of the older files.
-    f.crash("fsync", after=True, skip=1, armed_by=("rename", "~~"))
-
-
-COMPACTION_CRASHES: dict[str, Callable[[FaultyFiles], None]] = {
-    "compact_before_write": _before_write,
-    "compact_after_write": _after_write,
-    "compact_after_rename": _after_rename,
-    "compact_after_delete": _after_delete,
-}
-"""The crash windows of a compaction, in order, as rules to add to a :class:`FaultyFiles`."""
+COMPACTION_CRASHES: Crashes = _compaction_crashes("~~", "compact")
+"""The crash windows of a queue journal's compaction (``<name>~~<n>`` renamed over
+``<name>.<n>``), in order, as rules to add to a :class:`FaultyFiles`."""
+JOB_COMPACTION_CRASHES: Crashes = _compaction_crashes(".tmp", "jobs_compact")
+"""The crash windows of a beanstalkd job-log compaction (``snapshot.<n>.tmp`` renamed to
+``snapshot.<n>``, ``journal/joblog.py``), in order."""
