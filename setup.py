@@ -42,6 +42,7 @@ NATIVE_MODULES = [
     "tercel/journal/records.py",
     "tercel/journal/reader.py",
     "tercel/journal/files.py",
+    "tercel/journal/append.py",
     "tercel/journal/journal.py",
     "tercel/server/commit.py",
     "tercel/server/context.py",

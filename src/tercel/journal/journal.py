@@ -32,11 +32,12 @@ import mmap
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, NoReturn, Protocol
+from typing import Final, Protocol
 
-from tercel.errors import JournalCorrupt, JournalWriteError
+from tercel.errors import JournalCorrupt
 from tercel.journal import checkpoint as ckpt
 from tercel.journal import records as rec
+from tercel.journal.append import AppendLog, write_all
 from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, default_ops
 from tercel.journal.reader import FOUND, MORE, ChunkReader, add_id, find_add, read_adds, skip_adds
 
@@ -50,17 +51,6 @@ a longer rest is a torn tail only if the bad record claims to run past the end o
 (a large record cut short) and its first MiB holds nothing valid. After a record that claims to
 run past the end, "valid" means a run of records reaching the end of the data: the cut record's
 own payload may hold record bytes (a journal stored as an item)."""
-
-PREALLOCATE = 1 << 20
-"""The most zeros a journal that is fsynced writes ahead of its records at a time (format
-version 2). An ``fdatasync`` after an append that grows the file must also commit the new
-size through the filesystem's own journal; an overwrite of blocks that already exist need
-not, and measured about 40 % faster here (docs/benchmarks.md). Cut off again when the file
-is closed or rotated."""
-PREALLOCATE_FIRST = 64 << 10
-"""The first step ahead in a file. Each step doubles up to :data:`PREALLOCATE`, so a queue that
-writes little keeps little zeroed space on disk, and a busy one extends once per MiB."""
-_ZEROS = memoryview(bytes(PREALLOCATE))
 
 CHECKPOINT_EVERY = 16 << 20
 """A journal offers to write a checkpoint (:meth:`FileJournal.checkpoint_due`) once per this
@@ -177,34 +167,6 @@ def list_queue_names(data_dir: str) -> list[str]:
     return DataDir(data_dir).queue_names()
 
 
-def _write_all(ops: FileOps, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    """Write all of ``data`` at file offset ``offset``."""
-    n = ops.pwrite(fd, data, offset)
-    if n == len(data):  # the common case: no view, no slice
-        return
-    view = memoryview(data)[n:]
-    while view:
-        offset += n
-        n = ops.pwrite(fd, view, offset)
-        view = view[n:]
-
-
-IOV_MAX: Final = 1024
-"""The most pieces one ``pwritev`` takes (Linux's ``UIO_MAXIOV``)."""
-
-
-def _write_parts(ops: FileOps, fd: int, parts: list[bytes], size: int, offset: int) -> None:
-    """Write ``parts`` (``size`` bytes in all) one after another from file offset ``offset``,
-    :data:`IOV_MAX` pieces per call."""
-    for i in range(0, len(parts), IOV_MAX):
-        chunk = parts[i : i + IOV_MAX]
-        n = ops.pwritev(fd, chunk, offset)
-        want = size if len(parts) <= IOV_MAX else sum(len(p) for p in chunk)
-        if n < want:  # a short write: the rest of this chunk as one buffer
-            _write_all(ops, fd, memoryview(b"".join(chunk))[n:], offset + n)
-        offset += want
-
-
 def fsync_dir(path: str, ops: FileOps | None = None) -> None:
     """fsync a directory, so that renames and unlinks in it are durable."""
     if ops is None:
@@ -240,7 +202,7 @@ class _ReplayState:
     """Where replay starts (a checkpoint's end); None: at the first file's first record."""
 
 
-class FileJournal:
+class FileJournal(AppendLog):
     """The journal of queue ``name`` in ``data_dir`` (see the module docstring).
 
     ``directory`` is the data directory's listing, descriptor pool and file operations
@@ -263,29 +225,16 @@ class FileJournal:
         self.name = name
         self.path = os.path.join(data_dir, name)
         self._dir = directory if directory is not None else DataDir(data_dir)
-        self._ops = self._dir.ops
-        self.closed = True
-        """Not opened yet (before :meth:`replay`) or closed: nothing is written."""
+        super().__init__(self._dir.ops)
         self._current_version: int | None = None  # of the current file, read by replay
         self._current_size = 0  # of the current file after replay
         self._on_dirty = on_dirty if on_dirty is not None else FileJournal.write_out
         self._background = background or run_inline
-        self._parts: list[bytes] = []  # records not yet written, in order, as pieces
-        self._pending = 0  # their bytes
-        self._fd = -1
         self._seq = 1  # sequence number of the current file
-        self._written = 0  # bytes of the current file handed to the OS
-        self._allocated = 0  # bytes of the current file, zeros written ahead included
-        self._preallocating = False  # set by the first sync of the current file
-        self._ahead = PREALLOCATE_FIRST  # the next step of zeros written ahead; 0: none
         self._older: dict[int, int] = {}  # seq -> size of each older file
         self._older_total = 0
         self._size_before_cache: tuple[tuple[int, int, int], int] = ((0, 0, 0), 0)
-        self._failed: JournalWriteError | None = None
-        self.syncing = False
-        """True while a worker thread runs :meth:`sync`; close and rotation wait for it."""
-        self._close_after_sync = False
-        self._unsynced = False
+        self._close_after_sync = False  # close and rotation wait for a worker's sync
         self.compacting = False
         """True while a snapshot is being written in the background."""
         self._erased = False
@@ -420,7 +369,7 @@ class FileJournal:
             reader = self._dir.retrying(lambda: ChunkReader(path, start))
             try:
                 good = self._replay_records(seq, reader, sink, report, state)
-                if good < size:  # the records end in zeros written ahead (PREALLOCATE)
+                if good < size:  # the records end in zeros written ahead (append.PREALLOCATE)
                     if not newest:  # rotation cuts them before the rename
                         raise rec.BadRecord(good, "zero bytes where a record starts")
                     reader.check_end()
@@ -472,7 +421,7 @@ class FileJournal:
                 data = ops.pread(src, min(1 << 20, size - pos), pos)
                 if not data:
                     break
-                _write_all(ops, dst, data, pos - offset)
+                write_all(ops, dst, data, pos - offset)
                 pos += len(data)
             ops.fsync(dst)
         finally:
@@ -584,7 +533,7 @@ class FileJournal:
         try:  # the descriptor is the journal's only once the file has its header
             size = ops.fstat_size(fd)
             if size == 0:
-                _write_all(ops, fd, rec.FILE_HEADER, 0)
+                write_all(ops, fd, rec.FILE_HEADER, 0)
                 size = rec.HEADER_SIZE
             version = rec.header_version(ops.pread(fd, rec.HEADER_SIZE, 0))
         except BaseException:
@@ -593,9 +542,7 @@ class FileJournal:
         self._fd = fd
         self.closed = False
         self._dir.use(self)
-        self._written = self._allocated = size
-        self._preallocating = False
-        self._ahead = PREALLOCATE_FIRST
+        self._start_file(size)
         return version
 
     def _fd_now(self) -> int:
@@ -606,6 +553,15 @@ class FileJournal:
             fd = self._fd = self._dir.open(self.path, os.O_RDWR, keep=self)
         self._dir.use(self)
         return fd
+
+    def _dirty(self) -> None:
+        self._on_dirty(self)  # after the append: without an owner this writes at once
+
+    def _error_path(self) -> str:
+        return self.path
+
+    def _after_write(self, size: int) -> None:
+        self._appended += size
 
     def park(self) -> bool:
         """Close the descriptor of the current file until the next use (the pool's
@@ -638,11 +594,11 @@ class FileJournal:
 
     def remove(self) -> None:
         """Journal the removal of the head item."""
-        self._simple(rec.REMOVE_RECORD)
+        self._append(rec.REMOVE_RECORD)
 
     def flush_items(self) -> None:
         """Journal the removal of every item that is not open."""
-        self._simple(rec.FLUSH_RECORD)
+        self._append(rec.FLUSH_RECORD)
 
     def open_read(self, xid: int) -> None:
         """Journal the head item moving into open read ``xid``."""
@@ -656,83 +612,8 @@ class FileJournal:
         """Journal open read ``xid`` being aborted: a RETURN record (the item back in place)."""
         self._xid(rec.OP_RETURN, xid)
 
-    def _simple(self, record: bytes) -> None:
-        if self._failed is not None:
-            raise self._failed
-        parts = self._parts
-        first = not parts
-        parts.append(record)
-        self._pending += len(record)
-        if first:
-            self._on_dirty(self)
-
     def _xid(self, op: int, xid: int) -> None:
-        self._simple(rec.xid_record(op, xid))
-
-    def write_out(self) -> int:
-        """Hand every buffered record to the OS in one ``pwritev`` (per :data:`IOV_MAX`
-        pieces); return the bytes written.
-
-        On failure the file is cut back to its last complete record, the journal refuses
-        every later append, and :class:`JournalWriteError` is raised.
-        """
-        parts = self._parts
-        if not parts or self.closed:
-            return 0
-        try:
-            fd = self._fd_now()
-        except OSError as exc:  # the records stay buffered: nothing reached the file
-            self._fail("open", exc)
-        size = self._pending
-        self._parts = []
-        self._pending = 0
-        try:
-            _write_parts(self._ops, fd, parts, size, self._written)
-        except OSError as exc:
-            try:  # no partial record stays behind
-                self._ops.ftruncate(fd, self._written)
-                self._allocated = self._written
-            except OSError:
-                log.exception("journal %s: could not cut back a failed write", self.path)
-            self._fail("write", exc)
-        self._written += size
-        self._appended += size
-        self._unsynced = True
-        if self._written > self._allocated:
-            self._allocated = self._written
-            if self._preallocating:
-                self._preallocate()
-        return size
-
-    def _preallocate(self) -> None:
-        """Write the next step of zeros past the end of the file (see :data:`PREALLOCATE`).
-        Best effort: on failure this file goes on without (the next record write reports a
-        full disk); the next file tries again."""
-        step = self._ahead
-        try:
-            _write_all(self._ops, self._fd, _ZEROS[:step], self._allocated)
-        except OSError as exc:
-            log.warning("journal %s: stopped writing space ahead: %s", self.path, exc)
-            self._preallocating = False
-            self._ahead = 0
-            with contextlib.suppress(OSError):  # leave no part of the step behind
-                self._ops.ftruncate(self._fd, self._allocated)
-            return
-        self._allocated += step
-        self._ahead = min(2 * step, PREALLOCATE)
-
-    def _cut_ahead(self) -> None:
-        """Cut the zeros written ahead, so a closed file ends with its last record."""
-        if self._allocated > self._written:
-            self._ops.ftruncate(self._fd_now(), self._written)
-            self._allocated = self._written
-
-    def _fail(self, what: str, exc: OSError) -> NoReturn:
-        """Mark the journal failed (every later append raises) and raise the error."""
-        err = JournalWriteError(f"{what} failed: {exc.strerror or exc}", self.path, self._written)
-        self._failed = err
-        log.error("%s", err)
-        raise err from exc
+        self._append(rec.xid_record(op, xid))
 
     def sync(self) -> None:
         """fdatasync the current file (safe to run in a worker thread).
@@ -766,37 +647,7 @@ class FileJournal:
 
     def _mark_synced(self) -> None:
         self._owner_syncs = True
-        self._unsynced = False
-        self._preallocating = self._ahead > 0  # a file that is synced: see PREALLOCATE
-
-    def begin_sync(self) -> int:
-        """Count every byte written so far as synced, and return the descriptor whose
-        fdatasync makes that true (-1: the journal is closed). For an fsync run by someone
-        else (native AIO); its failure must be reported with :meth:`sync_failed`. Raises
-        :class:`JournalWriteError` (the journal is failed) if the file cannot be reopened."""
-        if self.closed:
-            return -1
-        try:
-            fd = self._fd_now()
-        except OSError as exc:
-            self._fail("fsync", exc)
-        self._mark_synced()
-        return fd
-
-    def sync_failed(self, exc: OSError) -> NoReturn:
-        """An fsync begun with :meth:`begin_sync` failed: as :meth:`sync` does, mark the
-        journal failed and raise :class:`JournalWriteError`."""
-        self._fail("fsync", exc)
-
-    @property
-    def needs_sync(self) -> bool:
-        """True when bytes were written since the last :meth:`sync`."""
-        return self._unsynced
-
-    @property
-    def failed(self) -> bool:
-        """True once a write has failed; every later append raises."""
-        return self._failed is not None
+        super()._mark_synced()
 
     @property
     def size(self) -> int:
@@ -895,7 +746,7 @@ class FileJournal:
         try:
             out = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
-                _write_all(ops, out, ckpt.encode(cp), 0)
+                write_all(ops, out, ckpt.encode(cp), 0)
             finally:
                 ops.close(out)
             ops.rename(tmp, self.checkpoint_path)
@@ -1185,7 +1036,7 @@ def _write_snapshot(
             size += len(data)
             if size >= 1 << 20:
                 chunk = b"".join(parts)
-                _write_all(ops, fd, chunk, offset)
+                write_all(ops, fd, chunk, offset)
                 offset += len(chunk)
                 parts.clear()
                 size = 0
@@ -1193,7 +1044,7 @@ def _write_snapshot(
             tail = bytearray()
             rec.encode_resume(tail, cursor, taken)
             parts.append(tail)
-        _write_all(ops, fd, b"".join(parts), offset)
+        write_all(ops, fd, b"".join(parts), offset)
         ops.fsync(fd)
     finally:
         ops.close(fd)
