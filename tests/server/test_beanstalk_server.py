@@ -22,6 +22,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+import conftest
 from tercel.testing import BeanstalkdProcess, ServerProcess
 
 
@@ -31,48 +32,20 @@ def bsd(tmp_path: Path) -> Iterator[BeanstalkdProcess]:
         yield proc
 
 
-_OPEN: list[socket.socket] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_raw() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
-class Raw:
-    """A raw connection that reads exactly the replies it expects (closed after the test)."""
+class Raw(conftest.Raw):
+    """A raw beanstalkd connection that reads exactly the replies it expects (closed after
+    the test by conftest's ``track``)."""
 
     def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        _OPEN.append(self.sock)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().__init__(sock)
 
     def read(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise EOFError(self.buf)
-            self.buf += chunk
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def expect(self, reply: bytes) -> None:
-        assert self.read(len(reply)) == reply
+        return self.read_exact(n)
 
     def line(self) -> bytes:
-        while b"\r\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise EOFError(self.buf)
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\r\n")
-        return line
+        return self.read_line()[:-2]
 
     def yaml(self, cmd: bytes) -> dict[str, str]:
         self.send(cmd)
@@ -80,9 +53,6 @@ class Raw:
         assert head.startswith(b"OK "), head
         body = self.read(int(head[3:]) + 2)[:-2].decode()
         return dict(ln.split(": ", 1) for ln in body.splitlines()[1:])
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_transcript_byte_for_byte(bsd: BeanstalkdProcess) -> None:
