@@ -446,3 +446,17 @@ def test_per_tube_metrics_on_the_admin_port(tmp_path: Path) -> None:
         doc = _stats_json(proc)
         assert not [k for k in doc["gauges"] if k.startswith("beanstalk/tube/a.b/c/")]
         assert doc["gauges"]["beanstalk/tube/default/curr_jobs_ready"] == 0
+
+
+def test_server_limits_apply_to_beanstalk_connections(tmp_path: Path) -> None:
+    """``max_connections`` counts beanstalkd connections (a refused one gets INTERNAL_ERROR
+    and is closed) and ``client_timeout`` closes an idle one, as for every front end."""
+    config = '[server]\nmax_connections = 1\nclient_timeout = "1s"\n'
+    with ServerProcess(tmp_path / "data", config, extra_args=("--beanstalk-port", "0")) as proc:
+        first = Raw(proc.ports["beanstalk"])
+        first.send(b"reserve-with-timeout 0\r\n")
+        first.expect(b"TIMED_OUT\r\n")  # accepted and served
+        second = Raw(proc.ports["beanstalk"])
+        second.expect(b"INTERNAL_ERROR\r\n")
+        assert second.closed()
+        assert first.closed()  # idle past client_timeout: the server closes it (recv waits)
