@@ -86,6 +86,16 @@ def test_emfile_on_open_parks_a_pooled_journal_and_goes_on(tmp_path: Path) -> No
     assert (files.evictions, files.held) == (3, 1)
     c.add(1, 1, 0, b"c1")
     c.write_out()
+    # The pool's stats (memcache stats journal_files_*): a reopened once, four EMFILEs
+    # answered by three evictions and the reserve, none refused.
+    assert files.stats() == {
+        "open": 1,
+        "limit": 8,
+        "evictions": 3,
+        "reopens": 1,
+        "emfile": 4,
+        "refused": 0,
+    }
     for j in (a, b, c):
         j.close()
     files.close()
@@ -108,6 +118,7 @@ def test_a_queue_that_cannot_get_a_descriptor_is_refused_cleanly(tmp_path: Path)
     with pytest.raises(TooManyOpenFiles):
         coll.add("new", b"y", None, 1)
     assert coll.queue("new") is None
+    assert files.stats()["refused"] >= 1 and files.stats()["emfile"] >= 2
     assert coll.add("kept", b"z", None, 1)
     faults.clear()
     assert coll.add("new", b"y", None, 1)

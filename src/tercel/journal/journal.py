@@ -604,6 +604,7 @@ class FileJournal:
         fd = self._fd
         if fd < 0:
             fd = self._fd = self._dir.open(self.path, os.O_RDWR, keep=self)
+            self._dir.reopened()
         self._dir.use(self)
         return fd
 
@@ -1245,6 +1246,7 @@ class AddReader:
             offset = self._parked_at
             self._reader = self._open_at(offset)
             self._parked_at = -1
+            self._journal._dir.reopened()
         else:
             self._journal._dir.use(self)
 

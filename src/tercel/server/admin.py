@@ -86,6 +86,10 @@ _GLOBAL_COUNTERS = (
     "journal_fsyncs",
     "journal_fsync_waits",
     "journal_fsyncs_aio",
+    "journal_files_evictions",
+    "journal_files_reopens",
+    "journal_files_emfile",
+    "journal_files_refused",
 )
 _QUEUE_COUNTERS = (
     "total_items",
@@ -110,6 +114,12 @@ _DOCS = {
     "journal_fsyncs": "Group fsyncs of sync_journal = true queues.",
     "journal_fsync_waits": "Reply writes released after a group fsync.",
     "journal_fsyncs_aio": "Group fsyncs that went through native AIO.",
+    "journal_files_open": "Journal file descriptors held by the pool now.",
+    "journal_files_limit": "The pool's bound (max_open_journals, or auto).",
+    "journal_files_evictions": "Journal descriptors closed by the pool (least recently used).",
+    "journal_files_reopens": "Parked journal files opened again on their next use.",
+    "journal_files_emfile": "Journal file opens that failed with EMFILE or ENFILE.",
+    "journal_files_refused": "Such opens given up: the request was refused.",
 }
 
 
@@ -156,6 +166,8 @@ def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
         reserved_memory_ratio=round(stat.reserved_memory_ratio, 3),
         connections=stat.curr_connections,
         uptime=stat.uptime,
+        journal_files_open=stat.journal_files_open,
+        journal_files_limit=stat.journal_files_limit,
     )
     snap.gauges["status/readable"] = int(stat.readable)
     snap.gauges["status/writeable"] = int(stat.writable)

@@ -95,6 +95,8 @@ class ServerContext:
         self.total_connections = 0
         self._per_front_end: dict[str, list[int]] = {}  # name -> [open now, ever opened]
         self._counters: dict[str, Callable[[], dict[str, int]]] = {}
+        self.journal_files: Callable[[], dict[str, int]] = dict
+        """The data dir's descriptor pool figures (``DataDir.stats``; set at start-up)."""
         self.ports: dict[str, int] = {}
         """The bound port of each listener by name (``memcache``, ``admin``, ...)."""
         self._stop = asyncio.Event()
