@@ -103,6 +103,34 @@ def test_emfile_on_open_parks_a_pooled_journal_and_goes_on(tmp_path: Path) -> No
     assert replayed(tmp_path, "c") == [b"c1"]
 
 
+def test_emfile_on_the_directory_fsync_of_a_rotation_evicts_instead_of_failing(
+    tmp_path: Path,
+) -> None:
+    """A rotation fsyncs the data dir; out of descriptors for that open, it frees a pooled one
+    like any journal open (before: "rotation failed: Too many open files", and the queue
+    refused every write until a restart, found by ``bench/soak.py --emfile``)."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=8, ops=faults)
+    other = journal(tmp_path, "other", files)
+    other.add(1, 1, 0, b"o1")
+    other.write_out()
+    q = journal(tmp_path, "q", files)
+    q.add(1, 1, 0, b"q1")
+    # After the rename: the new file's open goes through, the directory's fails once.
+    faults.fail("open", errno.EMFILE, skip=1, times=1, armed_by=("rename", None))
+    assert q.rotate()
+    assert not q.failed and files.stats()["emfile"] == 1 and files.evictions == 1
+    q.add(2, 2, 0, b"q2")
+    q.write_out()
+    other.add(2, 2, 0, b"o2")  # the evicted journal reopens its file
+    other.write_out()
+    for j in (q, other):
+        j.close()
+    files.close()
+    assert replayed(tmp_path, "q") == [b"q1", b"q2"]
+    assert replayed(tmp_path, "other") == [b"o1", b"o2"]
+
+
 def test_a_queue_that_cannot_get_a_descriptor_is_refused_cleanly(tmp_path: Path) -> None:
     """EMFILE with nothing left to free: that one request gets TooManyOpenFiles (``SERVER_ERROR
     too many open files``); the queue is not created, the others go on."""
@@ -169,3 +197,4 @@ def test_a_slow_disk_delays_a_periodic_sync_without_stopping_appends(tmp_path: P
     asyncio.run(main())
     assert passes_while_syncing == [True, True, True]
     assert replayed(tmp_path, "q") == [b"first", b"more", b"more", b"more"]
+

@@ -309,6 +309,16 @@ class DataDir:
         flags |= os.O_CLOEXEC
         return self.retrying(lambda: self.ops.open(path, flags, 0o644), keep)
 
+    def sync(self) -> None:
+        """fsync the directory itself, so that creates, renames and unlinks in it are
+        durable; its descriptor is opened through :meth:`retrying` (EMFILE evicts a pooled
+        file rather than failing the rotation or compaction that asked)."""
+        fd = self.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.ops.fsync(fd)
+        finally:
+            self.ops.close(fd)
+
     def close(self) -> None:
         """Give back the reserve descriptor (the holders close their own)."""
         if self._reserve >= 0:

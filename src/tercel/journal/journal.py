@@ -479,7 +479,7 @@ class FileJournal:
             ops.close(src)
             if dst >= 0:
                 ops.close(dst)
-        fsync_dir(self.data_dir, ops)
+        self._dir.sync()
 
     def _replay_records(
         self,
@@ -730,10 +730,14 @@ class FileJournal:
 
     def _fail(self, what: str, exc: OSError) -> NoReturn:
         """Mark the journal failed (every later append raises) and raise the error."""
+        raise self._mark_failed(what, exc) from exc
+
+    def _mark_failed(self, what: str, exc: OSError) -> JournalWriteError:
+        """Mark the journal failed (every later append raises), log it, return the error."""
         err = JournalWriteError(f"{what} failed: {exc.strerror or exc}", self.path, self._written)
         self._failed = err
         log.error("%s", err)
-        raise err from exc
+        return err
 
     def sync(self) -> None:
         """fdatasync the current file (safe to run in a worker thread).
@@ -1018,7 +1022,7 @@ class FileJournal:
             self._seq = old + 1
             self._unsynced = False
             self._open()
-            fsync_dir(self.data_dir, ops)
+            self._dir.sync()
         except OSError as exc:
             self._fail("rotation", exc)
         self.rotations += 1
@@ -1075,18 +1079,32 @@ class FileJournal:
         self.compacting = False
         ops = self._ops
         if exc is not None or self.closed or self._erased:
-            if exc is not None:
+            if isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS:
+                log.warning("journal %s: compaction put off: %s", self.path, exc)
+            elif exc is not None:
                 log.error("journal %s: compaction failed: %s", self.path, exc)
             with contextlib.suppress(FileNotFoundError):
                 ops.unlink(tmp)
             return
-        ops.rename(tmp, f"{self.path}.{target}")
-        fsync_dir(self.data_dir, ops)
-        for seq in obsolete:
-            if seq != target:
-                ops.unlink(f"{self.path}.{seq}")
-                del self._older[seq]
-        fsync_dir(self.data_dir, ops)
+        try:
+            ops.rename(tmp, f"{self.path}.{target}")
+        except OSError as error:  # nothing changed: the older files stay as they were
+            log.error("journal %s: compaction failed: %s", self.path, error)
+            with contextlib.suppress(OSError):
+                ops.unlink(tmp)
+            return
+        try:
+            self._dir.sync()
+            for seq in obsolete:
+                if seq != target:
+                    ops.unlink(f"{self.path}.{seq}")
+                    del self._older[seq]
+            self._dir.sync()
+        except OSError as error:
+            # Renamed, not all of it durable or deleted: what is on disk is a state replay
+            # resumes (journal_format.md §13); until a restart this journal takes no more.
+            self._mark_failed("compaction", error)
+            return
         gone = set(obsolete)
         self._marks = [m for m in self._marks if m[1] not in gone]
         self._older[target] = os.path.getsize(f"{self.path}.{target}")
