@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import random
 import threading
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from tercel.config import ServerConfig, ServerSettings
 from tercel.core.collection import QueueCollection
 from tercel.errors import JournalWriteError, TooManyOpenFiles
 from tercel.journal import FileJournal
-from tercel.journal.faults import FaultyFiles
+from tercel.journal.faults import FaultyFiles, PowerLossFiles, power_loss
 from tercel.journal.files import DataDir
 from tercel.server.commit import Committer
 
@@ -198,3 +200,18 @@ def test_a_slow_disk_delays_a_periodic_sync_without_stopping_appends(tmp_path: P
     assert passes_while_syncing == [True, True, True]
     assert replayed(tmp_path, "q") == [b"first", b"more", b"more", b"more"]
 
+
+def test_a_new_journal_file_name_is_durable_after_its_first_sync(tmp_path: Path) -> None:
+    """Power loss (:class:`PowerLossFiles`): the first sync of a new journal fsyncs the
+    directory too; before, the file's bytes were durable and its name was not, so a power
+    cut lost every acknowledged item of a queue created since the last rotation."""
+    data = tmp_path / "data"
+    data.mkdir()
+    ops = PowerLossFiles(str(data), str(tmp_path / "shadow"))
+    j = journal(data, "q", DataDir(str(data), ops=ops))
+    j.add(1, 1, 0, b"acked")
+    j.write_out()
+    j.sync()  # what a sync_journal = true reply waits for
+    os.close(os.open(data / "q", os.O_RDONLY))  # the journal is abandoned: a power cut
+    power_loss(str(data), str(tmp_path / "shadow"), random.Random(1), "drop")
+    assert replayed(data, "q") == [b"acked"]

@@ -301,6 +301,9 @@ class FileJournal:
         self._appended = 0  # bytes appended since the start
         self._checkpoint_at = 0  # _appended when a checkpoint was last due
         self._owner_syncs = False  # a sync ran: the owner makes records durable
+        self._name_unsynced = False
+        """The current file was created and the directory not fsynced since: the next sync
+        fsyncs it too, so the file's name is as durable as its records (a power loss)."""
         self.checkpoint_path = self.path + ckpt.SUFFIX
 
     # ---- files ----------------------------------------------------------------------------
@@ -407,11 +410,17 @@ class FileJournal:
         if size == 0:
             return
         head = _read_head(self._dir, path, rec.HEADER_SIZE)
-        good = self._check_header(head, path, newest)
+        hole = newest and _zero_first_page(path, size)
+        good = 0 if hole else self._check_header(head, path, newest)
         if path == self.path:
             self._current_version = rec.header_version(head)
         torn: Truncation | None = None
-        if not good:
+        if hole:  # the header's page never reached the disk: nothing in the file was fsynced
+            if size > HOLE:
+                self._keep_cut(path, 0, size)
+            reason = "a hole of zeros where the file header was, power loss in the unsynced tail"
+            torn = Truncation(path, 0, size, reason)
+        elif not good:
             torn = Truncation(path, 0, size, "torn file header")
         else:
             start = good
@@ -586,6 +595,7 @@ class FileJournal:
             if size == 0:
                 _write_all(ops, fd, rec.FILE_HEADER, 0)
                 size = rec.HEADER_SIZE
+                self._name_unsynced = True
             version = rec.header_version(ops.pread(fd, rec.HEADER_SIZE, 0))
         except BaseException:
             ops.close(fd)
@@ -763,6 +773,12 @@ class FileJournal:
         self._mark_synced()
         try:
             self._ops.fdatasync(fd)
+            if self._name_unsynced:  # its name too, once per new file
+                if self.syncing:  # a worker thread must not use the pool
+                    fsync_dir(self.data_dir, self._ops)
+                else:
+                    self._dir.sync()
+                self._name_unsynced = False
         except OSError as exc:
             self._fail("fsync", exc)
         finally:
@@ -783,6 +799,9 @@ class FileJournal:
             return -1
         try:
             fd = self._fd_now()
+            if self._name_unsynced:  # once per new file, on the loop: its name, durable
+                self._dir.sync()
+                self._name_unsynced = False
         except OSError as exc:
             self._fail("fsync", exc)
         self._mark_synced()
@@ -1023,6 +1042,7 @@ class FileJournal:
             self._unsynced = False
             self._open()
             self._dir.sync()
+            self._name_unsynced = False
         except OSError as exc:
             self._fail("rotation", exc)
         self.rotations += 1
@@ -1381,6 +1401,14 @@ def _valid_data_after(path: str, bad: int) -> bool:
 
 HOLE: Final = 4096
 """The unit of a power-loss hole: a page (and the usual filesystem block)."""
+
+
+def _zero_first_page(path: str, size: int) -> bool:
+    """True when the first :data:`HOLE` bytes of the file (all of it, if shorter) are zeros:
+    its header's page was never written back (a power loss), so no fsync covered the file."""
+    with open(path, "rb") as fh:
+        first = fh.read(min(size, HOLE))
+    return first.count(0) == len(first)
 
 
 def _hole_after(path: str, bad: int) -> bool:
