@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import Raw, drain, set_cmd
+from conftest import Raw, drain, set_cmd, stats
 from tercel.testing import ServerProcess
 
 LIMIT = 256
@@ -134,13 +134,8 @@ def test_connections_that_use_every_descriptor_refuse_nothing_else_for_good(
 
 def _pool_stats(conn: Raw) -> dict[str, int]:
     """The ``journal_files_*`` lines of ``stats``, without the prefix."""
-    conn.send(b"stats\r\n")
-    out: dict[str, int] = {}
-    while (line := conn.read_line()) != b"END\r\n":
-        _, key, value = line.decode().split()
-        if key.startswith("journal_files_"):
-            out[key.removeprefix("journal_files_")] = int(value)
-    return out
+    prefix = "journal_files_"
+    return {k.removeprefix(prefix): int(v) for k, v in stats(conn).items() if k.startswith(prefix)}
 
 
 def _served(srv: ServerProcess) -> bool:

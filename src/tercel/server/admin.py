@@ -68,29 +68,6 @@ MAX_PERIOD_S = 3600
 MAX_PERIODS = 8
 """At most this many distinct windows are kept, so a client cannot make us keep thousands."""
 
-_GLOBAL_COUNTERS = (
-    "total_items",
-    "cmd_get",
-    "cmd_set",
-    "cmd_peek",
-    "get_hits",
-    "get_misses",
-    "bytes_read",
-    "bytes_written",
-    "total_connections",
-    "queue_creates",
-    "queue_deletes",
-    "queue_expires",
-    "journal_torn_tails",
-    "journal_write_errors",
-    "journal_fsyncs",
-    "journal_fsync_waits",
-    "journal_fsyncs_aio",
-    "journal_files_evictions",
-    "journal_files_reopens",
-    "journal_files_emfile",
-    "journal_files_refused",
-)
 _QUEUE_COUNTERS = (
     "total_items",
     "expired_items",
@@ -156,7 +133,7 @@ def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
     (``server/stats.py``); ``copy`` the histograms to keep the snapshot."""
     stat = stats.snapshot(server)
     snap = Snapshot()
-    snap.counters.update({k: getattr(stat, k) for k in _GLOBAL_COUNTERS})
+    snap.counters.update({k: getattr(stat, k) for k in stats.GLOBAL_COUNTERS})
     for fe, counters in stat.front_ends.items():
         for k, v in counters.items():  # curr_* are levels, the rest counts
             (snap.gauges if k.startswith("curr_") else snap.counters)[f"{fe}/{k}"] = v

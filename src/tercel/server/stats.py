@@ -144,6 +144,25 @@ GLOBAL_LINES = (
 )
 """The global ``stats`` lines: Kestrel's 19 in Kestrel's order, then tercel's own."""
 
+GLOBAL_LEVELS = frozenset(
+    {
+        "uptime",
+        "time",
+        "version",
+        "curr_items",
+        "bytes",
+        "reserved_memory_ratio",
+        "curr_connections",
+        "journal_files_open",
+        "journal_files_limit",
+    }
+)
+"""The global lines that are levels, not counts (the admin port's gauges and labels)."""
+
+GLOBAL_COUNTERS = tuple(k for k in GLOBAL_LINES if k not in GLOBAL_LEVELS)
+"""The global lines that only grow: the admin port's ``counters`` (``/stats.json``) and
+``tercel_<name>_total`` (``/metrics``)."""
+
 QUEUE_LINES = (
     "items",
     "bytes",
