@@ -209,12 +209,16 @@ class AppendLog:
 
     def _fail(self, what: str, exc: OSError) -> NoReturn:
         """Mark the journal failed (every later append raises) and raise the error."""
+        raise self._mark_failed(what, exc) from exc
+
+    def _mark_failed(self, what: str, exc: OSError) -> JournalWriteError:
+        """Mark the journal failed (every later append raises), log it, return the error."""
         err = JournalWriteError(
             f"{what} failed: {exc.strerror or exc}", self._error_path(), self._written
         )
         self._failed = err
         log.error("%s", err)
-        raise err from exc
+        return err
 
     def _mark_synced(self) -> None:
         self._unsynced = False

@@ -250,6 +250,9 @@ class FileJournal(AppendLog):
         self._appended = 0  # bytes appended since the start
         self._checkpoint_at = 0  # _appended when a checkpoint was last due
         self._owner_syncs = False  # a sync ran: the owner makes records durable
+        self._name_unsynced = False
+        """The current file was created and the directory not fsynced since: the next sync
+        fsyncs it too, so the file's name is as durable as its records (a power loss)."""
         self.checkpoint_path = self.path + ckpt.SUFFIX
 
     # ---- files ----------------------------------------------------------------------------
@@ -356,11 +359,17 @@ class FileJournal(AppendLog):
         if size == 0:
             return
         head = _read_head(self._dir, path, rec.HEADER_SIZE)
-        good = self._check_header(head, path, newest)
+        hole = newest and _zero_first_page(path, size)
+        good = 0 if hole else self._check_header(head, path, newest)
         if path == self.path:
             self._current_version = rec.header_version(head)
         torn: Truncation | None = None
-        if not good:
+        if hole:  # the header's page never reached the disk: nothing in the file was fsynced
+            if size > HOLE:
+                self._keep_cut(path, 0, size)
+            reason = "a hole of zeros where the file header was, power loss in the unsynced tail"
+            torn = Truncation(path, 0, size, reason)
+        elif not good:
             torn = Truncation(path, 0, size, "torn file header")
         else:
             start = good
@@ -428,7 +437,7 @@ class FileJournal(AppendLog):
             ops.close(src)
             if dst >= 0:
                 ops.close(dst)
-        fsync_dir(self.data_dir, ops)
+        self._dir.sync()
 
     def _replay_records(
         self,
@@ -535,6 +544,7 @@ class FileJournal(AppendLog):
             if size == 0:
                 write_all(ops, fd, rec.FILE_HEADER, 0)
                 size = rec.HEADER_SIZE
+                self._name_unsynced = True
             version = rec.header_version(ops.pread(fd, rec.HEADER_SIZE, 0))
         except BaseException:
             ops.close(fd)
@@ -551,6 +561,7 @@ class FileJournal(AppendLog):
         fd = self._fd
         if fd < 0:
             fd = self._fd = self._dir.open(self.path, os.O_RDWR, keep=self)
+            self._dir.reopened()
         self._dir.use(self)
         return fd
 
@@ -639,6 +650,12 @@ class FileJournal(AppendLog):
         self._mark_synced()
         try:
             self._ops.fdatasync(fd)
+            if self._name_unsynced:  # its name too, once per new file
+                if self.syncing:  # a worker thread must not use the pool
+                    fsync_dir(self.data_dir, self._ops)
+                else:
+                    self._dir.sync()
+                self._name_unsynced = False
         except OSError as exc:
             self._fail("fsync", exc)
         finally:
@@ -648,6 +665,18 @@ class FileJournal(AppendLog):
     def _mark_synced(self) -> None:
         self._owner_syncs = True
         super()._mark_synced()
+
+    def begin_sync(self) -> int:
+        """As :meth:`AppendLog.begin_sync`; the first sync of a new file also fsyncs the
+        directory (on the loop), so the file's name is as durable as its records."""
+        if not self.closed and self._name_unsynced:
+            try:
+                self._fd_now()
+                self._dir.sync()
+            except OSError as exc:
+                self._fail("fsync", exc)
+            self._name_unsynced = False
+        return super().begin_sync()
 
     @property
     def size(self) -> int:
@@ -868,7 +897,8 @@ class FileJournal(AppendLog):
             self._seq = old + 1
             self._unsynced = False
             self._open()
-            fsync_dir(self.data_dir, ops)
+            self._dir.sync()
+            self._name_unsynced = False
         except OSError as exc:
             self._fail("rotation", exc)
         self.rotations += 1
@@ -925,18 +955,32 @@ class FileJournal(AppendLog):
         self.compacting = False
         ops = self._ops
         if exc is not None or self.closed or self._erased:
-            if exc is not None:
+            if isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS:
+                log.warning("journal %s: compaction put off: %s", self.path, exc)
+            elif exc is not None:
                 log.error("journal %s: compaction failed: %s", self.path, exc)
             with contextlib.suppress(FileNotFoundError):
                 ops.unlink(tmp)
             return
-        ops.rename(tmp, f"{self.path}.{target}")
-        fsync_dir(self.data_dir, ops)
-        for seq in obsolete:
-            if seq != target:
-                ops.unlink(f"{self.path}.{seq}")
-                del self._older[seq]
-        fsync_dir(self.data_dir, ops)
+        try:
+            ops.rename(tmp, f"{self.path}.{target}")
+        except OSError as error:  # nothing changed: the older files stay as they were
+            log.error("journal %s: compaction failed: %s", self.path, error)
+            with contextlib.suppress(OSError):
+                ops.unlink(tmp)
+            return
+        try:
+            self._dir.sync()
+            for seq in obsolete:
+                if seq != target:
+                    ops.unlink(f"{self.path}.{seq}")
+                    del self._older[seq]
+            self._dir.sync()
+        except OSError as error:
+            # Renamed, not all of it durable or deleted: what is on disk is a state replay
+            # resumes (journal_format.md §13); until a restart this journal takes no more.
+            self._mark_failed("compaction", error)
+            return
         gone = set(obsolete)
         self._marks = [m for m in self._marks if m[1] not in gone]
         self._older[target] = os.path.getsize(f"{self.path}.{target}")
@@ -1096,6 +1140,7 @@ class AddReader:
             offset = self._parked_at
             self._reader = self._open_at(offset)
             self._parked_at = -1
+            self._journal._dir.reopened()
         else:
             self._journal._dir.use(self)
 
@@ -1212,6 +1257,14 @@ def _valid_data_after(path: str, bad: int) -> bool:
 
 HOLE: Final = 4096
 """The unit of a power-loss hole: a page (and the usual filesystem block)."""
+
+
+def _zero_first_page(path: str, size: int) -> bool:
+    """True when the first :data:`HOLE` bytes of the file (all of it, if shorter) are zeros:
+    its header's page was never written back (a power loss), so no fsync covered the file."""
+    with open(path, "rb") as fh:
+        first = fh.read(min(size, HOLE))
+    return first.count(0) == len(first)
 
 
 def _hole_after(path: str, bad: int) -> bool:

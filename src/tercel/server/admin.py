@@ -69,25 +69,6 @@ MAX_PERIOD_S = 3600
 MAX_PERIODS = 8
 """At most this many distinct windows are kept, so a client cannot make us keep thousands."""
 
-_GLOBAL_COUNTERS = (
-    "total_items",
-    "cmd_get",
-    "cmd_set",
-    "cmd_peek",
-    "get_hits",
-    "get_misses",
-    "bytes_read",
-    "bytes_written",
-    "total_connections",
-    "queue_creates",
-    "queue_deletes",
-    "queue_expires",
-    "journal_torn_tails",
-    "journal_write_errors",
-    "journal_fsyncs",
-    "journal_fsync_waits",
-    "journal_fsyncs_aio",
-)
 _QUEUE_COUNTERS = (
     "total_items",
     "expired_items",
@@ -122,6 +103,12 @@ _DOCS = {
     "beanstalk/tube/total_jobs": "beanstalkd jobs put into the tube.",
     "beanstalk/tube/cmd_delete": "beanstalkd delete commands on jobs of the tube.",
     "beanstalk/tube/cmd_pause_tube": "beanstalkd pause-tube commands on the tube.",
+    "journal_files_open": "Journal file descriptors held by the pool now.",
+    "journal_files_limit": "The pool's bound (max_open_journals, or auto).",
+    "journal_files_evictions": "Journal descriptors closed by the pool (least recently used).",
+    "journal_files_reopens": "Parked journal files opened again on their next use.",
+    "journal_files_emfile": "Journal file opens that failed with EMFILE or ENFILE.",
+    "journal_files_refused": "Such opens given up: the request was refused.",
 }
 
 
@@ -163,7 +150,7 @@ def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
     (``server/stats.py``); ``copy`` the histograms to keep the snapshot."""
     stat = stats.snapshot(server)
     snap = Snapshot()
-    snap.counters.update({k: getattr(stat, k) for k in _GLOBAL_COUNTERS})
+    snap.counters.update({k: getattr(stat, k) for k in stats.GLOBAL_COUNTERS})
     for fe, counters in stat.front_ends.items():
         for k, v in counters.items():  # curr_* are levels, the rest counts
             (snap.gauges if k.startswith("curr_") else snap.counters)[f"{fe}/{k}"] = v
@@ -180,6 +167,8 @@ def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
         reserved_memory_ratio=round(stat.reserved_memory_ratio, 3),
         connections=stat.curr_connections,
         uptime=stat.uptime,
+        journal_files_open=stat.journal_files_open,
+        journal_files_limit=stat.journal_files_limit,
     )
     snap.gauges["status/readable"] = int(stat.readable)
     snap.gauges["status/writeable"] = int(stat.writable)

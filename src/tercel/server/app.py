@@ -251,6 +251,7 @@ class Server:
         soft, _ = storage.raise_open_files_limit()
         pool = self.config.server.max_open_journals or storage.auto_max_open(soft)
         self.files = storage.DataDir(self.data_dir, max_open=pool)
+        self.ctx.journal_files = self.files.stats
         log.info("open-file limit %d; at most %d journal files open at once", soft, pool)
         t0 = last = time.monotonic()
         names = self.files.queue_names()  # the one listing of the data dir
