@@ -36,6 +36,7 @@ NATIVE_MODULES = [
     "tercel/session.py",
     "tercel/protocol/commands.py",
     "tercel/protocol/memcache.py",
+    "tercel/core/items.py",
     "tercel/core/queue.py",
     "tercel/core/collection.py",
     "tercel/core/reservations.py",

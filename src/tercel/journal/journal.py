@@ -52,6 +52,9 @@ a longer rest is a torn tail only if the bad record claims to run past the end o
 run past the end, "valid" means a run of records reaching the end of the data: the cut record's
 own payload may hold record bytes (a journal stored as an item)."""
 
+_REPLAY_START: Final[rec.Position] = (1, 0)
+"""``replay_position`` before and after a replay (one tuple for every journal)."""
+
 CHECKPOINT_EVERY = 16 << 20
 """A journal offers to write a checkpoint (:meth:`FileJournal.checkpoint_due`) once per this
 many bytes appended, so that a restart after a crash replays at most about this much (plus
@@ -223,7 +226,6 @@ class FileJournal(AppendLog):
     ) -> None:
         self.data_dir = data_dir
         self.name = name
-        self.path = os.path.join(data_dir, name)
         self._dir = directory if directory is not None else DataDir(data_dir)
         super().__init__(self._dir.ops)
         self._current_version: int | None = None  # of the current file, read by replay
@@ -238,7 +240,7 @@ class FileJournal(AppendLog):
         self.compacting = False
         """True while a snapshot is being written in the background."""
         self._erased = False
-        self.replay_position: rec.Position = (1, 0)
+        self.replay_position: rec.Position = _REPLAY_START
         """During :meth:`replay`, where the record being applied starts."""
         self.rotations = 0
         self.compactions = 0
@@ -253,9 +255,20 @@ class FileJournal(AppendLog):
         self._name_unsynced = False
         """The current file was created and the directory not fsynced since: the next sync
         fsyncs it too, so the file's name is as durable as its records (a power loss)."""
-        self.checkpoint_path = self.path + ckpt.SUFFIX
 
     # ---- files ----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The current file, ``<data_dir>/<name>``. Made when asked, not kept: the paths are
+        used when a file is opened or renamed, and two strings per queue cost 20 MB at
+        100,000 queues (docs/benchmarks.md, "Many queues")."""
+        return os.path.join(self.data_dir, self.name)
+
+    @property
+    def checkpoint_path(self) -> str:
+        """The checkpoint file (:mod:`tercel.journal.checkpoint`)."""
+        return self.path + ckpt.SUFFIX
 
     def _path(self, seq: int) -> str:
         return self.path if seq == self._seq else f"{self.path}.{seq}"
@@ -335,6 +348,7 @@ class FileJournal(AppendLog):
             self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         self._older_total = sum(self._older.values())
+        self.replay_position = _REPLAY_START  # the last record's tuple is not kept per queue
         size = self._current_size if listed.current else 0
         if size >= rec.HEADER_SIZE and self._current_version == rec.VERSION:
             # Ready for appends; the file is opened on first use (an idle queue holds no
@@ -590,18 +604,12 @@ class FileJournal(AppendLog):
         """Journal an item entering the tail of the queue."""
         if self._failed is not None:
             raise self._failed
-        parts = self._parts
-        first = not parts
         pos = self._written + self._pending
         if pos >= self._mark_off or self._seq != self._mark_seq:
             self._mark(item_id, self._seq, pos)
         prefix, fields = rec.add_header(item_id, add_time, expiry, data)
-        parts.append(prefix)  # the payload is not copied: write_out hands all to pwritev
-        parts.append(fields)
-        parts.append(data)
-        self._pending += rec.ADD_HEAD_SIZE + len(data)
-        if first:
-            self._on_dirty(self)  # after the append: without an owner this writes at once
+        # The payload is not copied: write_out hands all the pieces to pwritev.
+        self._append_parts([prefix, fields, data], rec.ADD_HEAD_SIZE + len(data))
 
     def remove(self) -> None:
         """Journal the removal of the head item."""
@@ -1024,7 +1032,7 @@ class FileJournal(AppendLog):
         """Close and delete every file of this journal (a compaction still running is thrown
         away when it ends, not switched over)."""
         self._erased = True
-        self._parts.clear()
+        self._parts = None
         self._pending = 0
         self._unsynced = False  # nothing of it is worth an fsync any more
         self._allocated = self._written

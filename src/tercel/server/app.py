@@ -149,6 +149,10 @@ class Server:
         self.files = storage.DataDir(config.server.data_dir)
         """The data dir's one listing and descriptor pool (bounded by :meth:`start`)."""
         self.committer = Committer(self.loop, self.collection.sync_mode)
+        # Every journal gets these same two bound methods (one pair per queue: 14 MB at
+        # 100,000 queues).
+        self._journal_dirty: Callable[[storage.FileJournal], None] = self.committer.journal_dirty
+        self._in_background: storage.Background = self._background
         self.ctx = ServerContext(config, self.collection, self.committer, self.clock, self.loop)
         """What every front end's handlers use (``server/context.py``)."""
         self.admin: AdminServer | None = None
@@ -175,8 +179,8 @@ class Server:
             self.data_dir,
             name,
             cfg,
-            on_dirty=self.committer.journal_dirty,
-            background=self._background,
+            on_dirty=self._journal_dirty,
+            background=self._in_background,
             directory=self.files,
         )
 

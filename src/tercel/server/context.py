@@ -147,6 +147,7 @@ class ServerContext:
     def labelled_counters(self) -> dict[str, tuple[str, dict[str, dict[str, int]]]]:
         """Per front end that registered some: its label and ``{entity: {counter: value}}``."""
         return {fe: (label, provider()) for fe, (label, provider) in self._labelled.items()}
+
     def command_counts(self, front_end: str) -> dict[str, int]:
         """The ``cmd_<command>`` counters of a front end whose connections count their own
         commands (text, Thrift): one dict per front end, shared by its connections,
