@@ -253,8 +253,9 @@ class FileJournal(AppendLog):
         self._checkpoint_at = 0  # _appended when a checkpoint was last due
         self._owner_syncs = False  # a sync ran: the owner makes records durable
         self._name_unsynced = False
-        """The current file was created and the directory not fsynced since: the next sync
-        fsyncs it too, so the file's name is as durable as its records (a power loss)."""
+        """The current file was created (a new queue, a rotation) and the directory not
+        fsynced since: the next sync fsyncs it too (:meth:`_sync_name`), so the file's name is
+        as durable as its records (a power loss)."""
 
     # ---- files ----------------------------------------------------------------------------
 
@@ -658,17 +659,31 @@ class FileJournal(AppendLog):
         self._mark_synced()
         try:
             self._ops.fdatasync(fd)
-            if self._name_unsynced:  # its name too, once per new file
-                if self.syncing:  # a worker thread must not use the pool
-                    fsync_dir(self.data_dir, self._ops)
-                else:
-                    self._dir.sync()
-                self._name_unsynced = False
+            self._sync_name()
         except OSError as exc:
             self._fail("fsync", exc)
         finally:
             if own >= 0:
                 self._ops.close(own)
+
+    def _sync_name(self) -> None:
+        """fsync the directory when the current file was created (a new queue, a rotation)
+        since the last directory fsync: the file's name (and a rotation's rename) become as
+        durable as the records the caller's fsync covers. In a worker thread (a periodic
+        sync) the directory is opened outside the pool, and no descriptor puts it off."""
+        if not self._name_unsynced:
+            return
+        if self.syncing:
+            try:
+                fsync_dir(self.data_dir, self._ops)
+            except OSError as exc:
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    raise
+                log.warning("journal %s: directory fsync put off: %s", self.path, exc)
+                return
+        else:
+            self._dir.sync()
+        self._name_unsynced = False
 
     def _mark_synced(self) -> None:
         self._owner_syncs = True
@@ -680,10 +695,9 @@ class FileJournal(AppendLog):
         if not self.closed and self._name_unsynced:
             try:
                 self._fd_now()
-                self._dir.sync()
+                self._sync_name()  # before the fsync is submitted: it may complete first
             except OSError as exc:
                 self._fail("fsync", exc)
-            self._name_unsynced = False
         return super().begin_sync()
 
     @property
@@ -904,9 +918,7 @@ class FileJournal(AppendLog):
             self._older_total += self._written
             self._seq = old + 1
             self._unsynced = False
-            self._open()
-            self._dir.sync()
-            self._name_unsynced = False
+            self._open()  # the directory is fsynced by the next sync (_sync_name)
         except OSError as exc:
             self._fail("rotation", exc)
         self.rotations += 1
@@ -979,6 +991,7 @@ class FileJournal(AppendLog):
             return
         try:
             self._dir.sync()
+            self._name_unsynced = False  # that fsync covered the current file's name too
             for seq in obsolete:
                 if seq != target:
                     ops.unlink(f"{self.path}.{seq}")
@@ -1007,12 +1020,21 @@ class FileJournal(AppendLog):
             self._close_after_sync = True
             return
         try:
-            if self._failed is None and (
-                self._fd >= 0 or self._parts or self._unsynced or self._allocated > self._written
+            if (
+                self._failed is None
+                and not self._erased  # its files are about to go: no fsync for them
+                and (
+                    self._fd >= 0
+                    or self._parts
+                    or self._unsynced
+                    or self._allocated > self._written
+                    or self._name_unsynced
+                )
             ):
                 self.write_out()
                 self._cut_ahead()
                 self._ops.fsync(self._fd_now())
+                self._sync_name()
         finally:
             self.closed = True
             fd = self._fd
