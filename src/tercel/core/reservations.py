@@ -71,6 +71,7 @@ class ReservationTable:
     def __init__(self, prefix: str | None = None) -> None:
         self.prefix = prefix if prefix is not None else secrets.token_hex(4)
         """Printed before a lease id (``3fa9c2d1-1f``)."""
+        self.prefix_bytes = self.prefix.encode("ascii")
         self._base = (int(self.prefix, 16) & 0x7FFFFFFF) << ID_SHIFT
         self._seq = 0
         self._open: dict[int, Reservation] = {}
@@ -104,9 +105,13 @@ class ReservationTable:
 
     # ---- ids ----------------------------------------------------------------------------------
 
+    def lease_number(self, res: Reservation) -> int:
+        """The counter part of ``res.id`` (a lease id prints it in hex after the prefix)."""
+        return res.id - self._base
+
     def lease_id(self, res: Reservation) -> str:
         """The memcache form of ``res.id``: ``<prefix>-<counter in hex>``."""
-        return f"{self.prefix}-{res.id - self._base:x}"
+        return f"{self.prefix}-{self.lease_number(res):x}"
 
     def parse_lease_id(self, text: str) -> int:
         """The id a :meth:`lease_id` string stands for; -1 for one not of this table."""
