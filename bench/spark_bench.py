@@ -80,6 +80,7 @@ def _finish(query: Any, started: float, n: int, spark: Any, out: Path) -> dict[s
         "rows": [p["numInputRows"] for p in progress],
         "latest_offset_ms": [p["durationMs"].get("latestOffset") for p in progress],
         "add_batch_ms": [p["durationMs"].get("addBatch") for p in progress],
+        "load": round(os.getloadavg()[0], 2),
     }
 
 

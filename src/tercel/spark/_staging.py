@@ -4,8 +4,8 @@ it acks it. Spark offsets are positions in this log, so any batch can be replaye
 Layout under ``stagingLocation`` (one directory per query; it belongs to one checkpoint):
 
 - ``seg-<start>.arrows.tmp``: the open segment, an Arrow IPC *stream* appended one fetch round
-  (one record batch) at a time, fsynced after each round. After a crash it is readable up to
-  its last complete batch.
+  (a record batch per lease reply) at a time, fsynced after each round. After a crash it is
+  readable up to its last complete batch.
 - ``seg-<start>-<end>.arrows``: a finished segment holding positions ``[start, end)``. A
   segment is finished by close, fsync, rename and fsync of the directory.
 
