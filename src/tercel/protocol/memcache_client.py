@@ -447,11 +447,13 @@ class MemcacheClientCodec:
                 cols.deliveries.append(deliveries)
                 cols.add_ms.append(add_ms)
                 cols.expiry_ms.append(expiry_ms)
+                cols.data += buf[start:end]
+                cols.offsets.append(len(cols.data))  # int32, as Arrow's binary offsets
             except OverflowError:  # the stream is dropped: the columns need not agree
-                raise BadReply(f"number out of range {bytes(buf[pos:eol])[:80]!r}") from None
+                raise BadReply(
+                    f"number out of range, or payloads over 2 GiB {bytes(buf[pos:eol])[:80]!r}"
+                ) from None
             cols.lease_ids.append(tokens[1].decode("latin-1"))
-            cols.data += buf[start:end]
-            cols.offsets.append(len(cols.data))
             pos = end + 2
         self._pos = pos
         return None

@@ -357,8 +357,10 @@ class Fetcher:
         dropped: set[Key] = set()
         keep = [True] * len(cols)
         for k, deliveries in enumerate(cols.deliveries):
+            if deliveries <= 1:
+                continue  # never handed out before: not a redelivery
             key = (reply.server, reply.queue, cols.item_ids[k])
-            if deliveries > 1 and key in self.suspects:
+            if key in self.suspects:
                 dropped.add(key)
                 keep[k] = False
         if not dropped:
