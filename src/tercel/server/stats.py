@@ -87,6 +87,9 @@ class StatsSnapshot:
     journal_fsyncs: int
     journal_fsync_waits: int
     journal_fsyncs_aio: int
+    queues_replaying: int
+    """Queues on disk not replayed yet (start-up replays them in the background); they are
+    not in :attr:`queues` until then."""
     status: str
     readable: bool
     writable: bool
@@ -129,6 +132,7 @@ GLOBAL_LINES = (
     "journal_fsyncs",
     "journal_fsync_waits",
     "journal_fsyncs_aio",
+    "queues_replaying",
 )
 """The global ``stats`` lines: Kestrel's 19 in Kestrel's order, then tercel's own."""
 
@@ -223,6 +227,7 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
         journal_fsyncs=committer.fsyncs,
         journal_fsync_waits=committer.fsync_waits,
         journal_fsyncs_aio=committer.aio_fsyncs,
+        queues_replaying=coll.pending,
         status=status.name,
         readable=status.readable,
         writable=status.writable,
