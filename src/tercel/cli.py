@@ -26,7 +26,9 @@ have default ports)."""
 EARLY_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser(tools: bool = True) -> argparse.ArgumentParser:
+    """The command line's parser; without ``tools`` only ``serve`` and ``beanstalkd`` (what
+    ``tercel serve ...`` needs, without importing the journal and client tools)."""
     parser = argparse.ArgumentParser(
         prog="tercel", description="A durable Kestrel-compatible queue server."
     )
@@ -58,6 +60,8 @@ def _build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="run a beanstalkd-compatible server (beanstalkd's flags; tercel beanstalkd -h)",
     )
+    if not tools:
+        return parser
     from tercel import journal_tool
 
     journal_tool.add_parser(sub)
@@ -120,7 +124,7 @@ def serve(args: argparse.Namespace) -> int:
     for sig in EARLY_SIGNALS:
         signal.signal(sig, lambda signum, _frame: early.append(signum))
     sockets: dict[str, socket.socket] = {}
-    for name in ("memcache", *LISTENERS):
+    for name in ("memcache", *LISTENERS, "admin"):
         port = getattr(srv, f"{name}_port")
         if port is None:
             continue
@@ -162,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tercel import beanstalkd_cli
 
         return beanstalkd_cli.main(rest[1:])
-    args = _build_parser().parse_args(argv)
+    args = _build_parser(tools=rest[:1] != ["serve"]).parse_args(rest)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper(), logging.INFO)
         if hasattr(args, "log_level")
