@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
-from tercel import native, storage
+from tercel import storage
 from tercel.clock import Clock, SystemClock
 from tercel.config import QueueConfig, ServerConfig
 from tercel.core.collection import QueueCollection
@@ -246,6 +245,8 @@ class Server:
             log.info("%s listening on %s:%d", fe.name, sock[0], sock[1])
         # Serving from here on. What follows is not needed by the first command.
         self._replayer = self.loop.create_task(self._replay_in_background())
+        from tercel import native  # (pathlib and importlib: after the listeners serve)
+
         compiled, stale = native.compiled_modules(), native.stale_modules()
         log.info("%s", native.build_summary(compiled))
         if stale:
@@ -342,6 +343,8 @@ class Server:
     def write_ports_file(self, path: str) -> None:
         """Write ``{"memcache": N, ...}``: atomically (tmp file, then rename) for a regular
         file, directly for a FIFO (which lets a supervisor wait for it without polling)."""
+        import json  # (only here: not before the listeners serve)
+
         text = json.dumps(self.ports)
         if os.path.exists(path) and stat.S_ISFIFO(os.stat(path).st_mode):
             with open(path, "w") as fh:
