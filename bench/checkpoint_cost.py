@@ -25,7 +25,7 @@ import time
 
 from tercel.clock import SystemClock
 from tercel.config import ServerConfig
-from tercel.journal.journal import CHECKPOINT_EVERY
+from tercel.journal.journal import CHECKPOINT_EVERY, FileJournal
 from tercel.storage import open_queue
 
 
@@ -33,6 +33,8 @@ def run(items: int, size: int, rounds: int, synced: bool, data_dir: str) -> dict
     cfg = ServerConfig().queue_config("q")
     q = open_queue(data_dir, "q", cfg, SystemClock())
     q.replay()
+    log = q.log
+    assert isinstance(log, FileJournal)
     payload = b"x" * size
     for _ in range(items):
         q.add(payload)
@@ -42,7 +44,7 @@ def run(items: int, size: int, rounds: int, synced: bool, data_dir: str) -> dict
         for _ in range(per_round):  # 16 MB more: past the window, on disk (read-behind)
             q.add(payload)
         if synced:
-            q.log.sync()
+            log.sync()
             for _ in range(per_round):  # what the next sync would have to write out
                 q.add(payload)
         t0 = time.perf_counter()
