@@ -126,6 +126,10 @@ def _import_admin() -> ModuleType:
     return admin
 
 
+ADMIN_AFTER_REPLAY_S = 1.0
+"""The admin listener's import waits for the background replay to end, at most this long:
+the import thread takes the GIL each time the replay reads (and they share one CPU when the
+server is pinned), which made the first item ~20 % later at a restart (docs/benchmarks.md)."""
 REPLAY_LOG_EVERY_S = 2.0
 """Start-up replay logs its progress at most this often (and any queue that took longer)."""
 
@@ -254,7 +258,9 @@ class Server:
         self._schedule_sweeps()
         if srv.admin_port is not None:
             # aiohttp and prometheus-client take longer to import than everything else
-            # together: on a thread, while the other listeners already serve.
+            # together: on a thread, while the other listeners already serve, once the
+            # background replay is done (or ADMIN_AFTER_REPLAY_S has passed).
+            await asyncio.wait({self._replayer}, timeout=ADMIN_AFTER_REPLAY_S)
             admin = await self.loop.run_in_executor(None, _import_admin)
             self.admin = admin.AdminServer(ctx)
             sock = self._sockets.pop("admin", None)
