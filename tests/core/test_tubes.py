@@ -38,6 +38,8 @@ class Clock:
 class Log:
     """Records what the store logs, as tuples."""
 
+    current_file = 0
+
     def __init__(self) -> None:
         self.records: list[tuple[object, ...]] = []
 

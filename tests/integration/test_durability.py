@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Raw, drain, set_cmd
-from tercel.journal.journal import PREALLOCATE, PREALLOCATE_FIRST
+from tercel.journal.append import PREALLOCATE, PREALLOCATE_FIRST
 from tercel.testing import ServerProcess, ServerStartError
 
 

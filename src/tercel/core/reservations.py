@@ -10,8 +10,10 @@ case                        owner                   deadline                  ad
 Kestrel ``/open`` read      the session             none                      oldest first
 memcache ``lease``          none                    ``lease_ms`` (renewable)  lease id
 Thrift ``get`` auto-abort   the connection          ``auto_abort_msec``       id, any conn
-beanstalkd ``reserve``      the connection          TTR (``touch`` extends)   job id
 =========================== ======================= ========================= ==============
+
+(beanstalkd's reserved jobs are still kept by :mod:`tercel.core.tubes`, not here:
+docs/architecture.md, "One reservation model".)
 
 An owned reservation returns to its queue when its owner ends (:meth:`release_owner`); one
 with a deadline returns when the deadline passes (:meth:`expire`). Either way, and on

@@ -96,6 +96,8 @@ class JobRecord:
     ttr: int = 0
     created_ms: int = 0
     body: bytes = b""
+    file: int = 0
+    """Restored jobs: the number of the log file their JOB record was read from."""
 
 
 class JobLog(Protocol):
@@ -112,6 +114,11 @@ class JobLog(Protocol):
     def delete(self, job_id: int) -> None: ...
 
     @property
+    def current_file(self) -> int:
+        """The number of the file a record logged now lands in (0: not journaled)."""
+        ...
+
+    @property
     def size(self) -> int:
         """Bytes the log occupies."""
         ...
@@ -121,8 +128,9 @@ class JobLog(Protocol):
         """Below this size the log is never compacted."""
         ...
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> None:
-        """Replace the log's history by these jobs (the whole state now)."""
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+        """Replace the log's history by these jobs (the whole state now); the number of the
+        file that holds their records now."""
         ...
 
 
@@ -140,15 +148,17 @@ class NullJobLog:
 
     size: int = 0
     compact_floor: int = 0
+    current_file: int = 0
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> None:
-        pass
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+        return 0
 
 
 class Job:
     """One job. ``deadline`` is monotonic: the ready time of a delayed job, the TTR deadline
     of a reserved one. ``gen`` changes whenever the job moves, so stale heap entries and
-    timers are recognised and skipped."""
+    timers are recognised and skipped. ``file``: the number of the log file holding its JOB
+    record (``stats-job``'s ``file``; 0 when not journaled)."""
 
     __slots__ = (
         "body",
@@ -156,6 +166,7 @@ class Job:
         "created",
         "deadline",
         "delay",
+        "file",
         "gen",
         "id",
         "kicks",
@@ -182,6 +193,7 @@ class Job:
         self.deadline = 0.0
         self.state = READY
         self.gen = 0
+        self.file = 0
         self.reserver: Worker | None = None
         self.reserves = 0
         self.timeouts = 0
@@ -501,7 +513,10 @@ class JobStore:
         if size < self.log.compact_floor or size < COMPACT_RATIO * self.live_bytes:
             return False
         now = self.clock.monotonic()
-        self.log.compact(self.next_id, (self.record(j, now) for j in self.snapshot()))
+        jobs = list(self.snapshot())
+        file = self.log.compact(self.next_id, (self.record(j, now) for j in jobs))
+        for job in jobs:
+            job.file = file
         self.compactions += 1
         return True
 
@@ -549,6 +564,7 @@ class JobStore:
             )
         )
         self.next_id += 1
+        job.file = self.log.current_file
         self.jobs[job.id] = job
         self.live_bytes += len(body) + len(tube.name) + JOB_OVERHEAD
         self._logged()
@@ -877,6 +893,7 @@ class JobStore:
         job = Job(r.job_id, self._tube(r.tube), r.pri, r.delay, r.ttr, body=r.body, now=now)
         job.created = now - max(0, wall - r.created_ms) / 1000
         job.reserves, job.timeouts, job.releases, job.buries, job.kicks = r.counters
+        job.file = r.file
         self.jobs[job.id] = job
         self.next_id = max(self.next_id, job.id + 1)
         self.live_bytes += len(job.body) + len(job.tube.name) + JOB_OVERHEAD

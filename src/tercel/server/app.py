@@ -80,16 +80,12 @@ def _thrift_connection() -> ConnectionFactory:
 
 
 def _beanstalk_connection() -> ConnectionFactory:
-    """The beanstalkd front end keeps its own job store, job log and group commit
-    (:mod:`tercel.server.beanstalk.service`), started with the server; its connections do not
-    subclass :class:`Connection` yet (they run the same kind of pump), hence the cast."""
-    import tercel.server.beanstalk.connection  # noqa: F401  (now, not at the first accept)
-    from tercel.server.beanstalk.service import connection_for
+    """The beanstalkd front end keeps its own job store and job log
+    (:mod:`tercel.server.beanstalk.service`, started with the server); its connections are the
+    shared layer's."""
+    from tercel.server.beanstalk.connection import BeanstalkConnection
 
-    def make(ctx: ServerContext) -> Connection:
-        return cast(Connection, connection_for(ctx))
-
-    return make
+    return BeanstalkConnection
 
 
 FRONT_ENDS: tuple[FrontEnd, ...] = (
@@ -157,6 +153,10 @@ class Server:
         self.files = storage.DataDir(config.server.data_dir)
         """The data dir's one listing and descriptor pool (bounded by :meth:`start`)."""
         self.committer = Committer(self.loop, self.collection.sync_mode)
+        # Every journal gets these same two bound methods (one pair per queue: 14 MB at
+        # 100,000 queues).
+        self._journal_dirty: Callable[[storage.FileJournal], None] = self.committer.journal_dirty
+        self._in_background: storage.Background = self._background
         self.ctx = ServerContext(config, self.collection, self.committer, self.clock, self.loop)
         """What every front end's handlers use (``server/context.py``)."""
         self.admin: AdminServer | None = None
@@ -186,8 +186,8 @@ class Server:
             self.data_dir,
             name,
             cfg,
-            on_dirty=self.committer.journal_dirty,
-            background=self._background,
+            on_dirty=self._journal_dirty,
+            background=self._in_background,
             directory=self.files,
         )
 
@@ -273,6 +273,7 @@ class Server:
         soft, _ = storage.raise_open_files_limit()
         pool = self.config.server.max_open_journals or storage.auto_max_open(soft)
         self.files = storage.DataDir(self.data_dir, max_open=pool)
+        self.ctx.journal_files = self.files.stats
         log.info("open-file limit %d; at most %d journal files open at once", soft, pool)
         names = self.files.queue_names()  # the one listing of the data dir
         self.collection.defer(names)

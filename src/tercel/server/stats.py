@@ -87,6 +87,12 @@ class StatsSnapshot:
     journal_fsyncs: int
     journal_fsync_waits: int
     journal_fsyncs_aio: int
+    journal_files_open: int
+    journal_files_limit: int
+    journal_files_evictions: int
+    journal_files_reopens: int
+    journal_files_emfile: int
+    journal_files_refused: int
     queues_replaying: int
     """Queues on disk not replayed yet (start-up replays them in the background); they are
     not in :attr:`queues` until then."""
@@ -97,6 +103,9 @@ class StatsSnapshot:
     """Sorted by name."""
     front_ends: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per front end (by listener name): its connection counts and its own counters."""
+    labelled: dict[str, tuple[str, dict[str, dict[str, int]]]] = field(default_factory=dict)
+    """Per front end with counters per entity (beanstalkd: per tube): the label's name and
+    ``{entity: {counter: value}}`` (``curr_*`` are levels, the rest count)."""
     alias_puts: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per alias: items and bytes put through it."""
 
@@ -132,9 +141,34 @@ GLOBAL_LINES = (
     "journal_fsyncs",
     "journal_fsync_waits",
     "journal_fsyncs_aio",
+    "journal_files_open",
+    "journal_files_limit",
+    "journal_files_evictions",
+    "journal_files_reopens",
+    "journal_files_emfile",
+    "journal_files_refused",
     "queues_replaying",
 )
 """The global ``stats`` lines: Kestrel's 19 in Kestrel's order, then tercel's own."""
+
+GLOBAL_LEVELS = frozenset(
+    {
+        "uptime",
+        "time",
+        "version",
+        "curr_items",
+        "bytes",
+        "reserved_memory_ratio",
+        "curr_connections",
+        "journal_files_open",
+        "journal_files_limit",
+    }
+)
+"""The global lines that are levels, not counts (the admin port's gauges and labels)."""
+
+GLOBAL_COUNTERS = tuple(k for k in GLOBAL_LINES if k not in GLOBAL_LEVELS)
+"""The global lines that only grow: the admin port's ``counters`` (``/stats.json``) and
+``tercel_<name>_total`` (``/metrics``)."""
 
 QUEUE_LINES = (
     "items",
@@ -202,6 +236,7 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
     else:
         queues = [q for q in (coll.queue(n) for n in names) if q is not None]
     reserved = sum(q.config.max_memory_size for q in coll) / _physical_memory()
+    pool = ctx.journal_files()
     return StatsSnapshot(
         uptime=now // 1000 - ctx.started_at // 1000,
         time=now // 1000,
@@ -227,12 +262,19 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
         journal_fsyncs=committer.fsyncs,
         journal_fsync_waits=committer.fsync_waits,
         journal_fsyncs_aio=committer.aio_fsyncs,
+        journal_files_open=pool.get("open", 0),
+        journal_files_limit=pool.get("limit", 0),
+        journal_files_evictions=pool.get("evictions", 0),
+        journal_files_reopens=pool.get("reopens", 0),
+        journal_files_emfile=pool.get("emfile", 0),
+        journal_files_refused=pool.get("refused", 0),
         queues_replaying=coll.pending,
         status=status.name,
         readable=status.readable,
         writable=status.writable,
         queues=[queue_stats(ctx, q, now) for q in queues],
         front_ends=ctx.front_end_counters(),
+        labelled=ctx.labelled_counters(),
         alias_puts={k: (v[0], v[1]) for k, v in coll.alias_puts.items()},
     )
 
