@@ -37,6 +37,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
 from tercel.server import stats
+from tercel.server.admin_rules import check_admin_settings, is_loopback
 from tercel.server.context import ServerContext
 from tercel.server.dashboard import Dashboard
 from tercel.server.http import error_response, json_response
@@ -109,6 +111,7 @@ _DOCS = {
     "journal_files_reopens": "Parked journal files opened again on their next use.",
     "journal_files_emfile": "Journal file opens that failed with EMFILE or ENFILE.",
     "journal_files_refused": "Such opens given up: the request was refused.",
+    "queues_replaying": "Queues on disk not replayed yet (start-up replays in the background).",
 }
 
 
@@ -169,6 +172,7 @@ def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
         uptime=stat.uptime,
         journal_files_open=stat.journal_files_open,
         journal_files_limit=stat.journal_files_limit,
+        queues_replaying=stat.queues_replaying,
     )
     snap.gauges["status/readable"] = int(stat.readable)
     snap.gauges["status/writeable"] = int(stat.writable)
@@ -315,27 +319,13 @@ SIMPLE_CONTENT_TYPES = frozenset(
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 class Guard:
     """The admin port's checks of Host, Origin, content type and token (module docstring)."""
 
     def __init__(self, settings: ServerSettings) -> None:
         host = settings.host.strip("[]").lower()
         self.token = settings.admin_token
-        if self.token is None and not is_loopback(host):
-            raise ConfigError(
-                f"server.admin_token is required: the admin port listens on {settings.host}, "
-                "beyond loopback (or set admin_port = false)"
-            )
+        check_admin_settings(settings)
         self.names = set(settings.admin_hosts)
         self.address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
         self.wildcard = False
@@ -441,10 +431,15 @@ class AdminServer:
             logger=_OneLineLogger(logging.getLogger("aiohttp.server"), {}),
         )
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: any free port); the bound port."""
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
+        """Listen on ``host:port`` (0: any free port), or on ``sock`` when the command line
+        bound it early; the bound port."""
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, backlog=128)
+        site: web.BaseSite
+        if sock is not None:
+            site = web.SockSite(self._runner, sock, backlog=128)
+        else:
+            site = web.TCPSite(self._runner, host, port, backlog=128)
         await site.start()
         self.dashboard.start()
         bound: int = self._runner.addresses[0][1]

@@ -93,6 +93,9 @@ class StatsSnapshot:
     journal_files_reopens: int
     journal_files_emfile: int
     journal_files_refused: int
+    queues_replaying: int
+    """Queues on disk not replayed yet (start-up replays them in the background); they are
+    not in :attr:`queues` until then."""
     status: str
     readable: bool
     writable: bool
@@ -144,6 +147,7 @@ GLOBAL_LINES = (
     "journal_files_reopens",
     "journal_files_emfile",
     "journal_files_refused",
+    "queues_replaying",
 )
 """The global ``stats`` lines: Kestrel's 19 in Kestrel's order, then tercel's own."""
 
@@ -264,6 +268,7 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
         journal_files_reopens=pool.get("reopens", 0),
         journal_files_emfile=pool.get("emfile", 0),
         journal_files_refused=pool.get("refused", 0),
+        queues_replaying=coll.pending,
         status=status.name,
         readable=status.readable,
         writable=status.writable,
