@@ -243,6 +243,7 @@ def source_runs(spark: Any, work: Path, args: argparse.Namespace, result: dict[s
     result["runs"] = runs
     for name, values in runs.items():
         result[f"{name}_items_per_s"] = _summary([r["items_per_s"] for r in values])
+        result[f"{name}_cpu_us_per_item"] = [r["cpu_us_per_item"] for r in values]
         result[f"{name}_over_files"] = [
             round(t["items_per_s"] / f["items_per_s"], 2)
             for f, t in zip(runs["files"], values, strict=True)
