@@ -6,11 +6,15 @@ read with ``readStream.format("json")``, or queued on two tercel servers and rea
 after a warm-up of each, so both see the same machine load.
 
     .venv/bin/python bench/spark_bench.py [--items 400000] [--size 200] [--rounds 2]
-        [--old] [--also maxItemsPerFetch=100000 ...] [--skip-writer]
+        [--old] [--also maxItemsPerFetch=100000 ...] [--skip-writer] [--skip-source]
+        [--spark-side]
 
 Each run also reports the CPU seconds per item of the whole process tree (the Spark JVM, its
 Python workers and the tercel servers are all children of the benchmark): on a host whose
-cores are all busy, the ratio of those bounds the ratio of the throughputs.
+cores are all busy, the ratio of those bounds the ratio of the throughputs. ``--spark-side``
+adds batch jobs that read the same events into Parquet from the JSON files and from staging
+segments written beforehand (no server, fetch or streaming engine): Spark's own cost of the
+Python data source path against its JSON reader.
 
 Also: the sink (``df.write.format("tercel")``) with its default ``batchSize`` against
 ``batchSize=500`` (the old default), alternated; and the time from ``start()`` to the first
