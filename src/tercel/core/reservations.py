@@ -27,9 +27,16 @@ start-up, shifted, plus a counter, so an id from before a restart, or from anoth
 never matches (Thrift's ids are i64; memcache's lease ids print it as ``<prefix>-<n>``, see
 :meth:`ReservationTable.lease_id`).
 
-Same contract as the rest of the core: synchronous, one thread, no timers. The caller passes
-``now`` (epoch ms) and calls :meth:`ReservationTable.expire` at
-:meth:`ReservationTable.next_deadline`.
+Clocks: the caller passes ``now`` (wall-clock epoch ms), which only the queue sees (an
+item's expiry is absolute). Deadlines are durations from "now" and are never persisted (a
+restart returns every reservation), so they run on the table's ``deadline_clock``, monotonic
+milliseconds (:meth:`tercel.clock.Clock.monotonic_ms`): setting the system clock moves no
+lease, auto-abort or TTR. ``Reservation.deadline``, :meth:`ReservationTable.next_deadline` and
+:meth:`ReservationTable.expire` are in that clock; where a client is shown a wall-clock
+expiry, compute it as ``now + (deadline - deadline_clock())``.
+
+Same contract as the rest of the core: synchronous, one thread, no timers. The caller calls
+:meth:`ReservationTable.expire` at :meth:`ReservationTable.next_deadline`.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ from __future__ import annotations
 import heapq
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
+from tercel.clock import SystemClock
 from tercel.core.queue import PersistentQueue, QItem
 from tercel.errors import JournalError, TooManyLeases
 
@@ -49,8 +57,8 @@ ID_SHIFT = 32
 
 
 class Reservation:
-    """One reserved item: its queue and open read, owner (None: detached) and deadline (epoch
-    ms; 0: none)."""
+    """One reserved item: its queue and open read, owner (None: detached) and deadline (the
+    table's monotonic ms; 0: none)."""
 
     __slots__ = ("deadline", "id", "item", "owner", "queue", "xid")
 
@@ -68,7 +76,13 @@ class Reservation:
 class ReservationTable:
     """Every open reservation of a server (see the module docstring)."""
 
-    def __init__(self, prefix: str | None = None) -> None:
+    def __init__(
+        self, prefix: str | None = None, deadline_clock: Callable[[], int] | None = None
+    ) -> None:
+        self.deadline_clock: Callable[[], int] = (
+            deadline_clock if deadline_clock is not None else SystemClock().monotonic_ms
+        )
+        """Monotonic milliseconds: the clock of every deadline (see the module docstring)."""
         # os.urandom, not the secrets module: ~5 ms of imports at start-up.
         self.prefix = prefix if prefix is not None else os.urandom(4).hex()
         """Printed before a lease id (``3fa9c2d1-1f``)."""
@@ -134,7 +148,8 @@ class ReservationTable:
         got = queue.remove_open(now)
         if got is None:
             return None
-        return self.adopt(queue, got[0], got[1], now, owner=owner, ttl_ms=ttl_ms)
+        deadline = self.deadline_clock() + ttl_ms if ttl_ms else 0
+        return self._adopt(queue, got[0], got[1], owner, deadline)
 
     def take_leases(
         self, queue: PersistentQueue, max_items: int, lease_ms: int, now: int
@@ -150,11 +165,12 @@ class ReservationTable:
         if n == 0:
             raise TooManyLeases()
         out: list[Reservation] = []
+        deadline = self.deadline_clock() + lease_ms if lease_ms else 0  # one for the batch
         for _ in range(n):
-            res = self.take(queue, now, ttl_ms=lease_ms)
-            if res is None:
+            got = queue.remove_open(now)
+            if got is None:
                 break
-            out.append(res)
+            out.append(self._adopt(queue, got[0], got[1], None, deadline))
         return out
 
     def adopt(
@@ -162,13 +178,19 @@ class ReservationTable:
         queue: PersistentQueue,
         xid: int,
         item: QItem,
-        now: int,
         *,
         owner: object | None = None,
         ttl_ms: int = 0,
     ) -> Reservation:
         """Make open read ``xid`` of ``queue`` a reservation (a blocked read, whose item the
-        queue opened on its behalf, becomes one this way)."""
+        queue opened on its behalf, becomes one this way), due ``ttl_ms`` from now (0: no
+        deadline)."""
+        deadline = self.deadline_clock() + ttl_ms if ttl_ms else 0
+        return self._adopt(queue, xid, item, owner, deadline)
+
+    def _adopt(
+        self, queue: PersistentQueue, xid: int, item: QItem, owner: object | None, deadline: int
+    ) -> Reservation:
         self._seq += 1
         res = Reservation(self._base + self._seq, queue, xid, item, owner)
         self._open[res.id] = res
@@ -179,8 +201,8 @@ class ReservationTable:
             if mine is None:
                 mine = self._owned[owner] = {}
             mine[res.id] = res
-        if ttl_ms:
-            self._set_deadline(res, now + ttl_ms)
+        if deadline:
+            self._set_deadline(res, deadline)
         return res
 
     # ---- ending -------------------------------------------------------------------------------
@@ -253,15 +275,16 @@ class ReservationTable:
                 log.exception("reads of %s not returned", queue.name)
         return n
 
-    def extend(self, reservations: Iterable[Reservation], ttl_ms: int, now: int) -> int:
-        """Move the deadlines to ``now + ttl_ms`` (0: none): renew, touch. How many."""
+    def extend(self, reservations: Iterable[Reservation], ttl_ms: int) -> int:
+        """Move the deadlines to ``ttl_ms`` from now (0: none): renew, touch. How many."""
         n = 0
+        deadline = self.deadline_clock() + ttl_ms if ttl_ms else 0
         for res in reservations:
             if self._open.get(res.id) is not res:
                 continue
             n += 1
-            if ttl_ms:
-                self._set_deadline(res, now + ttl_ms)
+            if deadline:
+                self._set_deadline(res, deadline)
             else:
                 res.deadline = 0
         return n
@@ -283,7 +306,7 @@ class ReservationTable:
         return res if res is not None and res.deadline == deadline else None
 
     def next_deadline(self) -> int | None:
-        """The earliest deadline of an open reservation (epoch ms), or None."""
+        """The earliest deadline of an open reservation (``deadline_clock`` ms), or None."""
         heap = self._deadlines
         while heap:
             deadline = heap[0]
@@ -298,8 +321,11 @@ class ReservationTable:
             del self._due[deadline]
         return None
 
-    def expire(self, now: int) -> int:
-        """Return every reservation due by ``now`` to its queue; the count."""
+    def expire(self, now: int | None = None) -> int:
+        """Return every reservation due by ``now`` (``deadline_clock`` ms; None: read it) to
+        its queue; the count."""
+        if now is None:
+            now = self.deadline_clock()
         due: dict[int, Reservation] = {}
         heap = self._deadlines
         while heap and heap[0] <= now:

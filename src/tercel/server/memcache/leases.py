@@ -87,7 +87,7 @@ def handle_lease(conn: Connection, cmd: LeaseCmd) -> None:
         # conn.parked stays set until _finish_lease has replied, so a command pipelined
         # behind this one cannot answer first.
         full = table.room(queue) == 0  # other blocked leases took the room meanwhile
-        first = table.adopt(queue, xid, item, ctx.clock.now_ms(), ttl_ms=cmd.lease_ms)
+        first = table.adopt(queue, xid, item, ttl_ms=cmd.lease_ms)
         ctx.loop.call_soon(_finish_lease, conn, cmd, first, full)
 
     waiter = LeaseWaiter(conn.session, queue, READ_OPEN, delivered)
@@ -157,7 +157,7 @@ def handle_renew(conn: Connection, cmd: Renew) -> None:
     ctx = conn.ctx
     service = ctx.reservations
     leases = _named(conn, cmd.queue, cmd.ids)
-    n = service.table.extend(leases, cmd.lease_ms, ctx.clock.now_ms())
+    n = service.table.extend(leases, cmd.lease_ms)
     service.arm()
     conn.out.append(mc.counted(b"RENEWED", n))
 
