@@ -48,6 +48,12 @@ from collections.abc import Callable, Iterable
 
 from tercel.clock import SystemClock
 from tercel.core.queue import PersistentQueue, QItem
+from tercel.core.source import (
+    RETURN_ABORT,
+    RETURN_EXPIRED,
+    RETURN_OWNER_GONE,
+    ReservationSource,
+)
 from tercel.errors import JournalError, TooManyLeases
 
 log = logging.getLogger(__name__)
@@ -57,16 +63,16 @@ ID_SHIFT = 32
 
 
 class Reservation:
-    """One reserved item: its queue and open read, owner (None: detached) and deadline (the
-    table's monotonic ms; 0: none)."""
+    """One reserved item: its source (a queue) and the source's id for it (a queue's open
+    read), the item, owner (None: detached) and deadline (the table's monotonic ms; 0: none)."""
 
-    __slots__ = ("deadline", "id", "item", "owner", "queue", "xid")
+    __slots__ = ("deadline", "id", "item", "owner", "source", "xid")
 
     def __init__(
-        self, rid: int, queue: PersistentQueue, xid: int, item: QItem, owner: object | None
+        self, rid: int, source: ReservationSource, xid: int, item: QItem, owner: object | None
     ) -> None:
         self.id = rid
-        self.queue = queue
+        self.source = source
         self.xid = xid
         self.item = item
         self.owner = owner
@@ -90,7 +96,7 @@ class ReservationTable:
         self._base = (int(self.prefix, 16) & 0x7FFFFFFF) << ID_SHIFT
         self._seq = 0
         self._open: dict[int, Reservation] = {}
-        self._detached: dict[PersistentQueue, int] = {}  # leases open per queue
+        self._detached: dict[ReservationSource, int] = {}  # leases open per source
         self._owned: dict[object, dict[int, Reservation]] = {}
         # Distinct deadlines (a heap) and the ids due at each, in the order they were set: a
         # lease batch shares one deadline, so one heap entry serves the whole batch. Ids of
@@ -106,7 +112,7 @@ class ReservationTable:
         """The open reservation ``rid``, or None."""
         return self._open.get(rid)
 
-    def open_count(self, queue: PersistentQueue) -> int:
+    def open_count(self, queue: ReservationSource) -> int:
         """Detached reservations (leases) open on ``queue``."""
         return self._detached.get(queue, 0)
 
@@ -189,7 +195,7 @@ class ReservationTable:
         return self._adopt(queue, xid, item, owner, deadline)
 
     def _adopt(
-        self, queue: PersistentQueue, xid: int, item: QItem, owner: object | None, deadline: int
+        self, queue: ReservationSource, xid: int, item: QItem, owner: object | None, deadline: int
     ) -> Reservation:
         self._seq += 1
         res = Reservation(self._base + self._seq, queue, xid, item, owner)
@@ -207,23 +213,23 @@ class ReservationTable:
 
     # ---- ending -------------------------------------------------------------------------------
 
-    def find(self, queue: PersistentQueue | None, ids: Iterable[int]) -> list[Reservation]:
+    def find(self, queue: ReservationSource | None, ids: Iterable[int]) -> list[Reservation]:
         """The open reservations among ``ids`` (of ``queue`` unless it is None), each once."""
         found: dict[int, Reservation] = {}
         for rid in ids:
             res = self._open.get(rid)
-            if res is not None and (queue is None or res.queue is queue):
+            if res is not None and (queue is None or res.source is queue):
                 found[rid] = res
         return list(found.values())
 
     def _drop(self, res: Reservation) -> None:
         del self._open[res.id]
         if res.owner is None:
-            left = self._detached[res.queue] - 1
+            left = self._detached[res.source] - 1
             if left:
-                self._detached[res.queue] = left
+                self._detached[res.source] = left
             else:
-                del self._detached[res.queue]
+                del self._detached[res.source]
         else:
             mine = self._owned[res.owner]
             del mine[res.id]
@@ -237,14 +243,14 @@ class ReservationTable:
             if self._open.get(res.id) is not res:
                 continue
             self._drop(res)
-            if res.queue.confirm(res.xid):
+            if res.source.confirm_reserved(res.xid):
                 n += 1
         return n
 
     def abort(self, reservations: Iterable[Reservation]) -> int:
         """Return the reserved items to the head of their queues, in their original order;
         how many were still open."""
-        return self._return([r for r in reservations if self._open.get(r.id) is r])
+        return self._return([r for r in reservations if self._open.get(r.id) is r], RETURN_ABORT)
 
     def forget(self, reservations: Iterable[Reservation]) -> None:
         """Drop reservations whose queue is gone (deleted): nothing to return them to."""
@@ -255,24 +261,25 @@ class ReservationTable:
     def release_owner(self, owner: object) -> int:
         """``owner`` ended: return every reservation it held (its connection closed)."""
         mine = self._owned.get(owner)
-        return 0 if mine is None else self._return(list(mine.values()))
+        return 0 if mine is None else self._return(list(mine.values()), RETURN_OWNER_GONE)
 
-    def _return(self, reservations: list[Reservation]) -> int:
+    def _return(self, reservations: list[Reservation], reason: int) -> int:
         # The items returned together keep their original queue order, and a blocked reader
         # is served only once they are all back (it gets the oldest).
-        by_queue: dict[PersistentQueue, list[Reservation]] = {}
+        by_source: dict[ReservationSource, list[Reservation]] = {}
         for res in sorted(reservations, key=lambda r: r.id):
-            by_queue.setdefault(res.queue, []).append(res)
+            by_source.setdefault(res.source, []).append(res)
         n = 0
-        for queue, group in by_queue.items():
+        for source, group in by_source.items():
             for res in group:
                 self._drop(res)
             try:
-                n += queue.abort_many([res.xid for res in group])
-            except JournalError as exc:  # that queue's journal failed; the others go on
-                log.error("reads of %s not returned (they return at restart): %s", queue.name, exc)
-            except Exception:  # a bug in one queue must not strand the others' reservations
-                log.exception("reads of %s not returned", queue.name)
+                n += source.return_reserved([res.xid for res in group], reason)
+            except JournalError as exc:  # that source's journal failed; the others go on
+                name = source.source_name()
+                log.error("reads of %s not returned (they return at restart): %s", name, exc)
+            except Exception:  # a bug in one source must not strand the others' reservations
+                log.exception("reads of %s not returned", source.source_name())
         return n
 
     def extend(self, reservations: Iterable[Reservation], ttl_ms: int) -> int:
@@ -334,6 +341,6 @@ class ReservationTable:
                 res = self._live(rid, deadline)
                 if res is not None:
                     due[rid] = res
-        n = self._return(list(due.values()))
+        n = self._return(list(due.values()), RETURN_EXPIRED)
         self.expired += n
         return n
