@@ -11,10 +11,8 @@ import pytest
 from tercel.clock import ManualClock
 from tercel.config import QueueConfig, parse_config
 from tercel.core.collection import QueueCollection
-from tercel.core.items import QItem
 from tercel.core.queue import PersistentQueue
 from tercel.core.reservations import ReservationTable
-from tercel.core.source import RETURN_ABORT, RETURN_EXPIRED, RETURN_OWNER_GONE, ReservationSource
 from tercel.errors import TooManyLeases
 from tercel.journal import MemoryJournal
 from tercel.session import READ_OPEN, Session
@@ -202,44 +200,3 @@ def test_deadlines_run_on_the_monotonic_clock_a_wall_clock_jump_moves_none(w: Wo
     w.clock.advance(1000)
     assert w.table.expire() == 1
     assert w.drain("a") == [b"1", b"2", b"3"]
-
-
-class Ledger(ReservationSource):
-    """A source that is not a queue (as beanstalkd's jobs will be): it records what the table
-    tells it."""
-
-    def __init__(self) -> None:
-        self.returned: list[tuple[list[int], int]] = []
-        self.confirmed: list[int] = []
-
-    def confirm_reserved(self, xid: int) -> bool:
-        self.confirmed.append(xid)
-        return True
-
-    def return_reserved(self, xids: list[int], reason: int) -> int:
-        self.returned.append((xids, reason))
-        return len(xids)
-
-    def source_name(self) -> str:
-        return "ledger"
-
-
-def test_any_source_is_told_why_its_items_come_back(w: World) -> None:
-    src = Ledger()
-    owner = object()
-    table = w.table
-    held = [table.adopt(src, xid, QItem(xid, 0, 0, b""), owner=owner) for xid in (1, 2)]
-    due = table.adopt(src, 3, QItem(3, 0, 0, b""), ttl_ms=10)
-    done = table.adopt(src, 4, QItem(4, 0, 0, b""), owner=owner, ttl_ms=10)
-    asked = table.adopt(src, 5, QItem(5, 0, 0, b""))
-    assert table.confirm([done]) == 1 and src.confirmed == [4]
-    w.clock.advance(10)
-    assert table.expire() == 1  # the confirmed one is not due any more
-    assert table.abort([asked]) == 1
-    assert table.release_owner(owner) == 2
-    assert src.returned == [
-        ([3], RETURN_EXPIRED),
-        ([5], RETURN_ABORT),
-        ([1, 2], RETURN_OWNER_GONE),  # in the order they were taken
-    ]
-    assert due.deadline and not held[0].deadline and len(table) == 0

@@ -45,6 +45,7 @@ import heapq
 import logging
 import os
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from tercel.clock import SystemClock
 from tercel.core.queue import PersistentQueue, QItem
@@ -60,6 +61,10 @@ log = logging.getLogger(__name__)
 
 ID_SHIFT = 32
 """The counter's bits below the random base of every id."""
+
+NO_ITEM: Final = QItem(0, 0, 0, b"")
+"""The ``item`` of a reservation whose source keeps its own items (beanstalkd's job store:
+the ``xid`` is the job id)."""
 
 
 class Reservation:
@@ -181,7 +186,7 @@ class ReservationTable:
 
     def adopt(
         self,
-        queue: PersistentQueue,
+        queue: ReservationSource,
         xid: int,
         item: QItem,
         *,
@@ -253,7 +258,8 @@ class ReservationTable:
         return self._return([r for r in reservations if self._open.get(r.id) is r], RETURN_ABORT)
 
     def forget(self, reservations: Iterable[Reservation]) -> None:
-        """Drop reservations whose queue is gone (deleted): nothing to return them to."""
+        """Drop reservations without telling their source: their queue is gone (deleted), or
+        the source ended them itself (beanstalkd's ``delete``, ``release``, ``bury``)."""
         for res in reservations:
             if self._open.get(res.id) is res:
                 self._drop(res)

@@ -107,7 +107,9 @@ class BeanstalkService:
                 log_dir, max_file_size, on_dirty=committer.journal_dirty, name=JOBLOG_NAME
             )
             committer.set_sync_mode(JOBLOG_NAME, sync)
-        self.store = JobStore(SystemTubeClock(), self.journal)
+        # Reserved jobs are reservations of the server's one table (its timer ends a TTR):
+        # SystemTubeClock's monotonic clock is the table's (CLOCK_MONOTONIC, in ms there).
+        self.store = JobStore(SystemTubeClock(), self.journal, ctx.reservations.table)
         self.cmd = dict.fromkeys(CMD_COUNTERS, 0)
         self.producers = 0
         """Connections open now that have sent a ``put`` (``current-producers``)."""
@@ -200,8 +202,9 @@ class BeanstalkService:
     # ---- the timer ------------------------------------------------------------------------
 
     def rearm(self) -> None:
-        """Keep one timer at the store's next deadline (call after anything that may add
-        or remove one)."""
+        """Keep one timer at the store's next deadline, and the reservation table's timer at
+        its next (a TTR); call after anything that may add or remove one."""
+        self.ctx.reservations.arm()
         when = self.store.next_deadline()
         if when is None:
             return
