@@ -1,26 +1,29 @@
-"""Reservations: items taken out of their queue until confirmed or returned (docs/architecture.md,
-"Reservations").
+"""Reservations: items taken out of their source until confirmed or returned
+(docs/architecture.md, "One reservation model").
 
-A reservation is an open read (:meth:`PersistentQueue.remove_open`) with three optional
-properties, and every way of reading "reliably" is one combination of them:
+A reservation is an item taken from a :class:`~tercel.core.source.ReservationSource` — a
+queue's open read (:meth:`PersistentQueue.remove_open`) or a beanstalkd job — with two
+optional properties, and every way of reading "reliably", in all four front ends, is one
+combination of them:
 
 =========================== ======================= ========================= ==============
 case                        owner                   deadline                  addressed by
 =========================== ======================= ========================= ==============
 Kestrel ``/open`` read      the session             none                      oldest first
 memcache ``lease``          none                    ``lease_ms`` (renewable)  lease id
-Thrift ``get`` auto-abort   the connection          ``auto_abort_msec``       id, any conn
+Thrift ``get`` auto-abort   none (detached)         ``auto_abort_msec``       id, any conn
+beanstalkd ``reserve``      the worker (connection) TTR (``touch`` renews)    job id
 =========================== ======================= ========================= ==============
 
-(beanstalkd's reserved jobs are still kept by :mod:`tercel.core.tubes`, not here:
-docs/architecture.md, "One reservation model".)
-
-An owned reservation returns to its queue when its owner ends (:meth:`release_owner`); one
+An owned reservation returns to its source when its owner ends (:meth:`release_owner`); one
 with a deadline returns when the deadline passes (:meth:`expire`). Either way, and on
-:meth:`abort`, the item goes back to the head of its queue in its original order with its
-delivery count. They are all journaled the same way — the journal's OPEN, CONFIRM and ABORT
-records — so a restart returns every reserved item, whatever kind it was; nothing here is
-journaled itself.
+:meth:`abort`, the table hands it back with the reason (``RETURN_*``): a queue puts the item
+back at its head in its original order with its delivery count; the job store makes the job
+ready, counting a ``timeout`` only for an expired TTR. A queue journals them all the same way
+— OPEN, CONFIRM and ABORT records — and the job store does not journal reservations at all,
+so a restart returns every reserved item, whatever kind it was; nothing here is journaled
+itself. A source that ends a reservation itself (beanstalkd ``delete``, ``release``,
+``bury``) drops it with :meth:`ReservationTable.forget`.
 
 Ids: ``Reservation.id`` is an int unique to this server's run: a random 31-bit base drawn at
 start-up, shifted, plus a counter, so an id from before a restart, or from another server,

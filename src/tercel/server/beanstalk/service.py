@@ -9,7 +9,8 @@ queues for it). Either way the connections are the shared layer's
 written by the context's group committer and the server's status applies. Connections
 (:mod:`tercel.server.beanstalk.connection`) call the store and then
 :meth:`BeanstalkService.rearm`, which keeps one loop timer set for the store's next deadline
-(delayed job, TTR, wait timeout, DEADLINE_SOON, unpause).
+(delayed job, wait timeout, DEADLINE_SOON, unpause) and arms the reservation table's timer,
+which ends a TTR (a reserved job is a reservation of the server's one table).
 """
 
 from __future__ import annotations
