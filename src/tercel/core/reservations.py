@@ -239,10 +239,12 @@ class ReservationTable:
             else:
                 del self._detached[res.source]
         else:
-            mine = self._owned[res.owner]
-            del mine[res.id]
-            if not mine:
-                del self._owned[res.owner]
+            # An owner's dict stays while it lives, empty or not (a worker that reserves and
+            # deletes one job at a time would build a new one each time); release_owner,
+            # which every owner calls at its end, removes it.
+            mine = self._owned.get(res.owner)
+            if mine is not None:
+                del mine[res.id]
 
     def confirm(self, reservations: Iterable[Reservation]) -> int:
         """Remove the reserved items for good; how many were still open."""
@@ -260,6 +262,13 @@ class ReservationTable:
         how many were still open."""
         return self._return([r for r in reservations if self._open.get(r.id) is r], RETURN_ABORT)
 
+    def drop(self, res: Reservation) -> bool:
+        """:meth:`forget` one reservation; whether it was open."""
+        if self._open.get(res.id) is not res:
+            return False
+        self._drop(res)
+        return True
+
     def forget(self, reservations: Iterable[Reservation]) -> None:
         """Drop reservations without telling their source: their queue is gone (deleted), or
         the source ended them itself (beanstalkd's ``delete``, ``release``, ``bury``)."""
@@ -268,9 +277,10 @@ class ReservationTable:
                 self._drop(res)
 
     def release_owner(self, owner: object) -> int:
-        """``owner`` ended: return every reservation it held (its connection closed)."""
-        mine = self._owned.get(owner)
-        return 0 if mine is None else self._return(list(mine.values()), RETURN_OWNER_GONE)
+        """``owner`` ended: return every reservation it held (its connection closed). Every
+        owner must end this way (it keeps the owner's entry until then)."""
+        mine = self._owned.pop(owner, None)
+        return 0 if not mine else self._return(list(mine.values()), RETURN_OWNER_GONE)
 
     def _return(self, reservations: list[Reservation], reason: int) -> int:
         # The items returned together keep their original queue order, and a blocked reader

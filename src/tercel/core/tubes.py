@@ -515,7 +515,7 @@ class JobStore(ReservationSource):
         res = job.res
         if res is not None:
             job.res = None
-            self.reservations.forget((res,))  # ended here: no-op when the table returned it
+            self.reservations.drop(res)  # ended here: no-op when the table returned it
         job.reserver = None
         job.tube.reserved_count -= 1
         self.stats.reserved -= 1
