@@ -28,7 +28,7 @@ from tercel.clock import Clock, SystemClock
 from tercel.config import QueueConfig, ServerConfig
 from tercel.core.collection import QueueCollection
 from tercel.core.log import QueueLog
-from tercel.errors import ConfigError
+from tercel.errors import ConfigError, TooManyOpenFiles
 from tercel.server.admin_rules import check_admin_settings
 from tercel.server.commit import Committer
 from tercel.server.connection import Connection
@@ -196,7 +196,7 @@ class Server:
     ) -> None:
         """Run journal work (snapshot writing) on a worker thread; ``done`` on the loop.
 
-        Before the loop runs (replay at start-up) the work is done inline.
+        Before the loop runs the work is done inline (start-up replays with the loop running).
         """
         if not self.loop.is_running():
             storage.run_inline(work, done)
@@ -294,11 +294,18 @@ class Server:
         if not total:
             return
         t0 = last = time.monotonic()
-        done = 0
         while not self.ctx.stopping:
             started = time.monotonic()
             try:
                 name = coll.replay_next()
+            except TooManyOpenFiles:
+                # Not the journal's fault: the rest replay at their first reference.
+                log.warning(
+                    "background replay stopped, no file descriptor left: %d queue(s) will "
+                    "replay at their first use",
+                    coll.pending,
+                )
+                return
             except Exception as exc:  # any failure stops the start
                 log.error("replay failed: %s", exc)
                 self.failure = exc
@@ -306,7 +313,6 @@ class Server:
                 return
             if name is None:
                 break
-            done += 1
             now = time.monotonic()
             if now - started >= REPLAY_LOG_EVERY_S:  # one long journal: say what it was
                 q = coll.queue(name)
