@@ -123,9 +123,10 @@ def _import_admin() -> ModuleType:
 
 
 ADMIN_AFTER_REPLAY_S = 1.0
-"""The admin listener's import waits for the background replay to end, at most this long:
-the import thread takes the GIL each time the replay reads (and they share one CPU when the
-server is pinned), which made the first item ~20 % later at a restart (docs/benchmarks.md)."""
+"""The admin listener's import (and the build's log line) waits for the background replay
+to end, at most this long: the import thread takes the GIL each time the replay reads (and
+they share one CPU when the server is pinned), which made the first item ~20 % later at a
+restart (docs/benchmarks.md)."""
 REPLAY_LOG_EVERY_S = 2.0
 """Start-up replay logs its progress at most this often (and any queue that took longer)."""
 
@@ -249,18 +250,19 @@ class Server:
             log.info("%s listening on %s:%d", fe.name, sock[0], sock[1])
         # Serving from here on. What follows is not needed by the first command.
         self._replayer = self.loop.create_task(self._replay_in_background())
-        from tercel import native  # (pathlib and importlib: after the listeners serve)
+        self._schedule_sweeps()
+        # The rest waits for the background replay to end (or ADMIN_AFTER_REPLAY_S): the
+        # first commands wait for their queues' replay, not for this.
+        await asyncio.wait({self._replayer}, timeout=ADMIN_AFTER_REPLAY_S)
+        from tercel import native  # (pathlib and importlib, and a walk of the package)
 
         compiled, stale = native.compiled_modules(), native.stale_modules()
         log.info("%s", native.build_summary(compiled))
         if stale:
             log.warning("compiled modules older than their sources (run make): %s", stale)
-        self._schedule_sweeps()
         if srv.admin_port is not None:
             # aiohttp and prometheus-client take longer to import than everything else
-            # together: on a thread, while the other listeners already serve, once the
-            # background replay is done (or ADMIN_AFTER_REPLAY_S has passed).
-            await asyncio.wait({self._replayer}, timeout=ADMIN_AFTER_REPLAY_S)
+            # together: on a thread, while the other listeners already serve.
             admin = await self.loop.run_in_executor(None, _import_admin)
             self.admin = admin.AdminServer(ctx)
             sock = self._sockets.pop("admin", None)
