@@ -108,9 +108,10 @@ def test_emfile_on_open_parks_a_pooled_journal_and_goes_on(tmp_path: Path) -> No
 def test_emfile_on_the_directory_fsync_of_a_rotation_evicts_instead_of_failing(
     tmp_path: Path,
 ) -> None:
-    """A rotation fsyncs the data dir; out of descriptors for that open, it frees a pooled one
-    like any journal open (before: "rotation failed: Too many open files", and the queue
-    refused every write until a restart, found by ``bench/soak.py --emfile``)."""
+    """After a rotation the data dir is fsynced (at the journal's next sync); out of
+    descriptors for that open, it frees a pooled one like any journal open (before: "rotation
+    failed: Too many open files", and the queue refused every write until a restart, found by
+    ``bench/soak.py --emfile``)."""
     faults = FaultyFiles()
     files = DataDir(str(tmp_path), max_open=8, ops=faults)
     other = journal(tmp_path, "other", files)
@@ -121,9 +122,10 @@ def test_emfile_on_the_directory_fsync_of_a_rotation_evicts_instead_of_failing(
     # After the rename: the new file's open goes through, the directory's fails once.
     faults.fail("open", errno.EMFILE, skip=1, times=1, armed_by=("rename", None))
     assert q.rotate()
-    assert not q.failed and files.stats()["emfile"] == 1 and files.evictions == 1
     q.add(2, 2, 0, b"q2")
     q.write_out()
+    q.sync()
+    assert not q.failed and files.stats()["emfile"] == 1 and files.evictions == 1
     other.add(2, 2, 0, b"o2")  # the evicted journal reopens its file
     other.write_out()
     for j in (q, other):
@@ -215,3 +217,31 @@ def test_a_new_journal_file_name_is_durable_after_its_first_sync(tmp_path: Path)
     os.close(os.open(data / "q", os.O_RDONLY))  # the journal is abandoned: a power cut
     power_loss(str(data), str(tmp_path / "shadow"), random.Random(1), "drop")
     assert replayed(data, "q") == [b"acked"]
+
+
+def test_rotation_leaves_the_directory_fsync_to_the_next_sync_and_delete_fsyncs_nothing(
+    tmp_path: Path,
+) -> None:
+    """The event loop's share of slow calls (issue 21): a rotation no longer fsyncs the
+    directory itself (the next sync of the journal does, with the records it makes durable:
+    a periodic sync in its worker thread), and deleting a queue does not fsync files it is
+    about to unlink."""
+    faults = FaultyFiles()
+    j = journal(tmp_path, "q", DataDir(str(tmp_path), ops=faults))
+    j.add(1, 1, 0, b"one")
+    j.sync()  # the new file's first sync: its data and the directory
+    assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (1, 1)
+    j.add(2, 2, 0, b"two")
+    assert j.rotate()
+    assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (2, 1)  # the old file only
+    j.add(3, 3, 0, b"three")
+    j.write_out()
+    j.sync()
+    assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (3, 2)  # and the directory
+    j.add(4, 4, 0, b"four")
+    j.write_out()
+    j.sync()
+    assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (4, 2)  # once per new file
+    j.erase()
+    assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (4, 2)
+    assert faults.calls["unlink"] >= 2 and not list(tmp_path.glob("q*"))

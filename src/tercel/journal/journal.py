@@ -253,8 +253,9 @@ class FileJournal(AppendLog):
         self._checkpoint_at = 0  # _appended when a checkpoint was last due
         self._owner_syncs = False  # a sync ran: the owner makes records durable
         self._name_unsynced = False
-        """The current file was created and the directory not fsynced since: the next sync
-        fsyncs it too, so the file's name is as durable as its records (a power loss)."""
+        """The current file was created (a new queue, a rotation) and the directory not
+        fsynced since: the next sync fsyncs it too (:meth:`_sync_name`), so the file's name is
+        as durable as its records (a power loss)."""
 
     # ---- files ----------------------------------------------------------------------------
 
@@ -658,17 +659,31 @@ class FileJournal(AppendLog):
         self._mark_synced()
         try:
             self._ops.fdatasync(fd)
-            if self._name_unsynced:  # its name too, once per new file
-                if self.syncing:  # a worker thread must not use the pool
-                    fsync_dir(self.data_dir, self._ops)
-                else:
-                    self._dir.sync()
-                self._name_unsynced = False
+            self._sync_name()
         except OSError as exc:
             self._fail("fsync", exc)
         finally:
             if own >= 0:
                 self._ops.close(own)
+
+    def _sync_name(self) -> None:
+        """fsync the directory when the current file was created (a new queue, a rotation)
+        since the last directory fsync: the file's name (and a rotation's rename) become as
+        durable as the records the caller's fsync covers. In a worker thread (a periodic
+        sync) the directory is opened outside the pool, and no descriptor puts it off."""
+        if not self._name_unsynced:
+            return
+        if self.syncing:
+            try:
+                fsync_dir(self.data_dir, self._ops)
+            except OSError as exc:
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    raise
+                log.warning("journal %s: directory fsync put off: %s", self.path, exc)
+                return
+        else:
+            self._dir.sync()
+        self._name_unsynced = False
 
     def _mark_synced(self) -> None:
         self._owner_syncs = True
@@ -680,10 +695,9 @@ class FileJournal(AppendLog):
         if not self.closed and self._name_unsynced:
             try:
                 self._fd_now()
-                self._dir.sync()
+                self._sync_name()  # before the fsync is submitted: it may complete first
             except OSError as exc:
                 self._fail("fsync", exc)
-            self._name_unsynced = False
         return super().begin_sync()
 
     @property
@@ -796,17 +810,7 @@ class FileJournal(AppendLog):
 
     def _add_id_at(self, position: rec.Position) -> int | None:
         """The item id of the ADD record at ``position``; None if there is none there."""
-        try:
-            fd = os.open(self._path(position[0]), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        try:
-            head = os.pread(fd, rec.ADD_HEAD_SIZE, position[1])
-        finally:
-            os.close(fd)
-        if len(head) < rec.ADD_HEAD_SIZE or head[rec.PREFIX_SIZE] != rec.OP_ADD:
-            return None
-        return add_id(head, 0)
+        return _add_id_in(self._path(position[0]), position[1])
 
     def _find_add(self, item_id: int) -> rec.Position | None:
         """Where the ADD of ``item_id`` starts: found by walking from the last mark of a
@@ -860,21 +864,25 @@ class FileJournal(AppendLog):
             tail = os.pread(fh.fileno(), cp.end[1] - start, start)
         if len(tail) != cp.end[1] - start or rec.crc32(tail) != cp.tail_crc:
             return "the file changed"
+        # Ids are handed out in order: an ADD right at the end is the next item's. This also
+        # checks an end at a file header, where the tail above is empty.
+        at_end = _add_id_in(end_path, cp.end[1])
+        if at_end is not None and at_end != cp.next_id:
+            return "the record at its end is not the next item's"
         if not cp.items:
             return ""
-        head_path = paths.get(cp.head[0])
-        if head_path is None or cp.head > cp.end:
+        if cp.head > cp.end:
             return "the head item's file is gone"
-        reader = ChunkReader(head_path, cp.head[1])
-        try:
-            span = reader.next()
-            ok = span is not None and rec.record_op(reader.buffer, span[0]) == rec.OP_ADD
-            if not ok or add_id(reader.buffer, span[0]) != cp.head_id:  # type: ignore[index]
-                return "the head item's record changed"
-        except rec.BadRecord:
-            return "the head item's record is damaged"
-        finally:
-            reader.close()
+        why = _add_mismatch(paths, cp.head, cp.head_id)
+        if why:
+            return f"the head item's {why}"
+        # The marks between the head and the end: a valid ADD of the recorded id at each,
+        # the first record of every file among them and one per MiB (cheap: a read each).
+        for item_id, seq, offset in cp.marks:
+            if item_id > cp.head_id and (seq, offset) < cp.end:
+                why = _add_mismatch(paths, (seq, offset), item_id)
+                if why:
+                    return f"item {item_id}'s {why}"
         return ""
 
     # ---- rotation and compaction ----------------------------------------------------------
@@ -904,9 +912,7 @@ class FileJournal(AppendLog):
             self._older_total += self._written
             self._seq = old + 1
             self._unsynced = False
-            self._open()
-            self._dir.sync()
-            self._name_unsynced = False
+            self._open()  # the directory is fsynced by the next sync (_sync_name)
         except OSError as exc:
             self._fail("rotation", exc)
         self.rotations += 1
@@ -979,6 +985,7 @@ class FileJournal(AppendLog):
             return
         try:
             self._dir.sync()
+            self._name_unsynced = False  # that fsync covered the current file's name too
             for seq in obsolete:
                 if seq != target:
                     ops.unlink(f"{self.path}.{seq}")
@@ -1007,12 +1014,21 @@ class FileJournal(AppendLog):
             self._close_after_sync = True
             return
         try:
-            if self._failed is None and (
-                self._fd >= 0 or self._parts or self._unsynced or self._allocated > self._written
+            if (
+                self._failed is None
+                and not self._erased  # its files are about to go: no fsync for them
+                and (
+                    self._fd >= 0
+                    or self._parts
+                    or self._unsynced
+                    or self._allocated > self._written
+                    or self._name_unsynced
+                )
             ):
                 self.write_out()
                 self._cut_ahead()
                 self._ops.fsync(self._fd_now())
+                self._sync_name()
         finally:
             self.closed = True
             fd = self._fd
@@ -1239,6 +1255,45 @@ class AddReader:
         if self._parked_at < 0:
             self._reader.close()
             self._parked_at = self._reader.offset
+
+
+def _add_id_in(path: str, offset: int) -> int | None:
+    """The item id of the ADD record at ``offset`` of ``path``; None if there is none there
+    (no file, another record, the end of the file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        head = os.pread(fd, rec.ADD_HEAD_SIZE, offset)
+    finally:
+        os.close(fd)
+    if len(head) < rec.ADD_HEAD_SIZE or head[rec.PREFIX_SIZE] != rec.OP_ADD:
+        return None
+    return add_id(head, 0)
+
+
+def _add_mismatch(paths: dict[int, str], position: rec.Position, item_id: int) -> str:
+    """Why the record at ``position`` is not a whole, valid ADD of ``item_id`` (checksum
+    included); empty when it is. Reads that record only (two preads)."""
+    path = paths.get(position[0])
+    if path is None:
+        return "file is gone"
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.pread(fd, rec.PREFIX_SIZE, position[1])
+        if len(data) == rec.PREFIX_SIZE:
+            length = min(rec.PREFIX.unpack_from(data)[0], rec.MAX_BODY)
+            data += os.pread(fd, length, position[1] + rec.PREFIX_SIZE)
+    finally:
+        os.close(fd)
+    try:
+        rec.check_record(data, 0)
+    except rec.BadRecord:
+        return "record is damaged"
+    if rec.record_op(data, 0) != rec.OP_ADD or add_id(data, 0) != item_id:
+        return "record changed"
+    return ""
 
 
 def _valid_data_after(path: str, bad: int) -> bool:
