@@ -420,8 +420,8 @@ class JobJournal(AppendLog):
         self._start_file(size)
 
     def put(self, record: JobFields) -> None:
-        head, body = encode_job(record)
-        self._append_parts([head, body], len(head) + len(body))
+        parts = encode_job(record)  # [prefix and fields, body]: the body is not copied
+        self._append_parts(parts, len(parts[0]) + len(parts[1]))
         self.records_written += 1
 
     def change(self, record: JobFields) -> None:
