@@ -23,7 +23,7 @@ ready, counting a ``timeout`` only for an expired TTR. A queue journals them all
 — OPEN, CONFIRM and ABORT records — and the job store does not journal reservations at all,
 so a restart returns every reserved item, whatever kind it was; nothing here is journaled
 itself. A source that ends a reservation itself (beanstalkd ``delete``, ``release``,
-``bury``) drops it with :meth:`ReservationTable.forget`.
+``bury``) drops it with :meth:`ReservationTable.drop`.
 
 Ids: ``Reservation.id`` is an int unique to this server's run: a random 31-bit base drawn at
 start-up, shifted, plus a counter, so an id from before a restart, or from another server,
