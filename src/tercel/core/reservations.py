@@ -25,11 +25,10 @@ so a restart returns every reserved item, whatever kind it was; nothing here is 
 itself. A source that ends a reservation itself (beanstalkd ``delete``, ``release``,
 ``bury``) drops it with :meth:`ReservationTable.drop`.
 
-Ids: ``Reservation.id`` is an int unique to this server's run: a random 29-bit base drawn at
+Ids: ``Reservation.id`` is an int unique to this server's run: a random 31-bit base drawn at
 start-up, shifted, plus a counter, so an id from before a restart, or from another server,
 never matches (Thrift's ids are i64; memcache's lease ids print it as ``<prefix>-<n>``, see
-:meth:`ReservationTable.lease_id`). 29 bits, not 31: an id stays below 2**61, an unboxed int in
-compiled code, so no table operation allocates one.
+:meth:`ReservationTable.lease_id`).
 
 Clocks: the caller passes ``now`` (wall-clock epoch ms), which only the queue sees (an
 item's expiry is absolute). Deadlines are durations from "now" and are never persisted (a
@@ -65,8 +64,6 @@ log = logging.getLogger(__name__)
 
 ID_SHIFT = 32
 """The counter's bits below the random base of every id."""
-BASE_MASK: Final = (1 << 29) - 1
-"""The random base's bits: with the counter's 32, an id stays below 2**61."""
 
 NO_ITEM: Final = QItem(0, 0, 0, b"")
 """The ``item`` of a reservation whose source keeps its own items (beanstalkd's job store:
@@ -104,7 +101,7 @@ class ReservationTable:
         self.prefix = prefix if prefix is not None else os.urandom(4).hex()
         """Printed before a lease id (``3fa9c2d1-1f``)."""
         self.prefix_bytes = self.prefix.encode("ascii")
-        self._base = (int(self.prefix, 16) & BASE_MASK) << ID_SHIFT
+        self._base = (int(self.prefix, 16) & 0x7FFFFFFF) << ID_SHIFT
         self._seq = 0
         self._open: dict[int, Reservation] = {}
         self._detached: dict[ReservationSource, int] = {}  # leases open per source
