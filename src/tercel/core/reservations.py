@@ -163,7 +163,7 @@ class ReservationTable:
         if got is None:
             return None
         deadline = self.deadline_clock() + ttl_ms if ttl_ms else 0
-        return self._adopt(queue, got[0], got[1], owner, deadline)
+        return self.adopt_until(queue, got[0], got[1], owner, deadline)
 
     def take_leases(
         self, queue: PersistentQueue, max_items: int, lease_ms: int, now: int
@@ -184,7 +184,7 @@ class ReservationTable:
             got = queue.remove_open(now)
             if got is None:
                 break
-            out.append(self._adopt(queue, got[0], got[1], None, deadline))
+            out.append(self.adopt_until(queue, got[0], got[1], None, deadline))
         return out
 
     def adopt(
@@ -200,11 +200,13 @@ class ReservationTable:
         queue opened on its behalf, becomes one this way), due ``ttl_ms`` from now (0: no
         deadline)."""
         deadline = self.deadline_clock() + ttl_ms if ttl_ms else 0
-        return self._adopt(queue, xid, item, owner, deadline)
+        return self.adopt_until(queue, xid, item, owner, deadline)
 
-    def _adopt(
+    def adopt_until(
         self, queue: ReservationSource, xid: int, item: QItem, owner: object | None, deadline: int
     ) -> Reservation:
+        """:meth:`adopt` with its deadline given (``deadline_clock`` ms; 0: none), for a caller
+        that has just read that clock (the job store: a reserve reads no clock twice)."""
         self._seq += 1
         res = Reservation(self._base + self._seq, queue, xid, item, owner)
         self._open[res.id] = res

@@ -488,14 +488,14 @@ class JobStore(ReservationSource):
         else:
             self._unreserve(job)
 
-    def _reserve(self, worker: Worker, job: Job) -> None:
+    def _reserve(self, worker: Worker, job: Job, now: float) -> None:
         job.state = RESERVED
         job.gen += 1
         job.reserver = worker
         job.reserves += 1
-        job.res = self.reservations.adopt(
-            self, job.id, NO_ITEM, owner=worker, ttl_ms=job.ttr * 1000
-        )
+        # now is the table's deadline clock too (see the module docstring): no second read.
+        deadline = round(now * 1000) + job.ttr * 1000
+        job.res = self.reservations.adopt_until(self, job.id, NO_ITEM, worker, deadline)
         job.tube.reserved_count += 1
         self.stats.reserved += 1
         worker.reserved[job.id] = job
@@ -635,7 +635,7 @@ class JobStore(ReservationSource):
             return None, WAKE_DEADLINE_SOON
         if job is not None:
             self._unready(job)
-            self._reserve(worker, job)
+            self._reserve(worker, job, now)
             return job, WAKE_JOB
         if timeout == 0:
             return None, WAKE_TIMED_OUT
@@ -674,7 +674,7 @@ class JobStore(ReservationSource):
         if job is None or job.state == RESERVED:
             return None
         self._take(job)
-        self._reserve(worker, job)
+        self._reserve(worker, job, self.clock.monotonic())
         return job
 
     def _own_or_idle(self, worker: Worker, job_id: int) -> Job | None:
@@ -937,7 +937,7 @@ class JobStore(ReservationSource):
             worker = next(iter(best.tube.waiting))
             self._end_wait(worker)
             self._unready(best)
-            self._reserve(worker, best)
+            self._reserve(worker, best, now)
             worker.wake(best, WAKE_JOB)
 
     # ------------------------------------------------------------------------------ replay
