@@ -31,10 +31,9 @@ and touches are not logged: after a restart a reserved job is ready again.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Final, Protocol
 
 READY: Final = 1
@@ -80,7 +79,7 @@ class TubeClock(Protocol):
         ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class JobRecord:
     """A job as the log keeps it. ``deadline_ms`` is the wall-clock ready time of a delayed
     job (0 otherwise); ``state`` is READY, DELAYED or BURIED (a reserved job is written as
@@ -92,17 +91,54 @@ class JobRecord:
     delay: int
     deadline_ms: int
     counters: Counters
-    tube: str = ""
-    ttr: int = 0
-    created_ms: int = 0
-    body: bytes = b""
+    tube: str
+    ttr: int
+    created_ms: int
+    body: bytes
+
+    # Written out: a dataclass-made __init__ runs interpreted even in the compiled build.
+    def __init__(  # noqa: PLR0917 (the dataclass's positional fields)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        counters: Counters,
+        tube: str = "",
+        ttr: int = 0,
+        created_ms: int = 0,
+        body: bytes = b"",
+    ) -> None:
+        self.job_id = job_id
+        self.state = state
+        self.pri = pri
+        self.delay = delay
+        self.deadline_ms = deadline_ms
+        self.counters = counters
+        self.tube = tube
+        self.ttr = ttr
+        self.created_ms = created_ms
+        self.body = body
 
 
 class JobLog(Protocol):
     """Where the store records what must survive a restart (see the module docstring)."""
 
-    def put(self, record: JobRecord) -> None:
-        """A new job: the whole record."""
+    def put(  # noqa: PLR0917 (called for every put: no record object, no keywords)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+    ) -> None:
+        """A new job (its counters are all 0). Fields, not a :class:`JobRecord`: this runs
+        for every put, and the record would be built only to be taken apart."""
         ...
 
     def change(self, record: JobRecord) -> None:
@@ -129,7 +165,18 @@ class JobLog(Protocol):
 class NullJobLog:
     """No log: jobs live in memory only (``tercel beanstalkd`` without ``-b``)."""
 
-    def put(self, record: JobRecord) -> None:
+    def put(  # noqa: PLR0917 (called for every put: no record object, no keywords)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+    ) -> None:
         pass
 
     def change(self, record: JobRecord) -> None:
@@ -194,11 +241,32 @@ class Job:
         return (self.reserves, self.timeouts, self.releases, self.buries, self.kicks)
 
 
+def ready_key(pri: int, job_id: int) -> int:
+    """A ready job's place in its tube's heap: ``(pri, id)`` as one integer, which the heap
+    compares faster than a tuple and keeps without one (``pri`` is u32, ids u64)."""
+    return pri << 64 | job_id
+
+
+_ID_BITS: Final = (1 << 64) - 1
+
+
+def _before(a: Job, b: Job) -> bool:
+    """``(a.pri, a.id) < (b.pri, b.id)``, without building the tuples."""
+    return a.pri < b.pri or (a.pri == b.pri and a.id < b.id)
+
+
 class Tube:
     """A named set of jobs: a ready heap by ``(pri, id)``, a delayed heap by deadline, a
-    buried FIFO, and the counts ``stats-tube`` shows."""
+    buried FIFO, and the counts ``stats-tube`` shows.
+
+    The ready heap holds :func:`ready_key` integers and deletes lazily: an entry stands for
+    the job of its id while that job is ready with that priority; any other entry is stale
+    and dropped when it reaches the top. (A job that leaves ready and comes back with the same
+    priority may have two entries; both stand for it only while it is ready, so it is still
+    reserved once.)"""
 
     __slots__ = (
+        "all_jobs",
         "buried",
         "cmd_delete",
         "cmd_pause",
@@ -217,9 +285,11 @@ class Tube:
         "watching",
     )
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, all_jobs: dict[int, Job]) -> None:
         self.name = name
-        self.ready: list[tuple[int, int, int, Job]] = []  # (pri, id, gen, job), lazy deletion
+        self.all_jobs = all_jobs
+        """The store's jobs by id (where a ready heap entry's job is found)."""
+        self.ready: list[int] = []  # ready_key(pri, id), lazy deletion
         self.delayed: list[tuple[float, int, int, Job]] = []  # (deadline, id, gen, job)
         self.buried: dict[int, Job] = {}  # insertion order is the FIFO
         self.ready_count = 0
@@ -246,11 +316,13 @@ class Tube:
     def ready_head(self) -> Job | None:
         """The ready job with the smallest ``(pri, id)``, dropping stale entries on the way."""
         heap = self.ready
+        jobs = self.all_jobs
         while heap:
-            _, _, gen, job = heap[0]
-            if job.gen == gen and job.state == READY:
+            key = heap[0]
+            job = jobs.get(key & _ID_BITS)
+            if job is not None and job.state == READY and job.pri == key >> 64:
                 return job
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
     def delayed_head(self) -> Job | None:
@@ -260,7 +332,7 @@ class Tube:
             _, _, gen, job = heap[0]
             if job.gen == gen and job.state == DELAYED:
                 return job
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
 
@@ -313,7 +385,7 @@ class JobStore:
         self.stats = StoreStats()
         # (when, seq, kind, gen, target): one heap for every timer; stale entries skipped.
         self._timers: list[tuple[float, int, int, int, object]] = []
-        self._seq = itertools.count()
+        self._seq = 0
         self._tube(DEFAULT_TUBE)
         self.live_bytes = 0
         """The size of the live jobs' records (bodies, tube names, fixed fields)."""
@@ -325,7 +397,7 @@ class JobStore:
     def _tube(self, name: str) -> Tube:
         tube = self.tubes.get(name)
         if tube is None:
-            tube = self.tubes[name] = Tube(name)
+            tube = self.tubes[name] = Tube(name, self.jobs)
         return tube
 
     def _maybe_free(self, tube: Tube) -> None:
@@ -405,7 +477,7 @@ class JobStore:
         job.state = READY
         job.gen += 1
         tube = job.tube
-        heapq.heappush(tube.ready, (job.pri, job.id, job.gen, job))
+        heappush(tube.ready, ready_key(job.pri, job.id))
         tube.ready_count += 1
         self.stats.ready += 1
         if job.pri < URGENT:
@@ -425,7 +497,7 @@ class JobStore:
         job.state = DELAYED
         job.gen += 1
         job.deadline = now + job.delay
-        heapq.heappush(job.tube.delayed, (job.deadline, job.id, job.gen, job))
+        heappush(job.tube.delayed, (job.deadline, job.id, job.gen, job))
         job.tube.delayed_count += 1
         self.stats.delayed += 1
         self._timer(job.deadline, _TIMER_DELAYED, job.gen, job)
@@ -535,18 +607,15 @@ class JobStore:
         job = Job(self.next_id, tube, pri, delay, max(ttr, 1), body=body, now=now)
         wall = self.clock.now_ms()
         self.log.put(
-            JobRecord(
-                job.id,
-                DELAYED if delay > 0 else READY,
-                pri,
-                delay,
-                wall + delay * 1000 if delay > 0 else 0,
-                job.counters,
-                tube.name,
-                job.ttr,
-                wall,
-                body,
-            )
+            job.id,
+            DELAYED if delay > 0 else READY,
+            pri,
+            delay,
+            wall + delay * 1000 if delay > 0 else 0,
+            tube.name,
+            job.ttr,
+            wall,
+            body,
         )
         self.next_id += 1
         self.jobs[job.id] = job
@@ -571,7 +640,7 @@ class JobStore:
                 if tube.unpause_at > now:
                     continue
             job = tube.ready_head()
-            if job is not None and (best is None or (job.pri, job.id) < (best.pri, best.id)):
+            if job is not None and (best is None or _before(job, best)):
                 best = job
         return best
 
@@ -781,7 +850,8 @@ class JobStore:
     # ------------------------------------------------------------------------------ timers
 
     def _timer(self, when: float, kind: int, gen: int, target: object) -> None:
-        heapq.heappush(self._timers, (when, next(self._seq), kind, gen, target))
+        self._seq += 1
+        heappush(self._timers, (when, self._seq, kind, gen, target))
 
     def next_deadline(self) -> float | None:
         """The monotonic time at which :meth:`tick` has work, or None."""
@@ -790,7 +860,7 @@ class JobStore:
             when, _, kind, gen, target = timers[0]
             if self._live(kind, gen, target):
                 return when
-            heapq.heappop(timers)
+            heappop(timers)
         return None
 
     @staticmethod
@@ -813,7 +883,7 @@ class JobStore:
         now = self.clock.monotonic()
         timers = self._timers
         while timers and timers[0][0] <= now:
-            _, _, kind, gen, target = heapq.heappop(timers)
+            _, _, kind, gen, target = heappop(timers)
             if not self._live(kind, gen, target):
                 continue
             if kind == _TIMER_DELAYED:
@@ -855,7 +925,7 @@ class JobStore:
                 if tube.pause and tube.unpause_at > now:
                     continue
                 job = tube.ready_head()
-                if job is not None and (best is None or (job.pri, job.id) < (best.pri, best.id)):
+                if job is not None and (best is None or _before(job, best)):
                     best = job
             if best is None:
                 return
@@ -886,7 +956,7 @@ class JobStore:
             job.state = DELAYED
             job.gen += 1
             job.deadline = now + (r.deadline_ms - wall) / 1000
-            heapq.heappush(job.tube.delayed, (job.deadline, job.id, job.gen, job))
+            heappush(job.tube.delayed, (job.deadline, job.id, job.gen, job))
             job.tube.delayed_count += 1
             self.stats.delayed += 1
             self._timer(job.deadline, _TIMER_DELAYED, job.gen, job)

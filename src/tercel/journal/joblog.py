@@ -61,6 +61,7 @@ _STATE = struct.Struct("<BQBIIqIIIII")  # op id state pri delay deadline 5 count
 _DELETE = struct.Struct("<BQ")
 _SNAPSHOT = struct.Struct("<BQQ")  # op, next job id, last jobs file covered
 _U32: Final = 0xFFFF_FFFF
+_NO_COUNTERS: Final = (0, 0, 0, 0, 0)
 
 JOBS_PREFIX: Final = "jobs."
 SNAP_PREFIX: Final = "snapshot."
@@ -144,22 +145,56 @@ def _frame(body: bytes) -> bytes:
 
 def encode_job(job: JobFields) -> list[bytes]:
     """A JOB record as pieces (the body is not copied)."""
-    tube = job.tube.encode("ascii")
-    head = _JOB.pack(
-        OP_JOB,
+    return encode_job_fields(
         job.job_id,
         job.state,
         job.pri,
         job.delay,
+        job.deadline_ms,
+        job.counters,
+        job.tube,
         job.ttr,
         job.created_ms,
-        job.deadline_ms,
-        *_clamp(job.counters),
-        len(tube),
+        job.body,
     )
-    fields = head + tube
-    crc = crc32(job.body, crc32(fields))
-    return [PREFIX.pack(len(fields) + len(job.body), crc) + fields, job.body]
+
+
+def encode_job_fields(  # noqa: PLR0917 (every field of the record, as encode_job's)
+    job_id: int,
+    state: int,
+    pri: int,
+    delay: int,
+    deadline_ms: int,
+    counters: tuple[int, int, int, int, int],
+    tube: str,
+    ttr: int,
+    created_ms: int,
+    body: bytes,
+) -> list[bytes]:
+    """:func:`encode_job` from the fields themselves (a put has no record object to read)."""
+    name = tube.encode("ascii")
+    reserves, timeouts, releases, buries, kicks = _clamp(counters)
+    fields = (
+        _JOB.pack(
+            OP_JOB,
+            job_id,
+            state,
+            pri,
+            delay,
+            ttr,
+            created_ms,
+            deadline_ms,
+            reserves,
+            timeouts,
+            releases,
+            buries,
+            kicks,
+            len(name),
+        )
+        + name
+    )
+    crc = crc32(body, crc32(fields))
+    return [PREFIX.pack(len(fields) + len(body), crc) + fields, body]
 
 
 def encode_state(job: JobFields) -> bytes:
@@ -381,8 +416,24 @@ class JobJournal:
         if first and self.on_dirty is not None:
             self.on_dirty(self)
 
-    def put(self, record: JobFields) -> None:
-        self._append(encode_job(record))
+    def put(  # noqa: PLR0917 (the store's JobLog.put: fields, for every put)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+    ) -> None:
+        """A new job's JOB record (counters 0), from its fields (the store's ``JobLog``)."""
+        self._append(
+            encode_job_fields(
+                job_id, state, pri, delay, deadline_ms, _NO_COUNTERS, tube, ttr, created_ms, body
+            )
+        )
 
     def change(self, record: JobFields) -> None:
         self._append([encode_state(record)])
