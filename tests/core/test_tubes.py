@@ -38,6 +38,8 @@ class Clock:
 class Log:
     """Records what the store logs, as tuples."""
 
+    current_file = 0
+
     def __init__(self) -> None:
         self.records: list[tuple[object, ...]] = []
 
@@ -52,8 +54,9 @@ class Log:
         ttr: int,
         created_ms: int,
         body: bytes,
-    ) -> None:
+    ) -> int:
         self.records.append(("put", job_id, tube, pri, delay, state, deadline_ms))
+        return 0
 
     def change(self, record: JobRecord) -> None:
         r = record

@@ -139,6 +139,55 @@ def test_rotation_and_compaction_keep_the_state(tmp_path: Path) -> None:
     journal2.close()
 
 
+def test_each_job_knows_the_file_of_its_record(tmp_path: Path) -> None:
+    """``stats-job``'s ``file``: the jobs.<n> a job's JOB record went to, the snapshot.<n>
+    that holds it after a compaction, and the same numbers after a restart."""
+    clock = Clock()
+    store, journal = _open(tmp_path, clock, max_file_size=4096)
+    w = _worker(store)
+    first = store.put(w, 0, 0, 60, b"a" * 100)
+    journal.write_out()
+    assert first.file == 1
+    while journal.seq == 1:  # fill jobs.1 until the log rotates
+        store.put(w, 0, 0, 60, b"b" * 100)
+        journal.write_out()
+    later = store.put(w, 0, 0, 60, b"c")
+    assert later.file == 2
+    store.bury(w, store.reserve(w, 0)[0].id, 5)  # a state change does not move the record
+    journal.write_out()
+    assert first.file == 1
+    journal.close()
+    store2, journal2 = _open(tmp_path, clock, max_file_size=4096)
+    assert (store2.jobs[first.id].file, store2.jobs[later.id].file) == (1, 2)
+    journal2.rotate()
+    assert store2.maybe_compact() is False  # the log is small: compacted only on request
+    covered = journal2.compact(
+        store2.next_id, (store2.record(j, clock.mono) for j in store2.snapshot())
+    )
+    journal2.close()
+    store3, journal3 = _open(tmp_path, clock, max_file_size=4096)
+    assert {j.file for j in store3.jobs.values()} == {covered}
+    assert store3.put(_worker(store3), 0, 0, 60, b"d").file == journal3.seq == covered + 1
+    journal3.close()
+
+
+def test_store_compaction_renumbers_the_jobs(tmp_path: Path) -> None:
+    clock = Clock()
+    store, journal = _open(tmp_path, clock, max_file_size=4096)
+    w = _worker(store)
+    for i in range(600):
+        store.put(w, 0, 0, 60, b"%d" % i)
+        journal.write_out()
+        if i % 3:
+            store.delete(w, i + 1)
+            journal.write_out()
+    assert store.compactions >= 1
+    snaps = [int(n.split(".")[1]) for n in os.listdir(tmp_path) if n.startswith("snapshot.")]
+    assert snaps and all(1 <= j.file <= journal.seq for j in store.jobs.values())
+    assert min(j.file for j in store.jobs.values()) == max(snaps)
+    journal.close()
+
+
 _CRASH = """
 import sys
 sys.path.insert(0, {src!r})

@@ -5,11 +5,14 @@ and restart, disconnects. Replies were checked against Debian's beanstalkd 1.12.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiostalk
 import beanstalkc
@@ -17,6 +20,7 @@ import greenstalk
 import pystalk
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tercel.testing import BeanstalkdProcess, ServerProcess
 
@@ -134,6 +138,7 @@ def test_transcript_byte_for_byte(bsd: BeanstalkdProcess) -> None:
         "1",
         "1",
     )
+    assert job["file"] == "1"  # its put record is in jobs.1
     tube = c.yaml(b"stats-tube t.x/(a);b$\r\n")
     assert next(iter(tube)) == "name" and len(tube) == 14
     assert tube["current-jobs-ready"] == "2" and tube["cmd-delete"] == "1"
@@ -241,6 +246,7 @@ def test_memory_only_writes_nothing(tmp_path: Path) -> None:
         c.send(b"put 0 0 1 1\r\nx\r\n")
         c.expect(b"INSERTED 1\r\n")
         assert c.yaml(b"stats\r\n")["binlog-current-index"] == "0"
+        assert c.yaml(b"stats-job 1\r\n")["file"] == "0"  # not journaled
         proc.kill()
         proc.start()
         c = Raw(proc.port)
@@ -374,6 +380,7 @@ def test_serve_with_beanstalk_port_survives_kill_9(tmp_path: Path) -> None:
         c = Raw(proc.ports["beanstalk"])
         c.send(b"watch t\r\nreserve-with-timeout 0\r\n")
         c.expect(b"WATCHING 2\r\nRESERVED 1 3\r\nabc\r\n")
+        assert c.yaml(b"stats-job 1\r\n")["file"] == "1"  # read back from jobs.1
         assert sorted(os.listdir(tmp_path / "data" / "beanstalk.d")) == ["jobs.1", "lock"]
 
 
@@ -392,3 +399,80 @@ def test_server_status_applies(tmp_path: Path, status: str, reserve: bytes) -> N
         c = Raw(proc.ports["beanstalk"])
         c.send(b"put 0 0 60 1\r\ny\r\nreserve-with-timeout 0\r\n")
         c.expect(b"DRAINING\r\n" + reserve)
+
+
+def _stats_json(proc: ServerProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(proc.admin_url + "/stats.json", timeout=10) as resp:
+        doc: dict[str, Any] = json.loads(resp.read())
+    return doc
+
+
+def test_connections_are_counted_by_the_shared_layer(tmp_path: Path) -> None:
+    """beanstalkd connections are the shared layer's: counted per front end in /stats.json,
+    in the server's totals, and in beanstalkd's own ``stats``; a parked reserve is one too."""
+    with ServerProcess(tmp_path / "data", extra_args=("--beanstalk-port", "0")) as proc:
+        port = proc.ports["beanstalk"]
+        waiter, other = Raw(port), Raw(port)
+        waiter.send(b"reserve\r\n")
+        stats = other.yaml(b"stats\r\n")  # answered after the waiter's reserve was read
+        assert (stats["current-connections"], stats["total-connections"]) == ("2", "2")
+        assert (stats["current-workers"], stats["current-waiting"]) == ("1", "1")
+        doc = _stats_json(proc)
+        assert doc["gauges"]["beanstalk/curr_connections"] == 2
+        assert doc["counters"]["beanstalk/total_connections"] == 2
+        assert doc["gauges"]["connections"] >= 2
+        waiter.sock.shutdown(socket.SHUT_WR)  # TIMED_OUT, then the server closes it
+        waiter.expect(b"TIMED_OUT\r\n")
+        assert waiter.sock.recv(10) == b""
+        other.send(b"put 0 0 60 1\r\nx\r\n")
+        other.expect(b"INSERTED 1\r\n")  # nobody waits any more: the job stays ready
+        stats = other.yaml(b"stats\r\n")
+        assert (stats["current-connections"], stats["total-connections"]) == ("1", "2")
+        assert (stats["current-workers"], stats["current-producers"]) == ("0", "1")
+        assert stats["current-jobs-ready"] == "1"
+        assert _stats_json(proc)["gauges"]["beanstalk/curr_connections"] == 1
+
+
+def test_per_tube_metrics_on_the_admin_port(tmp_path: Path) -> None:
+    """``/metrics`` has one family per tube stat with a ``tube`` label (names with ``/``
+    and ``.`` included), ``/stats.json`` the same figures; a freed tube leaves them."""
+    with ServerProcess(tmp_path / "data", extra_args=("--beanstalk-port", "0")) as proc:
+        c = Raw(proc.ports["beanstalk"])
+        c.send(b"use a.b/c\r\nput 5 0 60 1\r\nx\r\nput 2000 0 60 1\r\ny\r\nput 0 30 60 1\r\nz\r\n")
+        c.expect(b"USING a.b/c\r\nINSERTED 1\r\nINSERTED 2\r\nINSERTED 3\r\n")
+        c.send(b"watch a.b/c\r\nreserve-with-timeout 0\r\nreserve-with-timeout 0\r\n")
+        c.expect(b"WATCHING 2\r\nRESERVED 1 1\r\nx\r\nRESERVED 2 1\r\ny\r\n")
+        c.send(b"bury 2 7\r\ndelete 1\r\npause-tube a.b/c 60\r\n")
+        c.expect(b"BURIED\r\nDELETED\r\nPAUSED\r\n")
+        with urllib.request.urlopen(proc.admin_url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        samples: dict[tuple[str, str], float] = {}
+        kinds: dict[str, str | None] = {}
+        for fam in text_string_to_metric_families(text):
+            kinds[fam.name] = fam.type
+            for sample in fam.samples:
+                if "tube" in sample.labels:
+                    samples[(sample.name, sample.labels["tube"])] = sample.value
+        want = {
+            "curr_jobs_ready": 0,
+            "curr_jobs_urgent": 0,
+            "curr_jobs_reserved": 0,
+            "curr_jobs_delayed": 1,
+            "curr_jobs_buried": 1,
+            "total_jobs_total": 3,
+            "cmd_delete_total": 1,
+            "cmd_pause_tube_total": 1,
+        }
+        for stat, value in want.items():
+            assert samples[(f"tercel_beanstalk_tube_{stat}", "a.b/c")] == value, stat
+        assert samples[("tercel_beanstalk_tube_total_jobs_total", "default")] == 0
+        assert kinds["tercel_beanstalk_tube_curr_jobs_ready"] == "gauge"
+        assert kinds["tercel_beanstalk_tube_total_jobs"] == "counter"
+        doc = _stats_json(proc)
+        assert doc["gauges"]["beanstalk/tube/a.b/c/curr_jobs_buried"] == 1
+        assert doc["counters"]["beanstalk/tube/a.b/c/cmd_delete"] == 1
+        c.send(b"delete 2\r\ndelete 3\r\nuse default\r\nignore a.b/c\r\n")
+        c.expect(b"DELETED\r\nDELETED\r\nUSING default\r\nWATCHING 1\r\n")
+        doc = _stats_json(proc)
+        assert not [k for k in doc["gauges"] if k.startswith("beanstalk/tube/a.b/c/")]
+        assert doc["gauges"]["beanstalk/tube/default/curr_jobs_ready"] == 0

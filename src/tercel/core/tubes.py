@@ -95,6 +95,8 @@ class JobRecord:
     ttr: int
     created_ms: int
     body: bytes
+    file: int
+    """Restored jobs: the number of the log file their JOB record was read from."""
 
     # Written out: a dataclass-made __init__ runs interpreted even in the compiled build.
     def __init__(  # noqa: PLR0917 (the dataclass's positional fields)
@@ -109,6 +111,7 @@ class JobRecord:
         ttr: int = 0,
         created_ms: int = 0,
         body: bytes = b"",
+        file: int = 0,
     ) -> None:
         self.job_id = job_id
         self.state = state
@@ -120,6 +123,7 @@ class JobRecord:
         self.ttr = ttr
         self.created_ms = created_ms
         self.body = body
+        self.file = file
 
 
 class JobLog(Protocol):
@@ -136,9 +140,10 @@ class JobLog(Protocol):
         ttr: int,
         created_ms: int,
         body: bytes,
-    ) -> None:
-        """A new job (its counters are all 0). Fields, not a :class:`JobRecord`: this runs
-        for every put, and the record would be built only to be taken apart."""
+    ) -> int:
+        """A new job (its counters are all 0); the number of the file its record lands in
+        (:attr:`current_file`). Fields, not a :class:`JobRecord`: this runs for every put,
+        and the record would be built only to be taken apart."""
         ...
 
     def change(self, record: JobRecord) -> None:
@@ -146,6 +151,11 @@ class JobLog(Protocol):
         ...
 
     def delete(self, job_id: int) -> None: ...
+
+    @property
+    def current_file(self) -> int:
+        """The number of the file a record logged now lands in (0: not journaled)."""
+        ...
 
     @property
     def size(self) -> int:
@@ -157,8 +167,9 @@ class JobLog(Protocol):
         """Below this size the log is never compacted."""
         ...
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> None:
-        """Replace the log's history by these jobs (the whole state now)."""
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+        """Replace the log's history by these jobs (the whole state now); the number of the
+        file that holds their records now."""
         ...
 
 
@@ -176,8 +187,8 @@ class NullJobLog:
         ttr: int,
         created_ms: int,
         body: bytes,
-    ) -> None:
-        pass
+    ) -> int:
+        return 0
 
     def change(self, record: JobRecord) -> None:
         pass
@@ -187,15 +198,17 @@ class NullJobLog:
 
     size: int = 0
     compact_floor: int = 0
+    current_file: int = 0
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> None:
-        pass
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+        return 0
 
 
 class Job:
     """One job. ``deadline`` is monotonic: the ready time of a delayed job, the TTR deadline
     of a reserved one. ``gen`` changes whenever the job moves, so stale heap entries and
-    timers are recognised and skipped."""
+    timers are recognised and skipped. ``file``: the number of the log file holding its JOB
+    record (``stats-job``'s ``file``; 0 when not journaled)."""
 
     __slots__ = (
         "body",
@@ -203,6 +216,7 @@ class Job:
         "created",
         "deadline",
         "delay",
+        "file",
         "gen",
         "id",
         "kicks",
@@ -229,6 +243,7 @@ class Job:
         self.deadline = 0.0
         self.state = READY
         self.gen = 0
+        self.file = 0
         self.reserver: Worker | None = None
         self.reserves = 0
         self.timeouts = 0
@@ -573,7 +588,10 @@ class JobStore:
         if size < self.log.compact_floor or size < COMPACT_RATIO * self.live_bytes:
             return False
         now = self.clock.monotonic()
-        self.log.compact(self.next_id, (self.record(j, now) for j in self.snapshot()))
+        jobs = list(self.snapshot())
+        file = self.log.compact(self.next_id, (self.record(j, now) for j in jobs))
+        for job in jobs:
+            job.file = file
         self.compactions += 1
         return True
 
@@ -606,7 +624,7 @@ class JobStore:
         assert tube is not None
         job = Job(self.next_id, tube, pri, delay, max(ttr, 1), body=body, now=now)
         wall = self.clock.now_ms()
-        self.log.put(
+        job.file = self.log.put(
             job.id,
             DELAYED if delay > 0 else READY,
             pri,
@@ -947,6 +965,7 @@ class JobStore:
         job = Job(r.job_id, self._tube(r.tube), r.pri, r.delay, r.ttr, body=r.body, now=now)
         job.created = now - max(0, wall - r.created_ms) / 1000
         job.reserves, job.timeouts, job.releases, job.buries, job.kicks = r.counters
+        job.file = r.file
         self.jobs[job.id] = job
         self.next_id = max(self.next_id, job.id + 1)
         self.live_bytes += len(job.body) + len(job.tube.name) + JOB_OVERHEAD

@@ -121,6 +121,8 @@ class LoggedJob:
     ttr: int
     created_ms: int
     body: bytes
+    file: int = 0
+    """The number of the file its JOB record was read from (``jobs.<n>`` or ``snapshot.<n>``)."""
 
 
 @dataclass(slots=True)
@@ -282,14 +284,14 @@ class JobJournal:
         records = 0
         if snaps:
             path = os.path.join(d, f"{SNAP_PREFIX}{covered}")
-            next_id, n, _ = self._replay_file(path, jobs, newest=False, snapshot=True)
+            next_id, n, _ = self._replay_file(path, covered, jobs, newest=False, snapshot=True)
             records += n
         self._remove_covered(covered, snaps[:-1])
         seqs = [s for s in _seqs(d, JOBS_PREFIX) if s > covered]
         torn = 0
         for i, seq in enumerate(seqs):
             path = os.path.join(d, f"{JOBS_PREFIX}{seq}")
-            top, n, cut = self._replay_file(path, jobs, newest=i == len(seqs) - 1)
+            top, n, cut = self._replay_file(path, seq, jobs, newest=i == len(seqs) - 1)
             next_id = max(next_id, top)
             records += n
             torn += cut
@@ -312,7 +314,13 @@ class JobJournal:
             os.unlink(os.path.join(d, f"{SNAP_PREFIX}{seq}"))
 
     def _replay_file(
-        self, path: str, jobs: dict[int, LoggedJob], *, newest: bool, snapshot: bool = False
+        self,
+        path: str,
+        file: int,
+        jobs: dict[int, LoggedJob],
+        *,
+        newest: bool,
+        snapshot: bool = False,
     ) -> tuple[int, int, int]:
         """Apply one file; (next id seen, records, torn bytes cut off)."""
         with open(path, "rb") as fh:
@@ -326,17 +334,19 @@ class JobJournal:
         if version is None or version < FIRST_VERSION:
             raise JournalCorrupt(f"not a version {VERSION} job log (bad file header)", path, 0)
         try:
-            return (*self._apply(data, jobs, snapshot), 0)
+            return (*self._apply(data, file, jobs, snapshot), 0)
         except _Torn as torn:
             if not newest or snapshot:
                 raise JournalCorrupt(torn.why, path, torn.offset) from None
             log.warning("job log %s: torn tail at %d (%s), cut off", path, torn.offset, torn.why)
             os.truncate(path, torn.offset)
             keep = data[: torn.offset]
-            return (*self._apply(keep, jobs, snapshot), len(data) - torn.offset)
+            return (*self._apply(keep, file, jobs, snapshot), len(data) - torn.offset)
 
     @staticmethod
-    def _apply(data: bytes, jobs: dict[int, LoggedJob], snapshot: bool) -> tuple[int, int]:
+    def _apply(
+        data: bytes, file: int, jobs: dict[int, LoggedJob], snapshot: bool
+    ) -> tuple[int, int]:
         pos = HEADER_SIZE
         end = len(data)
         next_id = 1
@@ -367,6 +377,7 @@ class JobJournal:
                     f[5],
                     f[6],
                     body[tube_end:],
+                    file,
                 )
                 jobs.pop(job.job_id, None)
                 jobs[job.job_id] = job
@@ -427,13 +438,15 @@ class JobJournal:
         ttr: int,
         created_ms: int,
         body: bytes,
-    ) -> None:
-        """A new job's JOB record (counters 0), from its fields (the store's ``JobLog``)."""
+    ) -> int:
+        """A new job's JOB record (counters 0), from its fields (the store's ``JobLog``); the
+        number of the file it is written to."""
         self._append(
             encode_job_fields(
                 job_id, state, pri, delay, deadline_ms, _NO_COUNTERS, tube, ttr, created_ms, body
             )
         )
+        return self.seq
 
     def change(self, record: JobFields) -> None:
         self._append([encode_state(record)])
@@ -528,6 +541,11 @@ class JobJournal:
         return self._failed is not None
 
     @property
+    def current_file(self) -> int:
+        """The ``n`` of the ``jobs.<n>`` a record appended now is written to."""
+        return self.seq
+
+    @property
     def size(self) -> int:
         """Bytes of every file of the log, buffered records included."""
         return self._older + self._written + self._pending
@@ -539,10 +557,10 @@ class JobJournal:
         """Never compact a log smaller than two files."""
         return 2 * self.max_file_size
 
-    def compact(self, next_id: int, jobs: Iterable[JobFields]) -> None:
+    def compact(self, next_id: int, jobs: Iterable[JobFields]) -> int:
         """Replace every file by one snapshot of ``jobs`` (the state now), crash-safely:
         rotate, write ``snapshot.<n>.tmp``, fsync, rename, fsync the directory, then delete
-        the files it covers by name. Runs on the caller's thread."""
+        the files it covers by name; ``n``. Runs on the caller's thread."""
         self.rotate()
         covered = self.seq - 1
         tmp = os.path.join(self.directory, f"{SNAP_PREFIX}{covered}.tmp")
@@ -580,6 +598,7 @@ class JobJournal:
         self._older = size
         self.oldest_seq = self.seq
         self.records_migrated += count
+        return covered
 
     def close(self) -> None:
         """Write what is buffered, sync, close the file and release the lock."""

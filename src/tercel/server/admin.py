@@ -8,7 +8,8 @@ path                        method answer
 ``/ping``                   GET    ``{"response": "pong"}``
 ``/stats.json`` (``/stats``) GET   Ostrich's shape: ``counters``, ``gauges``, ``labels``,
                                    ``metrics``; ``?period=N`` gives the last N s window
-``/metrics``                GET    Prometheus text: ``tercel_<stat>``, ``queue`` label
+``/metrics``                GET    Prometheus text: ``tercel_<stat>``, ``queue`` label;
+                                   per-tube ``tercel_beanstalk_tube_<stat>``, ``tube`` label
 ``/server_info``            GET    name, version, start time, uptime, status, ports,
                                    the modules running compiled (``make native``)
 ``/status``                 GET    ``{"status": "UP"}``
@@ -97,6 +98,9 @@ _QUEUE_COUNTERS = (
     "journal_rewrites",
     "journal_rotations",
 )
+QUEUE_PREFIX = "q/"
+"""Per-queue stats are ``q/<queue>/<stat>`` (exported with a ``queue`` label)."""
+
 _DOCS = {
     "items": "Items waiting (open reads excluded).",
     "bytes": "Payload bytes waiting.",
@@ -110,6 +114,14 @@ _DOCS = {
     "journal_fsyncs": "Group fsyncs of sync_journal = true queues.",
     "journal_fsync_waits": "Reply writes released after a group fsync.",
     "journal_fsyncs_aio": "Group fsyncs that went through native AIO.",
+    "beanstalk/tube/curr_jobs_ready": "beanstalkd jobs ready in the tube.",
+    "beanstalk/tube/curr_jobs_urgent": "Ready beanstalkd jobs of priority below 1024.",
+    "beanstalk/tube/curr_jobs_reserved": "beanstalkd jobs of the tube reserved now.",
+    "beanstalk/tube/curr_jobs_delayed": "beanstalkd jobs of the tube waiting for their delay.",
+    "beanstalk/tube/curr_jobs_buried": "beanstalkd jobs of the tube buried.",
+    "beanstalk/tube/total_jobs": "beanstalkd jobs put into the tube.",
+    "beanstalk/tube/cmd_delete": "beanstalkd delete commands on jobs of the tube.",
+    "beanstalk/tube/cmd_pause_tube": "beanstalkd pause-tube commands on the tube.",
 }
 
 
@@ -121,6 +133,9 @@ class Snapshot:
     gauges: dict[str, int | float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, LogHistogram] = field(default_factory=dict)
+    families: dict[str, str] = field(default_factory=lambda: {QUEUE_PREFIX: "queue"})
+    """Key prefixes of per-entity stats (``<prefix><entity>/<stat>``) and the Prometheus label
+    the entity goes in: ``q/`` (queues) and each front end's, as ``beanstalk/tube/``."""
 
     def minus(self, earlier: Snapshot) -> Snapshot:
         """Counters and distributions counted since ``earlier``; gauges and labels as now."""
@@ -129,7 +144,9 @@ class Snapshot:
             k: h.minus(earlier.metrics[k]) if k in earlier.metrics else h
             for k, h in self.metrics.items()
         }
-        return Snapshot(counters, dict(self.gauges), dict(self.labels), metrics)
+        return Snapshot(
+            counters, dict(self.gauges), dict(self.labels), metrics, dict(self.families)
+        )
 
     def to_json(self) -> dict[str, Any]:
         """Ostrich's ``stats.json`` document."""
@@ -150,6 +167,13 @@ def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
     for fe, counters in stat.front_ends.items():
         for k, v in counters.items():  # curr_* are levels, the rest counts
             (snap.gauges if k.startswith("curr_") else snap.counters)[f"{fe}/{k}"] = v
+    for fe, (label, entities) in stat.labelled.items():
+        prefix = f"{fe}/{label}/"
+        snap.families[prefix] = label
+        for entity, counters in entities.items():
+            for k, v in counters.items():
+                group = snap.gauges if k.startswith("curr_") else snap.counters
+                group[f"{prefix}{entity}/{k}"] = v
     snap.gauges.update(
         items=stat.curr_items,
         bytes=stat.bytes,
@@ -215,10 +239,23 @@ class PeriodCollector:
         return self._take().minus(self._start)
 
 
+def _entity_stat(key: str, families: dict[str, str]) -> tuple[str, str, str] | None:
+    """For a per-entity key (``q/<queue>/<stat>``, ``beanstalk/tube/<tube>/<stat>``): the
+    stat as exported (queues' bare, the others' under their prefix: ``beanstalk/tube/<stat>``),
+    the label and the entity (which may contain ``/``: the stat is the last part)."""
+    for prefix, label in families.items():
+        if key.startswith(prefix):
+            entity, stat = key[len(prefix) :].rsplit("/", 1)
+            return (stat if prefix == QUEUE_PREFIX else prefix + stat), label, entity
+    return None
+
+
 class _PrometheusCollector:
     """Turns a snapshot into metric families: ``tercel_<stat>`` with a ``queue`` label on
-    per-queue stats. A stat kept both server-wide and per queue (items, bytes, total_items,
-    the latencies) is exported per queue only: the server total is their sum."""
+    per-queue stats, ``tercel_<front end>_<label>_<stat>`` with a ``<label>`` label on a front
+    end's per-entity ones (beanstalkd's ``tube``). A stat kept both server-wide and per queue
+    (items, bytes, total_items, the latencies) is exported per queue only: the server total
+    is their sum."""
 
     def __init__(self, server: ServerContext) -> None:
         self.server = server
@@ -228,21 +265,23 @@ class _PrometheusCollector:
 
     def collect(self) -> Iterator[Metric]:
         snap = take_snapshot(self.server)
-        per_queue: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+        labelled: dict[tuple[str, str], tuple[str, list[tuple[str, Any]]]] = {}
+        plain: list[tuple[str, str, Any]] = []
         for kind, values in (("counter", snap.counters), ("gauge", snap.gauges)):
             for key, value in values.items():
-                if key.startswith("q/"):
-                    name, stat = key[2:].rsplit("/", 1)
-                    per_queue.setdefault((kind, stat), []).append((name, value))
-        for kind, values in (("counter", snap.counters), ("gauge", snap.gauges)):
-            for key, value in values.items():
-                if key.startswith("q/") or (kind, key) in per_queue:
+                found = _entity_stat(key, snap.families)
+                if found is None:
+                    plain.append((kind, key, value))
                     continue
+                stat, label, entity = found
+                labelled.setdefault((kind, stat), (label, []))[1].append((entity, value))
+        for kind, key, value in plain:
+            if (kind, key) not in labelled:
                 yield _family(kind, _metric_name(key), key, value)
-        for (kind, stat), samples in per_queue.items():
-            fam = _family(kind, _metric_name(stat), stat, None)
-            for name, value in samples:
-                fam.add_metric([name], value)
+        for (kind, stat), (label, samples) in labelled.items():
+            fam = _family(kind, _metric_name(stat), stat, None, label)
+            for entity, value in samples:
+                fam.add_metric([entity], value)
             yield fam
         yield from self._summaries(snap)
 
@@ -269,9 +308,11 @@ def _metric_name(stat: str) -> str:
     return "tercel_" + stat.replace("/", "_")
 
 
-def _family(kind: str, name: str, stat: str, value: Any) -> CounterMetricFamily | GaugeMetricFamily:
+def _family(
+    kind: str, name: str, stat: str, value: Any, label: str = "queue"
+) -> CounterMetricFamily | GaugeMetricFamily:
     doc = _DOCS.get(stat, f"Kestrel's {stat}.")
-    labels = None if value is not None else ["queue"]
+    labels = None if value is not None else [label]
     if kind == "counter":
         return CounterMetricFamily(name, doc, value=value, labels=labels)
     return GaugeMetricFamily(name, doc, value=value, labels=labels)

@@ -80,16 +80,12 @@ def _thrift_connection() -> ConnectionFactory:
 
 
 def _beanstalk_connection() -> ConnectionFactory:
-    """The beanstalkd front end keeps its own job store, job log and group commit
-    (:mod:`tercel.server.beanstalk.service`), started with the server; its connections do not
-    subclass :class:`Connection` yet (they run the same kind of pump), hence the cast."""
-    import tercel.server.beanstalk.connection  # noqa: F401  (now, not at the first accept)
-    from tercel.server.beanstalk.service import connection_for
+    """The beanstalkd front end keeps its own job store and job log
+    (:mod:`tercel.server.beanstalk.service`, started with the server); its connections are the
+    shared layer's."""
+    from tercel.server.beanstalk.connection import BeanstalkConnection
 
-    def make(ctx: ServerContext) -> Connection:
-        return cast(Connection, connection_for(ctx))
-
-    return make
+    return BeanstalkConnection
 
 
 FRONT_ENDS: tuple[FrontEnd, ...] = (

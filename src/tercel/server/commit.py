@@ -122,6 +122,8 @@ class Committer:
         self._loop = loop
         self._aio_min_group = aio_min_group
         self._policy = policy
+        self._fixed: dict[str, int | None] = {}
+        """Sync modes of journals that are no queue's (the job log), by journal name."""
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tercel-fsync")
         self.dirty: list[CommitJournal] = []
         """Journals with buffered records this pass (appended to by :meth:`journal_dirty`)."""
@@ -148,6 +150,12 @@ class Committer:
         """Microseconds per fsync that succeeded: a group's (on the loop or through AIO, from
         its start to its last completion) and each periodic one (on the worker thread)."""
         self._group_started = 0  # perf_counter_ns() when the AIO group was submitted
+
+    def set_sync_mode(self, name: str, mode: int | None) -> None:
+        """Give the journal ``name``, which belongs to no queue (the beanstalkd job log), its
+        own ``sync_journal`` mode instead of asking the policy (choose a name no queue can
+        have: ``names.py``)."""
+        self._fixed[name] = mode
 
     @property
     def holding(self) -> bool:
@@ -197,7 +205,11 @@ class Committer:
                 failed = True  # writing the buffer out): it took records replies wait for
                 self.write_errors += 1
                 continue
-            mode = self._policy(journal.name)
+            fixed = self._fixed
+            if fixed and journal.name in fixed:
+                mode = fixed[journal.name]
+            else:
+                mode = self._policy(journal.name)
             if mode == 0:
                 self._to_sync[journal] = None
                 self._group_bytes += size

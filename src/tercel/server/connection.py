@@ -50,17 +50,27 @@ MAX_BUFFERED_WHILE_BLOCKED = 1024 * 1024
 
 class Parked:
     """An operation waiting for an item: the command, its registered waiter, its deadline
-    timer and what to answer when the deadline passes first."""
+    timer (None when the waiter's owner enforces the deadline itself, as beanstalkd's job
+    store does for its waiting reservers) and what to answer when the deadline passes first."""
 
     __slots__ = ("command", "on_timeout", "timer", "waiter")
 
     def __init__(
-        self, command: Any, waiter: PendingRead, timer: asyncio.TimerHandle, on_timeout: bytes
+        self,
+        command: Any,
+        waiter: object,
+        timer: asyncio.TimerHandle | None,
+        on_timeout: bytes,
     ) -> None:
         self.command = command
         self.waiter = waiter
         self.timer = timer
         self.on_timeout = on_timeout
+
+    def cancel_timer(self) -> None:
+        """Cancel the deadline timer, if this operation has one."""
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 class Connection:
@@ -144,7 +154,7 @@ class Connection:
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         if self.parked is not None:
-            self.parked.timer.cancel()
+            self.parked.cancel_timer()
             self.parked = None
         self.session.close()
         self.ctx.connection_closed(self)
@@ -227,6 +237,11 @@ class Connection:
         timer = self.ctx.loop.call_later(timeout_ms / 1000, waiter.timeout)
         self.parked = Parked(command, waiter, timer, on_timeout)
 
+    def park_untimed(self, command: Any, waiter: object, on_timeout: bytes) -> None:
+        """Park ``command`` on a waiter whose owner keeps the deadline (no timer here): the
+        owner's wake-up records the reply, clears ``parked`` and calls :meth:`resume_soon`."""
+        self.parked = Parked(command, waiter, None, on_timeout)
+
     def settle_parked(self, item: object) -> bool:
         """The common start of every parked operation's delivery callback.
 
@@ -238,7 +253,7 @@ class Connection:
         parked = self.parked
         if parked is None:
             return False
-        parked.timer.cancel()
+        parked.cancel_timer()
         if item is None:
             self.parked = None
             self.out.append(parked.on_timeout)

@@ -95,6 +95,7 @@ class ServerContext:
         self.total_connections = 0
         self._per_front_end: dict[str, list[int]] = {}  # name -> [open now, ever opened]
         self._counters: dict[str, Callable[[], dict[str, int]]] = {}
+        self._labelled: dict[str, tuple[str, Callable[[], dict[str, dict[str, int]]]]] = {}
         self.ports: dict[str, int] = {}
         """The bound port of each listener by name (``memcache``, ``admin``, ...)."""
         self._stop = asyncio.Event()
@@ -120,12 +121,29 @@ class ServerContext:
             self.connections.discard(conn)
             self._per_front_end[conn.front_end][0] -= 1
 
+    def connection_counts(self, front_end: str) -> tuple[int, int]:
+        """``front_end``'s connections open now and ever opened."""
+        counts = self._per_front_end.get(front_end)
+        return (0, 0) if counts is None else (counts[0], counts[1])
+
     # ---- per-front-end counters -----------------------------------------------------------
 
     def add_counters(self, front_end: str, provider: Callable[[], dict[str, int]]) -> None:
         """Register a front end's own counters (e.g. its ``cmd_*``), read at each stats
         snapshot (``server/stats.py``)."""
         self._counters[front_end] = provider
+
+    def add_labelled(
+        self, front_end: str, label: str, provider: Callable[[], dict[str, dict[str, int]]]
+    ) -> None:
+        """Register a front end's counters per entity (beanstalkd's per tube): ``provider``
+        returns ``{entity: {counter: value}}``, read at each stats snapshot and exported with
+        the entity in the label ``label`` (``server/stats.py``, ``server/admin.py``)."""
+        self._labelled[front_end] = (label, provider)
+
+    def labelled_counters(self) -> dict[str, tuple[str, dict[str, dict[str, int]]]]:
+        """Per front end that registered some: its label and ``{entity: {counter: value}}``."""
+        return {fe: (label, provider()) for fe, (label, provider) in self._labelled.items()}
 
     def front_end_counters(self) -> dict[str, dict[str, int]]:
         """Per front end: ``curr_connections``, ``total_connections`` and its own counters."""

@@ -94,6 +94,9 @@ class StatsSnapshot:
     """Sorted by name."""
     front_ends: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per front end (by listener name): its connection counts and its own counters."""
+    labelled: dict[str, tuple[str, dict[str, dict[str, int]]]] = field(default_factory=dict)
+    """Per front end with counters per entity (beanstalkd: per tube): the label's name and
+    ``{entity: {counter: value}}`` (``curr_*`` are levels, the rest count)."""
     alias_puts: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per alias: items and bytes put through it."""
 
@@ -228,6 +231,7 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
         writable=status.writable,
         queues=[queue_stats(ctx, q, now) for q in queues],
         front_ends=ctx.front_end_counters(),
+        labelled=ctx.labelled_counters(),
         alias_puts={k: (v[0], v[1]) for k, v in coll.alias_puts.items()},
     )
 

@@ -1,12 +1,15 @@
-"""One beanstalkd client connection: the codec's requests, run in order against the store.
+"""One beanstalkd client connection: the shared layer's pump running beanstalkd's requests.
 
-The pump: :meth:`data_received` feeds the codec and queues the requests it completes; the
-pump runs them one by one until a ``reserve`` has to wait (the connection is *parked*: the
-requests pipelined after it wait too, as in beanstalkd), then writes all the replies of the
-pass at once — through the group committer when records are being written, so ``INSERTED``
-never precedes its record's write (and, with ``-f0``, its fsync). A parked reserve ends in
-:meth:`_wake`, which the store calls from another connection's command or from the timer: it
-records the reply and resumes the pump with ``call_soon``, so no handler re-enters the store.
+:class:`BeanstalkConnection` is a :class:`~tercel.server.connection.Connection` (counted under
+``beanstalk``): the base reads, runs every complete request of a read in order, holds the
+replies in the group committer until the records they acknowledge are written (``INSERTED``
+never precedes its record's write, nor, with ``-f0``, its fsync), applies back-pressure and
+idle tracking. A ``reserve`` that has to wait *parks* the connection
+(:meth:`Connection.park_untimed`: the job store keeps the wait's deadlines, wait timeout and
+DEADLINE_SOON, on its one timer), so the requests pipelined after it wait too, as in
+beanstalkd. The wait ends in :meth:`BeanstalkConnection._wake`, which the store calls from
+another connection's command or from the timer: it records the reply, unparks and resumes the
+pump with ``call_soon``, so no handler re-enters the store.
 
 A half-close while parked answers ``TIMED_OUT`` (beanstalkd's behaviour); a close returns
 every job this connection holds to ready at once (:meth:`JobStore.disconnect`).
@@ -14,7 +17,6 @@ every job this connection holds to ready at once (:meth:`JobStore.disconnect`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -27,15 +29,14 @@ from tercel.core.tubes import (
     WAKE_TIMED_OUT,
     Job,
 )
-from tercel.errors import JournalWriteError
+from tercel.errors import JournalWriteError, TercelError
 from tercel.protocol import beanstalk as bp
 from tercel.protocol.beanstalk import Command, Invalid, Request
-from tercel.server.beanstalk.service import BeanstalkService
+from tercel.server.beanstalk.service import FRONT_END, service_of
+from tercel.server.connection import Connection
+from tercel.server.context import ServerContext
 
 log = logging.getLogger("tercel.beanstalk")
-
-MAX_PENDING: Final = 1024 * 1024
-"""Stop reading from a parked client once this many bytes of requests wait behind it."""
 
 _RESERVED: Final = b"RESERVED"
 _FOUND: Final = b"FOUND"
@@ -43,25 +44,24 @@ STATE_WORDS: Final = {k: v.encode("ascii") for k, v in STATE_NAMES.items()}
 _WAKE_REPLIES: Final = {WAKE_TIMED_OUT: bp.TIMED_OUT, WAKE_DEADLINE_SOON: bp.DEADLINE_SOON}
 
 
-class BeanstalkConnection:
-    """An asyncio protocol by duck typing (the loop only calls the protocol methods)."""
+class BeanstalkConnection(Connection):
+    """One beanstalkd client (see the module docstring)."""
 
-    def __init__(self, svc: BeanstalkService) -> None:
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx, FRONT_END)
+        svc = service_of(ctx)
         self.svc = svc
         self.store = svc.store
         self.codec = bp.BeanstalkCodec(svc.max_job_size)
         self.worker = svc.store.connect(self._wake)
         self.pending: deque[Request] = deque()
-        self.out: list[bytes] = []
-        self.transport: asyncio.Transport | None = None
-        self.parked = False
-        self.closing = False
+        """Requests the codec completed that have not run yet (behind a parked reserve)."""
+        self.op = ""
+        """The request running (its error reply depends on it)."""
         self.producer = False
         """Has sent a ``put`` (``current-producers``)."""
         self.consumer = False
         """Has sent a reserve (``current-workers``)."""
-        self._held = 0
-        self._resume_scheduled = False
         self._handlers: dict[str, Callable[[Command], None]] = {
             "put": self._put,
             "use": self._use,
@@ -90,138 +90,86 @@ class BeanstalkConnection:
             "quit": self._quit,
         }
 
-    # ---- asyncio callbacks ----------------------------------------------------------------
+    # ---- the shared layer's hooks ---------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        t: asyncio.Transport = transport  # type: ignore[assignment]
-        self.transport = t
-        self.svc.connections.add(self)
-        self.svc.total_connections += 1
-
-    def data_received(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> None:
         self.pending.extend(self.codec.feed(data))
-        if not self.parked:
-            self.process()
-        elif self.codec.buffered + len(self.pending) > MAX_PENDING and self.transport:
-            self.transport.pause_reading()
+
+    def buffered(self) -> int:
+        return self.codec.buffered + len(self.pending)
+
+    def run(self) -> None:
+        """Run the pending requests in order until one parks or the connection closes."""
+        pending = self.pending
+        counter = self.svc.cmd
+        handlers = self._handlers
+        try:
+            while pending and self.parked is None and not self.closing:
+                req = pending.popleft()
+                if isinstance(req, Invalid):
+                    if req.op:
+                        counter[req.op] += 1
+                    if req.reply == bp.EXPECTED_CRLF:
+                        self.store.next_id += 1  # beanstalkd gave the rejected job an id too
+                    self.out.append(req.reply)
+                    continue
+                op = req.op
+                self.op = op
+                if op in counter:
+                    counter[op] += 1  # counted before the command runs, as beanstalkd
+                handlers[op](req)
+        finally:
+            self.svc.rearm()
+
+    def error_reply(self, exc: TercelError) -> None:
+        """A log that refuses writes acknowledged nothing: beanstalkd answers a ``put`` it
+        cannot log with ``OUT_OF_MEMORY``; anything else gets ``INTERNAL_ERROR``."""
+        if isinstance(exc, JournalWriteError) and self.op == "put":
+            self.out.append(bp.OUT_OF_MEMORY)
+        else:
+            self.out.append(bp.INTERNAL_ERROR)
+
+    def refusal(self, reason: str) -> bytes:
+        return bp.INTERNAL_ERROR
+
+    # ---- asyncio callbacks beyond the base's ----------------------------------------------
 
     def eof_received(self) -> bool | None:
-        """Half-close: a parked reserve answers TIMED_OUT; close once the replies are out."""
-        if self.parked and self.store.cancel_wait(self.worker):
-            self.parked = False
+        """Half-close: a parked reserve answers ``TIMED_OUT`` (the requests behind it still
+        run); close once the replies are out."""
+        while self.parked is not None and self.store.cancel_wait(self.worker):
+            self.parked = None
             self.out.append(bp.TIMED_OUT)
-        self.process()
-        self.closing = True
-        self.flush()
-        return True
+            self.process()
+        return super().eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closing = True
-        self.parked = False
-        self.transport = None
-        self.svc.connections.discard(self)
+        super().connection_lost(exc)
+        if self.producer:
+            self.svc.producers -= 1
+        if self.consumer:
+            self.svc.workers -= 1
         self.store.disconnect(self.worker)
         self.svc.rearm()
 
-    def pause_writing(self) -> None:
-        if self.transport is not None:
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.transport is not None and not self.parked:
-            self.transport.resume_reading()
-
-    def abort(self) -> None:
-        """Server shutdown: close now (the jobs held go back to ready)."""
-        if self.transport is not None:
-            self.transport.close()
-
-    # ---- the pump -------------------------------------------------------------------------
-
-    def process(self) -> None:
-        """Run queued requests until one parks or the connection closes; flush the replies."""
-        pending = self.pending
-        while pending and not self.parked and not self.closing:
-            req = pending.popleft()
-            if isinstance(req, Invalid):
-                if req.op:
-                    self.svc.cmd[req.op] += 1
-                if req.reply == bp.EXPECTED_CRLF:
-                    self.store.next_id += 1  # beanstalkd gave the rejected job an id too
-                self.out.append(req.reply)
-                continue
-            counter = self.svc.cmd
-            if req.op in counter:
-                counter[req.op] += 1  # counted before the command runs, as beanstalkd
-            try:
-                self._handlers[req.op](req)
-            except JournalWriteError:
-                # The log refuses writes: nothing was acknowledged. beanstalkd answers a put
-                # it cannot log with OUT_OF_MEMORY.
-                self.out.append(bp.OUT_OF_MEMORY if req.op == "put" else bp.INTERNAL_ERROR)
-            except Exception:
-                log.exception("bug while serving %s; closing the connection", req.op)
-                self.out.clear()
-                self.closing = True
-        self.svc.rearm()
-        self.flush()
-        if not self.parked and self.transport is not None and not self.closing:
-            self.transport.resume_reading()
-
-    def flush(self) -> None:
-        out = self.out
-        if out:
-            data = b"".join(out)
-            out.clear()
-            committer = self.svc.committer
-            if committer.holding:
-                committer.hold(self, data)
-                self._held += 1
-                return
-            self._write(data)
-        elif self.closing and self.transport is not None and not self._held:
-            self.transport.close()
-
-    def release(self, data: bytes) -> None:
-        """The committer wrote what these replies acknowledge."""
-        self._held -= 1
-        self._write(data)
-
-    def fail(self) -> None:
-        """The records these replies acknowledge could not be written: close without them."""
-        self._held -= 1
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _write(self, data: bytes) -> None:
-        t = self.transport
-        if t is None:
-            return
-        t.write(data)
-        if self.closing and not self._held:
-            t.close()
-
     def _wake(self, job: Job | None, why: int) -> None:
         """The store ended this connection's wait (inside another command or the timer)."""
-        self.parked = False
+        if self.parked is None:
+            return
+        self.parked = None
         if why == WAKE_JOB and job is not None:
             self.out.append(bp.job_reply(_RESERVED, job.id, job.body))
         else:
             self.out.append(_WAKE_REPLIES[why])
-        if not self._resume_scheduled:
-            self._resume_scheduled = True
-            self.svc.loop.call_soon(self._resume)
-
-    def _resume(self) -> None:
-        self._resume_scheduled = False
-        if self.transport is not None:
-            self.process()
+        self.resume_soon()
 
     # ---- handlers -------------------------------------------------------------------------
 
     def _put(self, c: Command) -> None:
-        self.producer = True
-        if self.svc.draining or not self.svc.writable:
+        if not self.producer:
+            self.producer = True
+            self.svc.producers += 1
+        if self.svc.draining or not self.ctx.writable:
             self.out.append(bp.DRAINING)
             return
         job = self.store.put(self.worker, c.pri, c.delay, c.ttr, c.body)
@@ -232,9 +180,11 @@ class BeanstalkConnection:
         self.out.append(bp.name_reply(b"USING", c.tube))
 
     def _reserve(self, c: Command) -> None:
-        self.consumer = True
+        if not self.consumer:
+            self.consumer = True
+            self.svc.workers += 1
         timeout = bp.FOREVER if c.op == "reserve" else c.timeout
-        if not self.svc.readable:
+        if not self.ctx.readable:
             self.out.append(bp.TIMED_OUT)
             return
         job, why = self.store.reserve(self.worker, timeout)
@@ -243,7 +193,7 @@ class BeanstalkConnection:
         elif why >= 0:
             self.out.append(_WAKE_REPLIES[why])
         else:
-            self.parked = True
+            self.park_untimed(c, self.worker, bp.TIMED_OUT)
 
     def _reserve_job(self, c: Command) -> None:
         job = self.store.reserve_job(self.worker, c.job_id)
@@ -317,7 +267,7 @@ class BeanstalkConnection:
                     ("delay", job.delay),
                     ("ttr", job.ttr),
                     ("time-left", store.time_left(job)),
-                    ("file", 0),
+                    ("file", job.file),
                     ("reserves", job.reserves),
                     ("timeouts", job.timeouts),
                     ("releases", job.releases),

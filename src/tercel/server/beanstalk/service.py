@@ -1,11 +1,15 @@
-"""The beanstalkd front end's shared state: the job store, its log, group commit, the one
-timer, the counters ``stats`` shows, and the listeners.
+"""The beanstalkd front end's shared state: the job store, its log, the one timer, the
+counters ``stats`` shows, and the listeners of ``tercel beanstalkd``.
 
-One :class:`BeanstalkService` runs inside ``tercel serve`` (``--beanstalk-port``, journaled in
-``<data_dir>/beanstalk.d``, sharing the server's status) or alone under ``tercel beanstalkd``
-(``-b DIR`` or memory only). Connections (:mod:`tercel.server.beanstalk.connection`) call the
-store and then :meth:`BeanstalkService.rearm`, which keeps one loop timer set for the store's
-next deadline (delayed job, TTR, wait timeout, DEADLINE_SOON, unpause).
+One :class:`BeanstalkService` per :class:`~tercel.server.context.ServerContext`: inside
+``tercel serve`` (``--beanstalk-port``, journaled in ``<data_dir>/beanstalk.d``) or alone under
+``tercel beanstalkd`` (``-b DIR`` or memory only; :mod:`.standalone` builds a context without
+queues for it). Either way the connections are the shared layer's
+(:class:`~tercel.server.connection.Connection`, counted under ``beanstalk``), the job log is
+written by the context's group committer and the server's status applies. Connections
+(:mod:`tercel.server.beanstalk.connection`) call the store and then
+:meth:`BeanstalkService.rearm`, which keeps one loop timer set for the store's next deadline
+(delayed job, TTR, wait timeout, DEADLINE_SOON, unpause).
 """
 
 from __future__ import annotations
@@ -17,23 +21,26 @@ import platform
 import resource
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tercel import __version__
 from tercel.core.tubes import JobRecord, JobStore
 from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, JobJournal
 from tercel.protocol.beanstalk import DEFAULT_MAX_JOB_SIZE, random_id
-from tercel.server.commit import Committer
+from tercel.server.context import ServerContext
 
 if TYPE_CHECKING:
     from tercel.config import QueueConfig
-    from tercel.server.beanstalk.connection import BeanstalkConnection
-    from tercel.server.context import ServerContext
 
 log = logging.getLogger("tercel.beanstalk")
 
 JOBLOG_DIR = "beanstalk.d"
 """The job log's directory inside ``tercel serve``'s data dir (never a queue's file name)."""
+JOBLOG_NAME = "beanstalk.d"
+"""The job log's name for the group committer: no queue can be called so (``names.py``), so
+its sync mode (:meth:`~tercel.server.commit.Committer.set_sync_mode`) is never a queue's."""
+FRONT_END = "beanstalk"
+"""The name the connections are counted under (the listener's name)."""
 
 CMD_COUNTERS = (
     "put",
@@ -63,13 +70,6 @@ CMD_COUNTERS = (
 none in 1.12)."""
 
 
-class Gate(Protocol):
-    """The server's status flags (``ServerContext`` has them)."""
-
-    writable: bool
-    readable: bool
-
-
 class SystemTubeClock:
     """The store's clocks: ``time.monotonic`` and the wall clock in epoch ms."""
 
@@ -81,7 +81,7 @@ class SystemTubeClock:
 
 
 class BeanstalkService:
-    """Everything the beanstalkd connections share (see the module docstring).
+    """Everything the beanstalkd connections of one server share (see the module docstring).
 
     ``sync``: None (never fsync while running, ``-F``), 0 (fsync before every reply, grouped:
     ``-f0``) or a period in ms (``-f MS``). ``log_dir``: None keeps jobs in memory only.
@@ -89,29 +89,30 @@ class BeanstalkService:
 
     def __init__(
         self,
-        loop: asyncio.AbstractEventLoop,
+        ctx: ServerContext,
         log_dir: str | None,
         *,
         sync: int | None = 50,
         max_job_size: int = DEFAULT_MAX_JOB_SIZE,
         max_file_size: int = DEFAULT_MAX_FILE_SIZE,
-        gate: Gate | None = None,
     ) -> None:
-        self.loop = loop
-        self.gate = gate
-        """Under ``tercel serve``: the server's status (READONLY and QUIESCENT refuse puts
-        with DRAINING; QUIESCENT also answers a reserve TIMED_OUT at once)."""
+        self.ctx = ctx
+        self.loop = ctx.loop
         self.max_job_size = max_job_size
         self.max_file_size = max_file_size
-        self._sync = sync
-        self.committer = Committer(loop, self._policy)
         self.journal: JobJournal | None = None
         if log_dir is not None:
-            self.journal = JobJournal(log_dir, max_file_size, on_dirty=self._dirty)
+            committer = ctx.committer
+            self.journal = JobJournal(
+                log_dir, max_file_size, on_dirty=committer.journal_dirty, name=JOBLOG_NAME
+            )
+            committer.set_sync_mode(JOBLOG_NAME, sync)
         self.store = JobStore(SystemTubeClock(), self.journal)
         self.cmd = dict.fromkeys(CMD_COUNTERS, 0)
-        self.connections: set[BeanstalkConnection] = set()
-        self.total_connections = 0
+        self.producers = 0
+        """Connections open now that have sent a ``put`` (``current-producers``)."""
+        self.workers = 0
+        """Connections open now that have sent a reserve (``current-workers``)."""
         self.draining = False
         self.started = time.monotonic()
         self.instance_id = random_id()
@@ -120,6 +121,7 @@ class BeanstalkService:
         self._timer_at = 0.0
         self._listeners: list[asyncio.Server] = []
         self._port = 0
+        _SERVICES[ctx] = self
 
     # ---- start and stop -------------------------------------------------------------------
 
@@ -141,6 +143,7 @@ class BeanstalkService:
                     job.ttr,
                     job.created_ms,
                     job.body,
+                    job.file,
                 )
             )
         self.store.next_id = max(self.store.next_id, found.next_id)
@@ -153,8 +156,10 @@ class BeanstalkService:
         """Serve connections on a bound, listening socket; its address for the logs."""
         from tercel.server.beanstalk.connection import BeanstalkConnection
 
+        ctx = self.ctx
+
         def factory() -> asyncio.BaseProtocol:
-            return cast(asyncio.BaseProtocol, BeanstalkConnection(self))
+            return cast(asyncio.BaseProtocol, BeanstalkConnection(ctx))
 
         if sock.family == socket.AF_UNIX:
             server = await self.loop.create_unix_server(factory, sock=sock, backlog=1024)
@@ -175,28 +180,22 @@ class BeanstalkService:
         return self._port
 
     async def stop(self) -> None:
-        """Stop listening, return every reservation, write and sync the log, close it."""
+        """Stop listening, close the connections (their jobs go back to ready), write and
+        sync the log, close it. (The context's committer is its owner's to close.)"""
+        _SERVICES.pop(self.ctx, None)
         for server in self._listeners:
             server.close()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for conn in list(self.connections):
-            conn.abort()
-        self.committer.flush_now()
+        for conn in list(self.ctx.connections):
+            if conn.front_end == FRONT_END:
+                conn.close()
+        self.ctx.committer.flush_now()
         if self.journal is not None:
             self.journal.close()
-        self.committer.close()
         for server in self._listeners:
             await server.wait_closed()
-
-    # ---- group commit ---------------------------------------------------------------------
-
-    def _policy(self, name: str) -> int | None:
-        return self._sync
-
-    def _dirty(self, journal: JobJournal) -> None:
-        self.committer.journal_dirty(journal)
 
     # ---- the timer ------------------------------------------------------------------------
 
@@ -226,6 +225,7 @@ class BeanstalkService:
     def stats(self) -> list[tuple[str, int | str | bool | float]]:
         """``stats``' body, in beanstalkd 1.12's key order."""
         s = self.store.stats
+        connections, total_connections = self.ctx.connection_counts(FRONT_END)
         usage = resource.getrusage(resource.RUSAGE_SELF)
         j = self.journal
         uname = os.uname()
@@ -242,11 +242,11 @@ class BeanstalkService:
             ("total-jobs", s.total_jobs),
             ("max-job-size", self.max_job_size),
             ("current-tubes", len(self.store.tubes)),
-            ("current-connections", len(self.connections)),
-            ("current-producers", sum(1 for c in self.connections if c.producer)),
-            ("current-workers", sum(1 for c in self.connections if c.consumer)),
+            ("current-connections", connections),
+            ("current-producers", self.producers),
+            ("current-workers", self.workers),
             ("current-waiting", s.waiting),
-            ("total-connections", self.total_connections),
+            ("total-connections", total_connections),
             ("pid", os.getpid()),
             ("version", f"{__version__} (tercel)"),
             ("rusage-utime", usage.ru_utime),
@@ -265,24 +265,15 @@ class BeanstalkService:
         ]
         return pairs
 
-    @property
-    def writable(self) -> bool:
-        """False while the server's status refuses new items."""
-        return self.gate is None or self.gate.writable
-
-    @property
-    def readable(self) -> bool:
-        """False while the server's status refuses reads."""
-        return self.gate is None or self.gate.readable
-
     def counters(self) -> dict[str, int]:
         """The counters ``tercel serve`` adds to its stats under ``beanstalk`` (``curr_*`` are
-        levels: gauges on the admin server; the rest count)."""
+        levels: gauges on the admin server; the rest count). The connection counts are the
+        shared layer's (``curr_connections``, ``total_connections`` per front end)."""
         s = self.store.stats
         out = {f"cmd_{name.replace('-', '_')}": n for name, n in self.cmd.items()}
         out.update(
-            curr_connections=len(self.connections),
-            total_connections=self.total_connections,
+            curr_producers=self.producers,
+            curr_workers=self.workers,
             curr_jobs_ready=s.ready,
             curr_jobs_reserved=s.reserved,
             curr_jobs_delayed=s.delayed,
@@ -294,39 +285,53 @@ class BeanstalkService:
         )
         return out
 
+    def tube_counters(self) -> dict[str, dict[str, int]]:
+        """Per tube, what ``stats-tube`` counts (the admin server's per-tube metrics, label
+        ``tube``: ``curr_*`` gauges, the rest counters)."""
+        return {
+            name: {
+                "curr_jobs_urgent": t.urgent_count,
+                "curr_jobs_ready": t.ready_count,
+                "curr_jobs_reserved": t.reserved_count,
+                "curr_jobs_delayed": t.delayed_count,
+                "curr_jobs_buried": t.buried_count,
+                "total_jobs": t.total_jobs,
+                "cmd_delete": t.cmd_delete,
+                "cmd_pause_tube": t.cmd_pause,
+            }
+            for name, t in self.store.tubes.items()
+        }
 
-# ---- inside ``tercel serve`` ------------------------------------------------------------------
 
-_IN_SERVER: dict[object, BeanstalkService] = {}
+# ---- the service of a context ---------------------------------------------------------------
+
+_SERVICES: dict[ServerContext, BeanstalkService] = {}
 """The service of each running server, by its context (one per process in practice)."""
+
+
+def service_of(ctx: ServerContext) -> BeanstalkService:
+    """The beanstalkd service of ``ctx``'s server (created before any connection)."""
+    return _SERVICES[ctx]
 
 
 def start_in_server(ctx: ServerContext, data_dir: str, defaults: QueueConfig) -> BeanstalkService:
     """Create and replay the service of ``tercel serve``: journaled in ``<data_dir>/beanstalk.d``
-    with the default queue settings' ``journal`` and ``sync_journal``, the server's status."""
+    with the default queue settings' ``journal`` and ``sync_journal``."""
     svc = BeanstalkService(
-        ctx.loop,
+        ctx,
         os.path.join(data_dir, JOBLOG_DIR) if defaults.journal else None,
         sync=defaults.sync_journal,
-        gate=ctx,
     )
     restored = svc.replay()
     if restored:
         log.info("restored %d beanstalk job(s)", restored)
-    ctx.add_counters("beanstalk", svc.counters)
-    _IN_SERVER[ctx] = svc
+    ctx.add_counters(FRONT_END, svc.counters)
+    ctx.add_labelled(FRONT_END, "tube", svc.tube_counters)
     return svc
-
-
-def connection_for(ctx: ServerContext) -> BeanstalkConnection:
-    """A new connection to the service of ``ctx``'s server."""
-    from tercel.server.beanstalk.connection import BeanstalkConnection
-
-    return BeanstalkConnection(_IN_SERVER[ctx])
 
 
 async def stop_in_server(ctx: ServerContext) -> None:
     """Close the connections, write and sync the job log, close it."""
-    svc = _IN_SERVER.pop(ctx, None)
+    svc = _SERVICES.get(ctx)
     if svc is not None:
         await svc.stop()

@@ -1,6 +1,9 @@
 """The event loop of ``tercel beanstalkd``.
 
-The flags and the early bind are in :mod:`tercel.beanstalkd_cli`."""
+It builds the same :class:`~tercel.server.context.ServerContext` as ``tercel serve``, with no
+queues (an empty collection whose journals would be null), so the connections run on the
+shared layer: group commit, connection accounting, parking, back-pressure. The flags and the
+early bind are in :mod:`tercel.beanstalkd_cli`."""
 
 from __future__ import annotations
 
@@ -12,8 +15,15 @@ import signal
 import socket
 from typing import TYPE_CHECKING
 
+from tercel.clock import SystemClock
+from tercel.config import QueueConfig, ServerConfig
+from tercel.core.collection import QueueCollection
+from tercel.core.log import QueueLog
 from tercel.errors import JournalCorrupt
+from tercel.journal.memory import NullJournal
 from tercel.server.beanstalk.service import BeanstalkService
+from tercel.server.commit import Committer
+from tercel.server.context import ServerContext
 from tercel.server.loop import new_loop
 
 if TYPE_CHECKING:
@@ -26,11 +36,26 @@ EXIT_LOCKED = 10
 EXIT_CORRUPT = 3
 
 
+def _no_journal(name: str, config: QueueConfig) -> QueueLog:
+    return NullJournal()
+
+
+def standalone_context(loop: asyncio.AbstractEventLoop) -> ServerContext:
+    """A server context without queues: what the beanstalkd connections of ``tercel
+    beanstalkd`` share (the job log registers its sync mode with the committer)."""
+    config = ServerConfig()
+    clock = SystemClock()
+    collection = QueueCollection(config, _no_journal, clock)
+    committer = Committer(loop, collection.sync_mode)
+    return ServerContext(config, collection, committer, clock, loop)
+
+
 async def _serve(opts: Options, sock: socket.socket) -> int:
     loop = asyncio.get_running_loop()
+    ctx = standalone_context(loop)
     try:
         svc = BeanstalkService(
-            loop,
+            ctx,
             opts.log_dir,
             sync=opts.sync,
             max_job_size=opts.max_job_size,
@@ -55,6 +80,8 @@ async def _serve(opts: Options, sock: socket.socket) -> int:
         await stop.wait()
     finally:
         await svc.stop()
+        ctx.reservations.close()
+        ctx.committer.close()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)

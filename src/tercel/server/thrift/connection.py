@@ -193,7 +193,7 @@ def _woken(conn: ThriftConnection, g: _Gather) -> Callable[[int, QItem | None], 
         parked = conn.parked
         if parked is None:
             return
-        parked.timer.cancel()
+        parked.cancel_timer()
         # An item is there (take it, and more), or the deadline passed (reply with what was
         # gathered): either way on the next loop pass, so no handler re-enters a queue.
         conn.ctx.loop.call_soon(_again, conn, g, item is None)
