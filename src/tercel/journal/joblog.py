@@ -58,6 +58,8 @@ OP_SNAPSHOT: Final = 19
 
 _JOB = struct.Struct("<BQBIIIqqIIIIIB")  # op id state pri delay ttr created deadline 5xctr len
 _STATE = struct.Struct("<BQBIIqIIIII")  # op id state pri delay deadline 5 counters
+_pack_job: Final = _JOB.pack  # bound once: a JOB record is encoded for every put
+_pack_prefix: Final = PREFIX.pack
 _DELETE = struct.Struct("<BQ")
 _SNAPSHOT = struct.Struct("<BQQ")  # op, next job id, last jobs file covered
 _U32: Final = 0xFFFF_FFFF
@@ -142,7 +144,7 @@ def _clamp(counters: tuple[int, int, int, int, int]) -> tuple[int, int, int, int
 
 
 def _frame(body: bytes) -> bytes:
-    return PREFIX.pack(len(body), crc32(body)) + body
+    return _pack_prefix(len(body), crc32(body)) + body
 
 
 def encode_job(job: JobFields) -> list[bytes]:
@@ -177,7 +179,7 @@ def encode_job_fields(  # noqa: PLR0917 (every field of the record, as encode_jo
     name = tube.encode("ascii")
     reserves, timeouts, releases, buries, kicks = _clamp(counters)
     fields = (
-        _JOB.pack(
+        _pack_job(
             OP_JOB,
             job_id,
             state,
@@ -196,7 +198,7 @@ def encode_job_fields(  # noqa: PLR0917 (every field of the record, as encode_jo
         + name
     )
     crc = crc32(body, crc32(fields))
-    return [PREFIX.pack(len(fields) + len(body), crc) + fields, body]
+    return [_pack_prefix(len(fields) + len(body), crc), fields, body]
 
 
 def encode_state(job: JobFields) -> bytes:

@@ -387,7 +387,7 @@ class BeanstalkCodec:
         self._max_job_size = max_job_size
         self._discarding = False  # inside an over-long line, waiting for its CRLF
         self._skip = 0  # body bytes of a JOB_TOO_BIG put still to throw away
-        self._put: tuple[int, int, int, int] | None = None  # a put line whose body is due
+        self._put: PutLine | None = None  # a put line whose body is due
 
     @property
     def buffered(self) -> int:
@@ -408,8 +408,9 @@ class BeanstalkCodec:
                 if not self._skip:
                     out.append(_INVALID_TOO_BIG)
                 continue
-            if self._put is not None:
-                pri, delay, ttr, size = self._put
+            put = self._put
+            if put is not None:
+                size = put.size
                 if n - pos < size + 2:
                     break
                 end = pos + size
@@ -417,7 +418,8 @@ class BeanstalkCodec:
                 if buf[end] != 0x0D or buf[end + 1] != 0x0A:
                     out.append(_INVALID_CRLF)
                 else:
-                    out.append(Command("put", pri=pri, delay=delay, ttr=ttr, body=buf[pos:end]))
+                    body = buf[pos:end]
+                    out.append(Command("put", pri=put.pri, delay=put.delay, ttr=put.ttr, body=body))
                 pos = end + 2
                 continue
             eol = _crlf(buf, pos, min(n, pos + MAX_LINE))
@@ -445,7 +447,7 @@ class BeanstalkCodec:
                 elif parsed.garbage:
                     out.append(_INVALID_PUT)
                 else:
-                    self._put = (parsed.pri, parsed.delay, parsed.ttr, parsed.size)
+                    self._put = parsed
                 continue
             out.append(parsed)
         self._buf = buf[pos:] if pos < n else b""
