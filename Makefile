@@ -67,11 +67,13 @@ bench: $(STAMP) $(NATIVE)
 	bash bench/run
 
 # Reliability runs, bounded, not part of `make test` (docs/reliability.md): kill -9 under load
-# with every item accounted for; random and mutated requests against a real server.
+# with every item accounted for (then again out of descriptors: --emfile, half as long);
+# random and mutated requests against a real server.
 SOAK_SECONDS ?= 120
 FUZZ_SECONDS ?= 120
 soak: $(STAMP) $(NATIVE)
 	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS)
+	$(BIN)/python bench/soak.py --emfile --seconds $$(( $(SOAK_SECONDS) / 2 ))
 
 fuzz: $(STAMP) $(NATIVE)
 	TERCEL_FUZZ_EXAMPLES=3000 $(BIN)/pytest -q -p no:cacheprovider tests/protocol -k Fuzz

@@ -11,7 +11,9 @@ runs ``tercel`` with ``ARGS`` as the command line would. A rule is an object:
   raises that ``OSError``;
 - ``{"kind": "slow", "op": "fdatasync", "seconds": 0.02}``: the call waits first.
 
-``path`` (a substring of the file's path) may narrow any rule. Production code is unchanged:
+``path`` (a substring of the file's path) may narrow any rule. With ``TERCEL_POWER_LOSS_SHADOW``
+set, the seam also records what a power cut would leave (``tests/integration/test_power_cut.py``).
+Production code is unchanged:
 only the seam's default operations are replaced, before the server opens its data dir.
 """
 
@@ -23,7 +25,7 @@ import os
 import sys
 
 from tercel.journal import files
-from tercel.journal.faults import FaultyFiles
+from tercel.journal.faults import FaultyFiles, PowerLossFiles
 
 ENV = "TERCEL_SOAK_FAULTS"
 
@@ -48,8 +50,26 @@ def install(rules: list[dict[str, object]]) -> FaultyFiles:
     return faults
 
 
+POWER_ENV = "TERCEL_POWER_LOSS_SHADOW"
+"""When set, a directory: the file seam also records what a power cut would leave of the
+data dir (:class:`tercel.journal.faults.PowerLossFiles`; the test then calls
+:func:`tercel.journal.faults.power_loss` after a SIGKILL)."""
+
+
+def install_power_loss(ops: files.FileOps, argv: list[str]) -> files.FileOps:
+    """``ops`` under a :class:`PowerLossFiles` of the ``--data-dir`` in ``argv``, when the
+    environment asks for one (``TERCEL_POWER_LOSS_SHADOW``)."""
+    shadow = os.environ.get(POWER_ENV)
+    if not shadow:
+        return ops
+    data_dir = argv[argv.index("--data-dir") + 1]
+    os.makedirs(data_dir, exist_ok=True)
+    return PowerLossFiles(data_dir, shadow, inner=ops)
+
+
 if __name__ == "__main__":
-    files.set_default_ops(install(json.loads(os.environ.get(ENV, "[]"))))
+    faults = install(json.loads(os.environ.get(ENV, "[]")))
+    files.set_default_ops(install_power_loss(faults, sys.argv))
     from tercel.cli import main
 
     sys.exit(main(sys.argv[1:]))

@@ -15,6 +15,7 @@ Contract:
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import json
 import os
@@ -120,6 +121,9 @@ def snapshot_tercel(dest: Path) -> Path | None:
     shutil.copytree(src, root / "tercel", ignore=shutil.ignore_patterns("__pycache__"))
     for shared in src.parent.glob("*__mypyc*"):  # the compiled modules' shared library
         shutil.copy2(shared, root)
+    # Byte-compiled as `pip install` leaves an installed package: a server started with
+    # PYTHONDONTWRITEBYTECODE would otherwise compile every pure-Python module at each start.
+    compileall.compile_dir(str(root / "tercel"), quiet=1)
     _snapshot = root
     return root
 

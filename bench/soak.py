@@ -27,6 +27,13 @@ drained with plain gets, and every item is accounted for:
 - **start-up failures**: a restart that exits or does not listen; must be 0. Tracebacks in the
   server log must be 0; ``tercel journal check`` on the final data directory must pass.
 
+``--emfile`` runs the server under ``ulimit -n 128`` (soft and hard, so start-up cannot raise
+it) with 150 more small queues (one ledger group, written and read in random order) and a
+churning crowd of 160 idle connections: the server runs out of descriptors on accept (libuv
+accepts and closes at once) and on journal opens (the pool evicts and reopens), again and
+again; the accounting is the same, the pool's ``journal_files_*`` stats are summed over the
+server's lives, and ``SERVER_ERROR`` (no descriptor left) counts as a refusal.
+
 Exit 0 when all of that holds, 1 otherwise; the summary is printed as JSON (and written to
 ``--out``). Bounded: ``--seconds`` (default 120) of load, then the drain.
 """
@@ -61,9 +68,29 @@ max_journal_overflow = 4
 """
 
 
+MANY = "soak_many"
+"""``--emfile``: the group of many small queues (``soak_many_000`` ...), written and read in
+random order, so the journal descriptor pool evicts and reopens all the time."""
+MANY_QUEUES = 150
+OPEN_FILES = 128
+"""``--emfile``: the server's ``ulimit -n`` (soft and hard): a pool of 32 journal files, and
+fewer descriptors than the crowd of idle connections wants."""
+CROWD = 160
+"""``--emfile``: idle connections kept open (churned), more than the server has descriptors."""
+
+
 def config_text() -> str:
     per = "".join(f"[queues.{q}]\nsync_journal = {mode}\n" for q, mode in QUEUES.items())
     return CONFIG + per
+
+
+def queue_groups(emfile: bool) -> dict[str, list[str]]:
+    """The ledgers' groups: one per sync mode (one queue each), and with ``--emfile`` the
+    many small queues as one group (accounted together)."""
+    groups = {q: [q] for q in QUEUES}
+    if emfile:
+        groups[MANY] = [f"{MANY}_{i:03d}" for i in range(MANY_QUEUES)]
+    return groups
 
 
 FAULTS_ENV = "TERCEL_SOAK_FAULTS"
@@ -198,14 +225,32 @@ class Ledger:
 
 class Soak:
     def __init__(
-        self, data_dir: Path, seconds: float, seed: int, plain: bool = True, faults: bool = False
+        self,
+        data_dir: Path,
+        seconds: float,
+        seed: int,
+        *,
+        plain: bool = True,
+        faults: bool = False,
+        emfile: bool = False,
     ) -> None:
         self.plain_gets = plain
         self.faults = faults
+        self.emfile = emfile
+        self.refusals_allowed = faults or emfile
+        """``SERVER_ERROR`` is a refusal (nothing done), not a failure: an injected disk
+        fault, or no descriptor left (``--emfile``)."""
         launcher = (sys.executable, str(Path(__file__).with_name("faulty_serve.py")))
         self.server = ServerProcess(
-            data_dir, config_text(), log_level="info", launcher=launcher if faults else None
+            data_dir,
+            config_text(),
+            log_level="info",
+            launcher=launcher if faults else None,
+            open_files=OPEN_FILES if emfile else None,
         )
+        self.groups = queue_groups(emfile)
+        self.crowd: Counter[str] = Counter()
+        """``--emfile``: the idle connections' fates (opened, closed by the server, ...)."""
         self.server.env = {}
         self.scenarios: Counter[str] = Counter()
         self.scenario = "none"
@@ -218,7 +263,7 @@ class Soak:
         self.stop = threading.Event()
         self.producing = threading.Event()
         self.consuming = threading.Event()
-        self.ledgers = {q: Ledger() for q in QUEUES}
+        self.ledgers = {g: Ledger() for g in self.groups}
         self.lock = threading.Lock()
         self.kills = 0
         self.start_failures: list[str] = []
@@ -228,11 +273,20 @@ class Soak:
     # ---- clients ------------------------------------------------------------------------
 
     def _connect(self) -> Conn | None:
+        """A connection the server has answered once (``version``): one it accepted and
+        closed at once (no descriptor, ``--emfile``) does not count a request as interrupted."""
         while not self.stop.is_set():
+            conn = None
             try:
-                return Conn(self.port)
+                conn = Conn(self.port)
+                conn.send(b"version\r\n")
+                if conn.line().startswith(b"VERSION"):
+                    return conn
             except Dead:
-                time.sleep(0.02)
+                pass
+            if conn is not None:
+                conn.close()
+            time.sleep(0.02)
         return None
 
     def _loop(
@@ -245,9 +299,9 @@ class Soak:
             try:
                 body(conn)
             except Refused:
-                if not self.faults:
+                if not self.refusals_allowed:
                     raise Dead("SERVER_ERROR without an injected fault") from None
-                self.stop.wait(0.02)  # the journal failed: the next life will serve
+                self.stop.wait(0.02)  # the journal failed, or no descriptor: try again
 
         while not self.stop.is_set():
             conn = self._connect()
@@ -261,22 +315,32 @@ class Soak:
             finally:
                 conn.close()
 
-    def producer(self, queue: str, pid: int) -> None:
-        ledger = self.ledgers[queue]
+    def _picker(self, group: str, salt: str) -> Callable[[], bytes]:
+        """The queue of a group's next request (its only queue, or one of many at random)."""
+        names = [n.encode() for n in self.groups[group]]
+        if len(names) == 1:
+            return lambda: names[0]
+        rng = random.Random(f"{group}{salt}")
+        return lambda: rng.choice(names)
+
+    def producer(self, group: str, pid: int) -> None:
+        ledger = self.ledgers[group]
         seq = iter(range(1 << 62))
-        rng = random.Random(f"{queue}{pid}")
+        rng = random.Random(f"{group}{pid}")
+        pick = self._picker(group, f"p{pid}")
 
         def body(conn: Conn) -> None:
             if len(ledger.acked) - len(ledger.completed) > BACKLOG:
                 self.stop.wait(0.05)  # far into read-behind already: let the consumers catch up
                 return
-            item = b"%s|%d|%d|" % (queue.encode(), pid, next(seq))
+            queue = pick()
+            item = b"%s|%d|%d|" % (queue, pid, next(seq))
             item += b"x" * rng.randrange(0, 400)
             ledger.sent.append(item)
-            conn.send(b"set %s 0 0 %d\r\n%s\r\n" % (queue.encode(), len(item), item))
+            conn.send(b"set %s 0 0 %d\r\n%s\r\n" % (queue, len(item), item))
             reply = conn.line()
-            if reply.startswith(b"SERVER_ERROR") and self.faults:
-                ledger.refused += 1  # an injected disk fault: not acknowledged, not a bug
+            if reply.startswith(b"SERVER_ERROR") and self.refusals_allowed:
+                ledger.refused += 1  # a disk fault or no descriptor: not acknowledged
                 self.stop.wait(0.02)
                 return
             if reply != b"STORED":
@@ -288,13 +352,14 @@ class Soak:
 
         self._loop(body, lambda: None, self.producing)
 
-    def plain(self, queue: str) -> None:
-        ledger = self.ledgers[queue]
+    def plain(self, group: str) -> None:
+        ledger = self.ledgers[group]
         inflight = [False]
+        pick = self._picker(group, "plain")
 
         def body(conn: Conn) -> None:
             inflight[0] = True
-            conn.send(b"get %s/t=100\r\n" % queue.encode())
+            conn.send(b"get %s/t=100\r\n" % pick())
             data = conn.value()
             inflight[0] = False
             if data is not None:
@@ -309,18 +374,20 @@ class Soak:
 
         self._loop(body, dead, self.consuming)
 
-    def reliable(self, queue: str) -> None:
-        ledger = self.ledgers[queue]
+    def reliable(self, group: str) -> None:
+        ledger = self.ledgers[group]
         holding: list[bytes] = []
+        pick = self._picker(group, "reliable")
 
         def body(conn: Conn) -> None:
-            conn.send(b"get %s/t=100/open\r\n" % queue.encode())
+            queue = pick()
+            conn.send(b"get %s/t=100/open\r\n" % queue)
             data = conn.value()
             if data is None:
                 return
             holding.append(data)
             ledger.received.append(data)
-            conn.send(b"get %s/close\r\n" % queue.encode())
+            conn.send(b"get %s/close\r\n" % queue)
             try:
                 if conn.value() is not None:
                     raise Dead("close returned an item")
@@ -337,12 +404,14 @@ class Soak:
 
         self._loop(body, dead, self.consuming)
 
-    def leaser(self, queue: str) -> None:
-        ledger = self.ledgers[queue]
+    def leaser(self, group: str) -> None:
+        ledger = self.ledgers[group]
         holding: list[bytes] = []
+        pick = self._picker(group, "lease")
 
         def body(conn: Conn) -> None:
-            conn.send(b"lease %s 4 100 30000\r\n" % queue.encode())
+            queue = pick()
+            conn.send(b"lease %s 4 100 30000\r\n" % queue)
             got: list[tuple[bytes, bytes]] = []
             while (head := conn.line()) != b"END":
                 parts = head.split()
@@ -355,7 +424,7 @@ class Soak:
                 ledger.received.append(data)
                 holding.append(data)
             for lease_id, data in got:
-                conn.send(b"ack %s %s\r\n" % (queue.encode(), lease_id))
+                conn.send(b"ack %s %s\r\n" % (queue, lease_id))
                 reply = conn.line()
                 holding.remove(data)
                 if reply == b"ACKED 1":
@@ -368,6 +437,42 @@ class Soak:
             holding.clear()
 
         self._loop(body, dead, self.consuming)
+
+    def idle_crowd(self) -> None:
+        """``--emfile``: keep about CROWD idle connections open, more than the server has
+        descriptors, closing a random few every tick so they churn: the server runs out of
+        descriptors on accept and on journal opens, again and again."""
+        rng = random.Random("crowd")
+        socks: list[socket.socket] = []
+        while not self.stop.is_set():
+            while len(socks) < CROWD and not self.stop.is_set():
+                try:
+                    socks.append(socket.create_connection(("127.0.0.1", self.port), timeout=1))
+                    self.crowd["opened"] += 1
+                except OSError:
+                    self.crowd["connect_failed"] += 1
+                    break
+            self.stop.wait(0.1)
+            keep = []
+            for sock in socks:
+                if rng.random() < 0.05:
+                    sock.close()
+                    continue
+                try:  # closed by the server (accepted and closed at once: no descriptor)?
+                    sock.setblocking(False)
+                    gone = sock.recv(1) == b""
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if gone:
+                    self.crowd["closed_by_server"] += 1
+                    sock.close()
+                else:
+                    keep.append(sock)
+            socks = keep
+        for sock in socks:
+            sock.close()
 
     # ---- the server ---------------------------------------------------------------------
 
@@ -415,6 +520,12 @@ class Soak:
                 for word in ("journal_rotations", "journal_rewrites"):
                     if key.endswith(word):
                         self.journal_stats[word] += int(value)
+                if key.startswith("journal_files_") and key != "journal_files_limit":
+                    if key == "journal_files_open":  # a level: the most seen
+                        key = "most_journal_files_open"
+                        value = str(max(self.journal_stats[key], int(value)))
+                        self.journal_stats[key] = 0
+                    self.journal_stats[key] += int(value)  # counts: summed over the lives
                 for word in ("items", "mem_items"):
                     if key in (f"queue_{q}_{word}" for q in QUEUES):
                         most = f"most_{word}_at_a_kill"
@@ -426,9 +537,11 @@ class Soak:
     def run(self) -> dict[str, object]:
         self._start()
         workers = []
-        for q in QUEUES:
-            workers += [threading.Thread(target=self.producer, args=(q, p)) for p in range(2)]
-            workers += [threading.Thread(target=f, args=(q,)) for f in self._consumers()]
+        for g in self.groups:
+            workers += [threading.Thread(target=self.producer, args=(g, p)) for p in range(2)]
+            workers += [threading.Thread(target=f, args=(g,)) for f in self._consumers()]
+        if self.emfile:
+            workers.append(threading.Thread(target=self.idle_crowd))
         self.producing.set()
         self.consuming.set()
         for w in workers:
@@ -451,7 +564,7 @@ class Soak:
         self._collect_stats()
         self._end_life()
         self._start(final=True)
-        drained = {q: self._drain(q) for q in QUEUES}
+        drained = {g: sum(self._drain(g, q) for q in names) for g, names in self.groups.items()}
         self._collect_stats()
         code = self.server.stop()
         return self._summary(drained, code)
@@ -474,10 +587,11 @@ class Soak:
         kinds: list[Callable[[str], None]] = [self.plain, self.reliable, self.leaser]
         return kinds if self.plain_gets else kinds[1:]
 
-    def _drain(self, queue: str) -> int:
-        """Take every item left with plain gets (pipelined 100 at a time)."""
+    def _drain(self, group: str, queue: str) -> int:
+        """Take every item left in one of a group's queues with plain gets (pipelined 100 at
+        a time)."""
         conn = Conn(self.port)
-        ledger = self.ledgers[queue]
+        ledger = self.ledgers[group]
         n = 0
         while True:
             conn.send(b"get %s\r\n" % queue.encode() * 100)
@@ -508,7 +622,8 @@ class Soak:
             unexplained_dup = len(again - set(led.unconfirmed))
             phantom = len(set(seen) - sent)
             queues[q] = {
-                "sync_journal": QUEUES[q],
+                "sync_journal": QUEUES.get(q, "false"),
+                "queues": len(self.groups[q]),
                 "sent": len(sent),
                 "acknowledged": len(acked),
                 "unacknowledged_sets": len(sent - acked),
@@ -545,6 +660,7 @@ class Soak:
             "kills": self.kills,
             "faults": dict(self.scenarios) if self.faults else None,
             "injected_crashes": self.injected_crashes,
+            "emfile": dict(self.crowd, open_files=OPEN_FILES) if self.emfile else None,
             "start_refused_under_fault": self.refused_under_fault,
             "unexpected_exits": self.unexpected_exits,
             "startup_failures": len(self.start_failures),
@@ -573,6 +689,12 @@ def main() -> int:
         help="consume with reliable reads and leases only: then lost must be exactly 0",
     )
     ap.add_argument(
+        "--emfile",
+        action="store_true",
+        help=f"run the server under ulimit -n {OPEN_FILES} with {MANY_QUEUES} more queues and "
+        f"a churning crowd of {CROWD} idle connections: EMFILE on accept and on journal opens",
+    )
+    ap.add_argument(
         "--faults",
         action="store_true",
         help="each server life gets an injected fault (bench/faulty_serve.py): a crash at a "
@@ -581,7 +703,16 @@ def main() -> int:
     args = ap.parse_args()
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="tercel-soak-"))
     print(f"soak: {args.seconds:.0f} s, seed {args.seed}, data in {data_dir}", file=sys.stderr)
-    soak = Soak(data_dir, args.seconds, args.seed, not args.no_plain_gets, args.faults)
+    if args.emfile and args.faults:
+        ap.error("--emfile and --faults are separate runs")
+    soak = Soak(
+        data_dir,
+        args.seconds,
+        args.seed,
+        plain=not args.no_plain_gets,
+        faults=args.faults,
+        emfile=args.emfile,
+    )
     summary = soak.run()
     summary["seed"] = args.seed
     summary["plain_gets"] = not args.no_plain_gets

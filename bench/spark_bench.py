@@ -6,6 +6,11 @@ read with ``readStream.format("json")``, or queued on two tercel servers and rea
 after a warm-up of each, so both see the same machine load.
 
     .venv/bin/python bench/spark_bench.py [--items 400000] [--size 200] [--rounds 2]
+        [--old] [--also maxItemsPerFetch=100000 ...] [--skip-writer]
+
+Each run also reports the CPU seconds per item of the whole process tree (the Spark JVM, its
+Python workers and the tercel servers are all children of the benchmark): on a host whose
+cores are all busy, the ratio of those bounds the ratio of the throughputs.
 
 Also: the sink (``df.write.format("tercel")``) with its default ``batchSize`` against
 ``batchSize=500`` (the old default), alternated; and the time from ``start()`` to the first
@@ -28,6 +33,7 @@ from typing import Any
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+from procstat import tree_and_kernel_seconds
 from tercel.client import Client
 from tercel.spark import local_session
 from tercel.testing import ServerProcess
@@ -65,9 +71,18 @@ def write_files(directory: Path, n: int, size: int, files: int) -> None:
                 out.write(b"\n".join(events(lo2, min(10_000, hi - lo2), size)) + b"\n")
 
 
-def _finish(query: Any, started: float, n: int, spark: Any, out: Path) -> dict[str, Any]:
+def _now() -> tuple[float, float]:
+    """(wall clock, CPU seconds so far of this process's tree): the Spark JVM, its Python
+    workers and the tercel servers are all children of the benchmark."""
+    return time.perf_counter(), tree_and_kernel_seconds(os.getpid())[0]
+
+
+def _finish(
+    query: Any, started: tuple[float, float], n: int, spark: Any, out: Path
+) -> dict[str, Any]:
     query.awaitTermination()
-    elapsed = time.perf_counter() - started
+    now = _now()
+    elapsed, cpu = now[0] - started[0], now[1] - started[1]
     assert query.exception() is None, query.exception()
     progress = [p for p in query.recentProgress if p["numInputRows"]]
     rows = sum(p["numInputRows"] for p in progress)
@@ -76,10 +91,12 @@ def _finish(query: Any, started: float, n: int, spark: Any, out: Path) -> dict[s
     return {
         "seconds": round(elapsed, 2),
         "items_per_s": round(n / elapsed),
+        "cpu_us_per_item": round(cpu / n * 1e6, 1),
         "batches": len(progress),
         "rows": [p["numInputRows"] for p in progress],
         "latest_offset_ms": [p["durationMs"].get("latestOffset") for p in progress],
         "add_batch_ms": [p["durationMs"].get("addBatch") for p in progress],
+        "load": round(os.getloadavg()[0], 2),
     }
 
 
@@ -87,7 +104,7 @@ def run_files(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
     src = work / "json"
     write_files(src, n, size, files=8)
     df = spark.readStream.schema(EVENT_SCHEMA).format("json").load(str(src))
-    started = time.perf_counter()
+    started = _now()
     query = (
         df.writeStream.format("parquet")
         .option("path", str(work / "out"))
@@ -132,7 +149,7 @@ def run_tercel(
     with ServerProcess(work / "s1") as a, ServerProcess(work / "s2") as b:
         fill_queues([a, b], "events", n, size)
         df = tercel_stream(spark, f"{a.address},{b.address}", work, options)
-        started = time.perf_counter()
+        started = _now()
         query = (
             df.writeStream.format("parquet")
             .option("path", str(work / "out"))
@@ -206,27 +223,30 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 
 def source_runs(spark: Any, work: Path, args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """Alternate file, tercel (and with ``--old`` tercel with the old defaults) runs."""
+    """Alternate file, tercel (defaults), and each variant: ``--old`` (tercel with the
+    pre-issue-23 defaults) and every ``--also`` option set."""
+    variants: dict[str, dict[str, str]] = {"tercel": {}}
+    if args.old:
+        variants["tercel_old"] = OLD_DEFAULTS
+    for spec in args.also:
+        variants[f"tercel {spec}"] = dict(kv.split("=", 1) for kv in spec.split(","))
     run_files(spark, work / "warm-files", 5000, args.size)
     run_tercel(spark, work / "warm-tercel", 5000, args.size)
-    runs: dict[str, list[dict[str, Any]]] = {"files": [], "tercel": [], "tercel_old": []}
+    runs: dict[str, list[dict[str, Any]]] = {"files": [], **{name: [] for name in variants}}
     for r in range(args.rounds):
         runs["files"].append(run_files(spark, work / f"files{r}", args.items, args.size))
         note("files", runs["files"][-1])
-        runs["tercel"].append(run_tercel(spark, work / f"tercel{r}", args.items, args.size))
-        note("tercel", runs["tercel"][-1])
-        if args.old:
-            old = run_tercel(spark, work / f"old{r}", args.items, args.size, OLD_DEFAULTS)
-            runs["tercel_old"].append(old)
-            note("tercel_old", old)
+        for k, (name, options) in enumerate(variants.items()):
+            got = run_tercel(spark, work / f"tercel{r}-{k}", args.items, args.size, options)
+            runs[name].append(got)
+            note(name, got)
     result["runs"] = runs
     for name, values in runs.items():
-        if values:
-            result[f"{name}_items_per_s"] = _summary([r["items_per_s"] for r in values])
-            result[f"{name}_over_files"] = [
-                round(t["items_per_s"] / f["items_per_s"], 2)
-                for f, t in zip(runs["files"], values, strict=False)
-            ]
+        result[f"{name}_items_per_s"] = _summary([r["items_per_s"] for r in values])
+        result[f"{name}_over_files"] = [
+            round(t["items_per_s"] / f["items_per_s"], 2)
+            for f, t in zip(runs["files"], values, strict=True)
+        ]
 
 
 def main() -> None:
@@ -237,6 +257,13 @@ def main() -> None:
     parser.add_argument("--skip-writer", action="store_true")
     parser.add_argument("--skip-source", action="store_true")
     parser.add_argument("--old", action="store_true", help="also run the pre-issue-23 defaults")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="OPT=V[,OPT=V]",
+        help="also run the tercel source with these options (repeatable)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tercel-spark-bench-"))
     result: dict[str, Any] = {

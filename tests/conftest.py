@@ -110,6 +110,16 @@ def drain(conn: Raw, q: str) -> list[bytes]:
         conn.expect(b"\r\nEND\r\n")
 
 
+def stats(conn: Raw) -> dict[str, str]:
+    """Every line of memcache ``stats``: name -> value."""
+    conn.send(b"stats\r\n")
+    out: dict[str, str] = {}
+    while (line := conn.read_line()) != b"END\r\n":
+        _, key, value = line.decode().rstrip("\r\n").split(" ", 2)
+        out[key] = value
+    return out
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One real server per test module (queues are named per test, so tests do not meet)."""

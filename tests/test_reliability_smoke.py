@@ -58,6 +58,15 @@ def test_a_short_soak_with_injected_faults_accounts_for_every_item(tmp_path: Pat
     assert summary["unexpected_exits"] == [] and summary["startup_failures"] == 0
 
 
+def test_a_short_soak_out_of_descriptors_accounts_for_every_item(tmp_path: Path) -> None:
+    code, summary = run("soak.py", tmp_path, "--seconds", "5", "--emfile")
+    assert code == 0 and summary["ok"], summary
+    journal = summary["journal"]
+    assert isinstance(journal, dict) and journal["journal_files_evictions"] > 0
+    queues = summary["queues"]
+    assert isinstance(queues, dict) and queues["soak_many"]["unexplained_lost"] == 0
+
+
 def test_a_short_server_fuzz_runs(tmp_path: Path) -> None:
     _, summary = run("fuzz.py", tmp_path, "--seconds", "2", "--connections", "2")
     assert isinstance(summary["requests"], int) and summary["requests"] > 0

@@ -6,17 +6,19 @@ port 22133, data in ``./tercel-data``).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tercel import __version__, exit_codes
 from tercel.config import ServerConfig, load_config
 from tercel.errors import ConfigError, JournalCorrupt
+
+if TYPE_CHECKING:
+    import argparse
 
 log = logging.getLogger("tercel")
 
@@ -24,40 +26,90 @@ LISTENERS = ("text", "thrift", "beanstalk")
 """The front ends that are off unless their ``--<name>-port`` is given (memcache and admin
 have default ports)."""
 EARLY_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+SERVE_OPTIONS: tuple[tuple[str, type, str], ...] = (
+    ("config", str, "TOML config file"),
+    ("data-dir", str, "where journals live (default ./tercel-data)"),
+    ("host", str, "address to listen on (default 127.0.0.1)"),
+    ("memcache-port", int, "memcache port (default 22133; 0 = any free)"),
+    ("admin-port", int, "admin HTTP port (default 2223; 0 = any free)"),
+    *((f"{name}-port", int, f"{name} port (off unless given; 0 = any free)") for name in LISTENERS),
+    ("ports-file", str, "write the bound ports here as JSON once listening"),
+)
+"""``tercel serve``'s options but ``--log-level``: flag, type, help (default: None)."""
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def _build_parser() -> argparse.ArgumentParser:
+class ServeArgs:
+    """``tercel serve``'s options as :func:`parse_serve` read them (argparse's names)."""
+
+    def __init__(self) -> None:
+        self.command = "serve"
+        self.log_level = "info"
+        self.config: str | None = None
+        self.data_dir: str | None = None
+        self.host: str | None = None
+        self.ports_file: str | None = None
+        self.memcache_port: int | None = None
+        self.admin_port: int | None = None
+        self.text_port: int | None = None
+        self.thrift_port: int | None = None
+        self.beanstalk_port: int | None = None
+
+
+def parse_serve(argv: Sequence[str]) -> ServeArgs | None:
+    """``tercel serve``'s options without argparse, which costs ~20 ms of start-up (with
+    gettext, locale and shutil, which it imports to build a parser). Reads well-formed
+    ``--flag value`` and ``--flag=value`` pairs only; anything else (help, an abbreviation,
+    an unknown flag, a missing or bad value) gives None, and argparse then parses the line
+    with its usual messages."""
+    kinds: dict[str, type] = {f"--{flag}": kind for flag, kind, _ in SERVE_OPTIONS}
+    kinds["--log-level"] = str
+    args = ServeArgs()
+    i = 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        kind = kinds.get(flag)
+        if kind is None:
+            return None
+        if not eq:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                return None
+            i += 1
+            value = argv[i]
+        i += 1
+        parsed: object = value
+        if kind is int:
+            try:
+                parsed = int(value)
+            except ValueError:
+                return None
+        if flag == "--log-level" and value not in LOG_LEVELS:
+            return None
+        setattr(args, flag[2:].replace("-", "_"), parsed)
+    return args
+
+
+def _build_parser(tools: bool = True) -> argparse.ArgumentParser:
+    """The command line's parser; without ``tools`` only ``serve`` and ``beanstalkd`` (what
+    ``tercel serve ...`` needs, without importing the journal and client tools)."""
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="tercel", description="A durable Kestrel-compatible queue server."
     )
     parser.add_argument("--version", action="version", version=f"tercel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the server")
-    serve.add_argument("--config", help="TOML config file")
-    serve.add_argument("--data-dir", help="where journals live (default ./tercel-data)")
-    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument(
-        "--memcache-port", type=int, help="memcache port (default 22133; 0 = any free)"
-    )
-    serve.add_argument(
-        "--admin-port", type=int, help="admin HTTP port (default 2223; 0 = any free)"
-    )
-    for name in LISTENERS:
-        serve.add_argument(
-            f"--{name}-port", type=int, help=f"{name} port (off unless given; 0 = any free)"
-        )
-    serve.add_argument("--ports-file", help="write the bound ports here as JSON once listening")
-    serve.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="logging level",
-    )
+    for flag, kind, text in SERVE_OPTIONS:
+        serve.add_argument(f"--{flag}", type=kind, help=text)
+    serve.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="logging level")
     sub.add_parser(
         "beanstalkd",
         add_help=False,
         help="run a beanstalkd-compatible server (beanstalkd's flags; tercel beanstalkd -h)",
     )
+    if not tools:
+        return parser
     from tercel import journal_tool
 
     journal_tool.add_parser(sub)
@@ -67,7 +119,7 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config_from(args: argparse.Namespace) -> ServerConfig:
+def _config_from(args: argparse.Namespace | ServeArgs) -> ServerConfig:
     config = load_config(args.config) if args.config else ServerConfig()
     overrides: dict[str, Any] = {}
     if args.data_dir is not None:
@@ -94,7 +146,9 @@ def _bind_early(host: str, port: int) -> socket.socket:
     70 ms after ``exec`` instead of after every import (and any replay): their commands are
     served once the server is up (socket activation does the same).
     """
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    # An ASCII host as bytes: a str is IDNA-encoded first (~8 ms of codec imports).
+    name: str | bytes = host.encode() if host.isascii() else host
+    family, kind, proto, _, addr = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -106,7 +160,7 @@ def _bind_early(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace | ServeArgs) -> int:
     """Run the server until SIGTERM/SIGINT/``shutdown``; the process exit code."""
     try:
         config = _config_from(args)
@@ -120,7 +174,7 @@ def serve(args: argparse.Namespace) -> int:
     for sig in EARLY_SIGNALS:
         signal.signal(sig, lambda signum, _frame: early.append(signum))
     sockets: dict[str, socket.socket] = {}
-    for name in ("memcache", *LISTENERS):
+    for name in ("memcache", *LISTENERS, "admin"):
         port = getattr(srv, f"{name}_port")
         if port is None:
             continue
@@ -155,6 +209,14 @@ def serve(args: argparse.Namespace) -> int:
     return exit_codes.OK
 
 
+def _set_up_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tercel`` command."""
     rest = sys.argv[1:] if argv is None else list(argv)
@@ -162,14 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tercel import beanstalkd_cli
 
         return beanstalkd_cli.main(rest[1:])
-    args = _build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper(), logging.INFO)
-        if hasattr(args, "log_level")
-        else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    fast = parse_serve(rest[1:]) if rest[:1] == ["serve"] else None
+    if fast is not None:
+        _set_up_logging(fast.log_level)
+        return serve(fast)
+    args = _build_parser(tools=rest[:1] != ["serve"]).parse_args(rest)
+    _set_up_logging(getattr(args, "log_level", "info"))
     if args.command == "serve":
         return serve(args)
     from tercel import cli_client

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -188,6 +189,18 @@ class ServerProcess:
                 self.proc.stdout.close()
         self.proc = None
         return code
+
+    def start_refused(self, timeout: float = 30.0) -> int:
+        """Start a server that must stop by itself (a corrupt journal: the background replay
+        finds it before or just after the server listens); its exit code. Its log says why."""
+        try:
+            self.start(timeout)
+        except ServerStartError as exc:
+            code = re.search(r"exited with (-?\d+)", str(exc))
+            if code is None:
+                raise
+            return int(code.group(1))
+        return self._wait(timeout)
 
     @property
     def running(self) -> bool:

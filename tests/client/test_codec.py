@@ -25,6 +25,7 @@ from tercel.protocol.memcache_client import (
     Blocks,
     ErrorReply,
     LeaseBatch,
+    LeaseColumns,
     LeasedItem,
     Line,
     Listing,
@@ -123,6 +124,69 @@ def test_replies_whole_and_byte_by_byte(cmd: Command, wire: bytes, reply: Reply)
         if r is not NEED_DATA:
             got.append(r)
     assert got == [reply]
+
+
+def _columns(cols: Reply | object) -> tuple[object, ...]:
+    assert isinstance(cols, LeaseColumns)
+    return (
+        cols.lease_ids,
+        list(cols.item_ids),
+        list(cols.deliveries),
+        list(cols.add_ms),
+        list(cols.expiry_ms),
+        bytes(cols.data),
+        list(cols.offsets),
+    )
+
+
+def test_a_lease_reply_as_columns_whole_and_byte_by_byte() -> None:
+    """``Lease(..., columns=True)``: the same wire reply, as flat columns and one buffer."""
+    wire = b"LEASED p-1 1 1 100 0 2\r\nhi\r\nLEASED p-2 2 3 101 900 0\r\n\r\nEND\r\n"
+    want = (["p-1", "p-2"], [1, 2], [1, 3], [100, 101], [0, 900], b"hi", [0, 2, 2])
+    cmd = Lease("q", 2, 0, 0, columns=True)
+    whole = MemcacheClientCodec()
+    assert whole.send(cmd) == b"lease q 2 0 0\r\n"
+    whole.receive_data(wire + b"LEASED p-3 3 1 1 0 1\r\n")  # the next reply, pipelined
+    whole.send(cmd)
+    assert _columns(whole.next_reply()) == want
+    assert whole.next_reply() is NEED_DATA
+    split = MemcacheClientCodec()
+    split.send(cmd)
+    got: list[Reply] = []
+    for i in range(len(wire)):
+        split.receive_data(wire[i : i + 1])
+        if (r := split.next_reply()) is not NEED_DATA:
+            got.append(r)
+    assert [_columns(r) for r in got] == [want]
+    for wire, reply in [
+        (b"END\r\n", ([], [], [], [], [], b"", [0])),
+        (b"SERVER_ERROR too many open leases\r\n", None),
+    ]:
+        codec = MemcacheClientCodec()
+        codec.send(cmd)
+        codec.receive_data(wire)
+        r = codec.next_reply()
+        if reply is None:
+            assert r == ErrorReply("SERVER_ERROR", "too many open leases")
+        else:
+            assert _columns(r) == reply
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"LEASED p-1 x 1 1 1 1\r\na\r\nEND\r\n",
+        b"LEASED p-1 1 1 1 1 -4\r\na\r\nEND\r\n",
+        b"LEASED p-1 1 1 1 1 1\r\nab\r\nEND\r\n",
+        b"LEASED p-1 1 1 1 1 1\r\na\r\nHELLO\r\n",
+    ],
+)
+def test_bad_lease_replies_as_columns_raise(wire: bytes) -> None:
+    codec = MemcacheClientCodec()
+    codec.send(Lease("q", 1, 0, 0, columns=True))
+    codec.receive_data(wire)
+    with pytest.raises(BadReply):
+        codec.next_reply()
 
 
 def test_pipelined_replies_in_order() -> None:

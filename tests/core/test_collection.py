@@ -16,7 +16,7 @@ from tercel.clock import ManualClock
 from tercel.config import QueueConfig, ServerConfig, parse_config
 from tercel.core.collection import QueueCollection
 from tercel.core.queue import PersistentQueue
-from tercel.errors import BadQueueName
+from tercel.errors import BadQueueName, TooManyQueues
 from tercel.journal import FileJournal, MemoryJournal, list_queue_names
 
 T0 = 1_700_000_000_000
@@ -125,6 +125,84 @@ def test_load_replays_queues_parents_first(logs: Logs) -> None:
     assert w.qc.stats.total_items == 4  # replayed adds count
     w.add("a", b"4")
     assert w.items("a+b") == [b"1", b"2", b"4"]
+    w.qc.close()
+
+
+def deferred(w: World) -> QueueCollection:
+    """``w`` restarted with its queues noted, not replayed (the server's start-up)."""
+    w.qc.close()
+    w.qc = QueueCollection(w.qc.config, w.logs, w.clock)
+    w.qc.defer(w.logs.names())
+    return w.qc
+
+
+def test_deferred_queues_replay_at_their_first_reference_only(logs: Logs) -> None:
+    w = World(logs)
+    for name in ("a", "b", "c"):
+        w.add(name, name.encode())
+    qc = deferred(w)
+    opened = len(logs.opened)
+    assert (len(qc), qc.pending, list(qc)) == (3, 3, [])
+    assert w.items("b") == [b"b"]  # queue() replays b, and only b
+    assert logs.opened[opened:] == ["b"]
+    assert (len(qc), qc.pending) == (3, 2)
+    assert qc.replay_next() == "a"
+    assert qc.replay_next() == "c"
+    assert qc.replay_next() is None
+    assert (len(qc), qc.pending, sorted(q.name for q in qc)) == (3, 0, ["a", "b", "c"])
+    assert logs.opened[opened:] == ["b", "a", "c"]  # each replayed once
+    w.qc.close()
+
+
+def test_an_add_to_a_parent_replays_its_deferred_fanout_children_first(logs: Logs) -> None:
+    w = World(logs)
+    w.qc.get_or_create("p+c")
+    w.add("p", b"1")
+    qc = deferred(w)
+    w.add("p", b"2")  # the child, still on disk, must not miss it
+    assert w.items("p+c") == [b"1", b"2"]
+    assert qc.children("p") == ["p+c"]
+    w.qc.close()
+
+
+def test_reads_deletes_and_flushes_of_deferred_queues(logs: Logs) -> None:
+    w = World(logs, {"aliases": {"al": ["x"]}})
+    for name in ("x", "y", "z", "f"):
+        w.add(name, b"v")
+    qc = deferred(w)
+    assert qc.for_reading("y", create=False) is not None
+    assert qc.delete("z") and qc.queue("z") is None
+    w.add("al", b"w")  # through the alias
+    assert w.items("x") == [b"v", b"w"]
+    qc.flush("f")
+    assert w.items("f") == []
+    assert qc.pending == 0
+    w.restart()
+    assert sorted(logs.names()) == ["f", "x", "y"]
+    w.qc.close()
+
+
+def test_deferred_queues_count_against_max_queues_but_always_load(logs: Logs) -> None:
+    w = World(logs)
+    for name in ("a", "b"):
+        w.add(name, b"v")
+    w.qc.close()
+    w.qc = QueueCollection(parse_config({"server": {"max_queues": 1}}), logs, w.clock)
+    qc = w.qc
+    qc.defer(logs.names())
+    with pytest.raises(TooManyQueues):
+        qc.get_or_create("new")
+    assert w.items("b") == [b"v"] and w.items("a") == [b"v"]  # beyond max_queues: on disk
+    w.qc.close()
+
+
+def test_flush_all_replays_every_deferred_queue(logs: Logs) -> None:
+    w = World(logs)
+    for name in ("a", "b"):
+        w.add(name, b"v")
+    qc = deferred(w)
+    qc.flush_all()
+    assert qc.pending == 0 and w.items("a") == [] and w.items("b") == []
     w.qc.close()
 
 

@@ -5,14 +5,14 @@ puts the item at the head, as it did when it was written."""
 
 from __future__ import annotations
 
-from collections import deque
 from pathlib import Path
 
 import pytest
 
 from tercel.clock import ManualClock
 from tercel.config import QueueConfig
-from tercel.core.queue import PersistentQueue, QItem, put_back
+from tercel.core.items import Items
+from tercel.core.queue import PersistentQueue, QItem
 from tercel.journal import FileJournal, MemoryJournal
 from tercel.journal import records as rec
 
@@ -106,7 +106,7 @@ def test_version_2_abort_still_means_the_head(tmp_path: Path) -> None:
 
 
 def test_put_back_keeps_id_order() -> None:
-    items: deque[QItem] = deque()
+    items = Items()
     for item_id in (9, 2, 5, 1, 7, 3):
-        put_back(items, QItem(item_id, 0, 0, b""))
+        items.put_back(QItem(item_id, 0, 0, b""))
     assert [i.id for i in items] == [1, 2, 3, 5, 7, 9]

@@ -92,6 +92,25 @@ def test_a_deadline_returns_the_item_when_it_passes_and_extend_moves_it(w: World
     assert w.drain("a") == [b"1", b"2"]
 
 
+def test_a_lease_batch_shares_one_deadline_until_its_leases_end_or_move(w: World) -> None:
+    q = w.fill("a", *(b"%d" % i for i in range(6)))
+    batch = w.table.take_leases(q, 4, 100, T0)
+    later = w.table.take_leases(q, 2, 300, T0)
+    assert w.table.next_deadline() == T0 + 100
+    assert w.table.confirm(batch[:3]) == 3
+    assert w.table.next_deadline() == T0 + 100  # one lease of the batch is still open
+    assert w.table.extend(batch[3:], 500, T0) == 1  # moved: its old entry is stale now
+    assert w.table.next_deadline() == T0 + 300
+    assert w.table.expire(T0 + 299) == 0
+    assert w.table.expire(T0 + 300) == 2
+    assert [r.id for r in later if w.table.get(r.id)] == []
+    assert w.table.next_deadline() == T0 + 500
+    assert w.table.confirm(batch[3:]) == 1
+    assert w.table.next_deadline() is None
+    assert w.table.expire(T0 + 10_000) == 0
+    assert w.drain("a") == [b"4", b"5"]  # the expired ones, back at the head in order
+
+
 def test_ids_address_reservations_from_anywhere_and_only_of_the_named_queue(w: World) -> None:
     qa, qb = w.fill("a", b"x"), w.fill("b", b"y")
     ra = w.table.take(qa, T0, owner=object(), ttl_ms=1000)  # Thrift: owned, auto-abort

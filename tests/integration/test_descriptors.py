@@ -9,11 +9,13 @@ refuses new queues with ``SERVER_ERROR too many queues``.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
+import urllib.request
 from pathlib import Path
 
-from conftest import Raw, drain, set_cmd
+from conftest import Raw, drain, set_cmd, stats
 from tercel.testing import ServerProcess
 
 LIMIT = 256
@@ -62,6 +64,16 @@ def test_queues_used_in_turn_beyond_the_pool_keep_every_item(data_dir: Path) -> 
             )
         for q in range(0, 32, 2):
             conn.call(b"get r%d\r\n" % q, b"VALUE r%d 0 1\r\n0\r\nEND\r\n" % q)
+        pool = _pool_stats(conn)  # the descriptor pool's figures, in every stats view
+        assert pool["limit"] == 16 and 0 < pool["open"] <= 16
+        assert pool["evictions"] >= 32 * 5 - 16 and pool["reopens"] >= 32 * 4
+        assert pool["emfile"] == pool["refused"] == 0
+        doc = json.loads(urllib.request.urlopen(srv.admin_url + "/stats.json").read())
+        assert doc["gauges"]["journal_files_limit"] == 16
+        assert doc["counters"]["journal_files_evictions"] >= pool["evictions"]
+        metrics = urllib.request.urlopen(srv.admin_url + "/metrics").read().decode()
+        assert "tercel_journal_files_open " in metrics
+        assert "tercel_journal_files_reopens_total " in metrics
         srv.kill()
         srv.start()
         conn = Raw(srv.connect())
@@ -104,6 +116,9 @@ def test_connections_that_use_every_descriptor_refuse_nothing_else_for_good(
             first.send(set_cmd(f"new{i}", b"x"))
             replies.add(first.read_line())
         assert replies <= {b"STORED\r\n", b"SERVER_ERROR too many open files\r\n"}
+        pool = _pool_stats(first)  # the pool saw EMFILE; a refusal shows in its stats
+        assert pool["emfile"] >= 1 and pool["open"] <= 4
+        assert pool["refused"] >= (b"SERVER_ERROR too many open files\r\n" in replies)
         for s in socks:
             s.close()
         # Out of descriptors, the loop accepts and closes at once what waits in the backlog
@@ -115,6 +130,12 @@ def test_connections_that_use_every_descriptor_refuse_nothing_else_for_good(
         first.call(set_cmd("late", b"y"), b"STORED\r\n")
         assert drain(first, "kept") == [b"0", b"1"]
         assert "Traceback" not in srv.log()
+
+
+def _pool_stats(conn: Raw) -> dict[str, int]:
+    """The ``journal_files_*`` lines of ``stats``, without the prefix."""
+    prefix = "journal_files_"
+    return {k.removeprefix(prefix): int(v) for k, v in stats(conn).items() if k.startswith(prefix)}
 
 
 def _served(srv: ServerProcess) -> bool:

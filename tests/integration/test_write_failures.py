@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import resource
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -116,3 +117,50 @@ def test_huge_numbers_get_a_client_error_not_a_closed_connection(data_dir: Path)
         conn.call(b"get q/t=" + b"0" * 400 + b"1\r\n", b"END\r\n")  # leading zeros are free
         conn.call(b"lease q 1 " + b"9" * 30 + b" 1000\r\n", b"CLIENT_ERROR bad wait_ms\r\n")
         conn.call(set_cmd("q", b"still here"), b"STORED\r\n")
+
+
+BATCH_CONFIG = '[queues]\nmax_journal_size = "1K"\nmax_journal_size_absolute = "2K"\n'
+
+
+def _kept_after_restart(srv: ServerProcess, q: str) -> list[bytes]:
+    srv.kill()
+    srv.start()
+    return drain(Raw(srv.connect()), q)
+
+
+@pytest.mark.parametrize("protocol", ["text", "thrift"])
+def test_a_batch_put_that_meets_a_write_failure_keeps_a_prefix_and_says_nothing(
+    data_dir: Path, protocol: str
+) -> None:
+    """A text or Thrift ``put`` of 40 items whose journal write fails part way (a rotation
+    inside the batch wrote the first items out; the file size limit stops the rest). No count
+    is sent that overstates what is kept: the connection closes without a reply (the pass's
+    held replies are dropped, journal_format.md §8). After a restart the batch's items that
+    survive are a prefix of it, in order: a client that resends the whole batch duplicates
+    exactly that prefix (docs/protocol.md, "A put that meets a journal failure")."""
+    items = [b"%02d" % i + b"x" * 298 for i in range(40)]
+    ports = ("--text-port", "0", "--thrift-port", "0")
+    with ServerProcess(data_dir, BATCH_CONFIG, extra_args=ports) as srv:
+        limit_file_size(srv, 6000)
+        sock = socket.create_connection(("127.0.0.1", srv.ports[protocol]), timeout=10)
+        if protocol == "text":
+            sock.sendall(b"put q:\n" + b"".join(item + b"\n" for item in items) + b"\n")
+        else:
+            sock.sendall(_thrift_put_frame("q", items))
+        reply = read_all(sock)
+        sock.close()
+        kept = _kept_after_restart(srv, "q")
+    assert reply == b""  # no count at all, rather than a count of what was not kept
+    assert 0 < len(kept) < len(items) and kept == items[: len(kept)]
+
+
+def _thrift_put_frame(queue: str, items: list[bytes]) -> bytes:
+    """A framed binary ``put(queue, items, 0)`` call (seqid 1)."""
+    name = b"put"
+    body = struct.pack("!iI", -0x7FFEFFFF - 1 | 1, len(name)) + name + struct.pack("!i", 1)
+    q = queue.encode()
+    body += b"\x0b\x00\x01" + struct.pack("!I", len(q)) + q  # 1: string queue_name
+    body += b"\x0f\x00\x02\x0b" + struct.pack("!i", len(items))  # 2: list<binary> items
+    body += b"".join(struct.pack("!I", len(item)) + item for item in items)
+    body += b"\x08\x00\x03" + struct.pack("!i", 0) + b"\x00"  # 3: i32 expiration, stop
+    return struct.pack("!i", len(body)) + body

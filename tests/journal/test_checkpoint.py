@@ -264,3 +264,59 @@ def test_a_queue_deleted_half_way_leaves_no_checkpoint_for_its_next_incarnation(
     got, _ = used_checkpoint(data, caplog)
     assert got == want
     assert [d for _, d in got[3]] == [b"%08d" % i for i in range(100, 106)]  # type: ignore[index]
+
+
+def test_damage_between_the_head_and_the_end_at_a_mark_stops_start_up(data: Path) -> None:
+    """Replay from a checkpoint reads no record between the head and the end, so damage there
+    used to show only later, as an error on the get that reached it. Start-up now checks the
+    record at each mark in that range (the first ADD of each file, one per MiB): damage there
+    makes the checkpoint unusable, and the full replay stops at it as journal_format.md §6
+    says, as it would have without a checkpoint."""
+    q = open_queue(data)
+    fill(q, 0, 3000)
+    for _ in range(100):
+        q.remove()
+    q.close()
+    cp = ckpt.decode((data / "q.checkpoint").read_bytes())
+    assert cp is not None
+    inside = [m for m in cp.marks if cp.head_id < m[0] and (m[1], m[2]) < cp.end]
+    assert inside, cp.marks
+    _, seq, offset = inside[0]
+    path = data / ("q" if seq == cp.end[0] else f"q.{seq}")
+    raw = bytearray(path.read_bytes())
+    raw[offset + 40] ^= 0xFF  # a payload byte of that item: its checksum fails
+    path.write_bytes(raw)
+    with pytest.raises(JournalCorrupt, match="checksum"):
+        open_queue(data)
+
+
+def test_a_checkpoint_ending_at_a_file_header_is_checked_against_the_next_add(
+    data: Path, tmp_path: Path
+) -> None:
+    """An end at a file header has no tail to compare: another queue's files of the same name
+    and sequence numbers passed for it, and replay skipped their first files. The ADD at the
+    end must now be the checkpoint's next item."""
+    q = open_queue(data)
+    fill(q, 0, 5)
+    while q.remove() is not None:
+        pass
+    assert q.log.rotate()  # type: ignore[attr-defined]
+    q.close()  # checkpoint: empty, next id 6, the end at the new file's header
+    cp = ckpt.decode((data / "q.checkpoint").read_bytes())
+    assert cp is not None and cp.end[1] == 8 and cp.items == 0
+    other = tmp_path / "other"  # the next queue of that name: ids 1-3, a rotation, ids 4-5
+    other.mkdir()
+    b = open_queue(other)
+    fill(b, 100, 3)
+    assert b.log.rotate()  # type: ignore[attr-defined]
+    fill(b, 103, 2)
+    b.log.close()  # type: ignore[attr-defined]  # a crash: no checkpoint of its own
+    for f in data.glob("q*"):
+        if f.name != "q.checkpoint":
+            f.unlink()
+    for f in other.glob("q*"):
+        shutil.copy(f, data / f.name)
+    assert sorted(f.name for f in data.glob("q*")) == ["q", "q.1", "q.checkpoint"]
+    assert cp.end[0] == 2  # the same sequence numbers: only the record at the end differs
+    state = snapshot_of(open_queue(data))
+    assert [d for _, d in state[3]] == [b"%08d" % i for i in range(100, 105)]  # type: ignore[index]

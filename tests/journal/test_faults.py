@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import random
 import threading
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from tercel.config import ServerConfig, ServerSettings
 from tercel.core.collection import QueueCollection
 from tercel.errors import JournalWriteError, TooManyOpenFiles
 from tercel.journal import FileJournal
-from tercel.journal.faults import FaultyFiles
+from tercel.journal.faults import FaultyFiles, PowerLossFiles, power_loss
 from tercel.journal.files import DataDir
 from tercel.server.commit import Committer
 
@@ -86,11 +88,51 @@ def test_emfile_on_open_parks_a_pooled_journal_and_goes_on(tmp_path: Path) -> No
     assert (files.evictions, files.held) == (3, 1)
     c.add(1, 1, 0, b"c1")
     c.write_out()
+    # The pool's stats (memcache stats journal_files_*): a reopened once, four EMFILEs
+    # answered by three evictions and the reserve, none refused.
+    assert files.stats() == {
+        "open": 1,
+        "limit": 8,
+        "evictions": 3,
+        "reopens": 1,
+        "emfile": 4,
+        "refused": 0,
+    }
     for j in (a, b, c):
         j.close()
     files.close()
     assert (replayed(tmp_path, "a"), replayed(tmp_path, "b")) == ([b"a1", b"a2"], [b"b1"])
     assert replayed(tmp_path, "c") == [b"c1"]
+
+
+def test_emfile_on_the_directory_fsync_of_a_rotation_evicts_instead_of_failing(
+    tmp_path: Path,
+) -> None:
+    """After a rotation the data dir is fsynced (at the journal's next sync); out of
+    descriptors for that open, it frees a pooled one like any journal open (before: "rotation
+    failed: Too many open files", and the queue refused every write until a restart, found by
+    ``bench/soak.py --emfile``)."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=8, ops=faults)
+    other = journal(tmp_path, "other", files)
+    other.add(1, 1, 0, b"o1")
+    other.write_out()
+    q = journal(tmp_path, "q", files)
+    q.add(1, 1, 0, b"q1")
+    # After the rename: the new file's open goes through, the directory's fails once.
+    faults.fail("open", errno.EMFILE, skip=1, times=1, armed_by=("rename", None))
+    assert q.rotate()
+    q.add(2, 2, 0, b"q2")
+    q.write_out()
+    q.sync()
+    assert not q.failed and files.stats()["emfile"] == 1 and files.evictions == 1
+    other.add(2, 2, 0, b"o2")  # the evicted journal reopens its file
+    other.write_out()
+    for j in (q, other):
+        j.close()
+    files.close()
+    assert replayed(tmp_path, "q") == [b"q1", b"q2"]
+    assert replayed(tmp_path, "other") == [b"o1", b"o2"]
 
 
 def test_a_queue_that_cannot_get_a_descriptor_is_refused_cleanly(tmp_path: Path) -> None:
@@ -108,6 +150,7 @@ def test_a_queue_that_cannot_get_a_descriptor_is_refused_cleanly(tmp_path: Path)
     with pytest.raises(TooManyOpenFiles):
         coll.add("new", b"y", None, 1)
     assert coll.queue("new") is None
+    assert files.stats()["refused"] >= 1 and files.stats()["emfile"] >= 2
     assert coll.add("kept", b"z", None, 1)
     faults.clear()
     assert coll.add("new", b"y", None, 1)
@@ -158,3 +201,47 @@ def test_a_slow_disk_delays_a_periodic_sync_without_stopping_appends(tmp_path: P
     asyncio.run(main())
     assert passes_while_syncing == [True, True, True]
     assert replayed(tmp_path, "q") == [b"first", b"more", b"more", b"more"]
+
+
+def test_a_new_journal_file_name_is_durable_after_its_first_sync(tmp_path: Path) -> None:
+    """Power loss (:class:`PowerLossFiles`): the first sync of a new journal fsyncs the
+    directory too; before, the file's bytes were durable and its name was not, so a power
+    cut lost every acknowledged item of a queue created since the last rotation."""
+    data = tmp_path / "data"
+    data.mkdir()
+    ops = PowerLossFiles(str(data), str(tmp_path / "shadow"))
+    j = journal(data, "q", DataDir(str(data), ops=ops))
+    j.add(1, 1, 0, b"acked")
+    j.write_out()
+    j.sync()  # what a sync_journal = true reply waits for
+    os.close(os.open(data / "q", os.O_RDONLY))  # the journal is abandoned: a power cut
+    power_loss(str(data), str(tmp_path / "shadow"), random.Random(1), "drop")
+    assert replayed(data, "q") == [b"acked"]
+
+
+def test_rotation_leaves_the_directory_fsync_to_the_next_sync_and_delete_fsyncs_nothing(
+    tmp_path: Path,
+) -> None:
+    """The event loop's share of slow calls (issue 21): a rotation no longer fsyncs the
+    directory itself (the next sync of the journal does, with the records it makes durable:
+    a periodic sync in its worker thread), and deleting a queue does not fsync files it is
+    about to unlink."""
+    faults = FaultyFiles()
+    j = journal(tmp_path, "q", DataDir(str(tmp_path), ops=faults))
+    j.add(1, 1, 0, b"one")
+    j.sync()  # the new file's first sync: its data and the directory
+    assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (1, 1)
+    j.add(2, 2, 0, b"two")
+    assert j.rotate()
+    assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (2, 1)  # the old file only
+    j.add(3, 3, 0, b"three")
+    j.write_out()
+    j.sync()
+    assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (3, 2)  # and the directory
+    j.add(4, 4, 0, b"four")
+    j.write_out()
+    j.sync()
+    assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (4, 2)  # once per new file
+    j.erase()
+    assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (4, 2)
+    assert faults.calls["unlink"] >= 2 and not list(tmp_path.glob("q*"))

@@ -19,6 +19,7 @@ from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal import FileJournal, MemoryJournal, NullJournal, list_queue_names
 from tercel.journal import journal as jmod
 from tercel.journal import records as rec
+from tercel.journal.append import IOV_MAX
 
 
 def add(item_id: int, data: bytes = b"x") -> bytes:
@@ -129,7 +130,7 @@ def test_an_owner_decides_when_to_write(tmp_path: Path) -> None:
 def test_one_write_out_of_more_records_than_one_pwritev_takes(tmp_path: Path) -> None:
     j = FileJournal(str(tmp_path), "q", on_dirty=lambda _: None)
     j.replay(Recorder())
-    count = jmod.IOV_MAX  # three pieces per ADD: three pwritev calls
+    count = IOV_MAX  # three pieces per ADD: three pwritev calls
     for i in range(1, count + 1):
         j.add(i, 1000 + i, 0, b"p%d" % i)
         if i % 100 == 0:

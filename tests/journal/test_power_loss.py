@@ -77,3 +77,43 @@ def test_damage_that_is_not_a_hole_still_stops_start_up(tmp_path: Path) -> None:
         fh.write(b"\x5a" * PAGE)
     with pytest.raises(JournalCorrupt):
         replayed(tmp_path)
+
+
+def test_a_hole_where_the_header_was_is_cut_not_refused(tmp_path: Path) -> None:
+    """The page holding the file header not written back, later pages written: zeros from
+    offset 0, records after. Nothing in that file was fsynced (an fsync writes every dirty
+    page), so the whole file is cut (kept as ``q.cut-0``); start-up used to refuse ("not a
+    tercel journal (bad file header)"). Found by ``tests/integration/test_power_cut.py``."""
+    j = FileJournal(str(tmp_path), "q", on_dirty=lambda _: None)
+    j.replay(Recorder())
+    for i in range(300):
+        j.add(i + 1, 1, 0, b"unsynced %03d" % i + b"." * 90)
+    j.write_out()
+    j.park()  # no close: a close would fsync
+    data = (tmp_path / "q").read_bytes()
+    (tmp_path / "q").write_bytes(bytes(PAGE) + data[PAGE:])
+    items, j, report = replayed(tmp_path)
+    assert items == []
+    cut = report.truncations  # type: ignore[attr-defined]
+    assert len(cut) == 1 and cut[0].offset == 0 and "file header" in cut[0].reason
+    assert (tmp_path / "q.cut-0").read_bytes()[PAGE:] == data[PAGE:]
+    j.add(1, 1, 0, b"after")  # the journal starts the file again
+    j.close()
+    items2, j2, _ = replayed(tmp_path)
+    assert items2 == [b"after"]
+    j2.close()
+
+
+def test_a_zero_header_in_an_older_file_is_still_damage(tmp_path: Path) -> None:
+    """Only the newest file can hold an unsynced tail: an older one was fsynced whole before
+    its rotation, so zeros where its header was are damage, and start-up stops."""
+    j = FileJournal(str(tmp_path), "q", on_dirty=lambda _: None)
+    j.replay(Recorder())
+    j.add(1, 1, 0, b"x" * 5000)
+    j.rotate()
+    j.add(2, 1, 0, b"y")
+    j.close()
+    older = tmp_path / "q.1"
+    older.write_bytes(bytes(PAGE) + older.read_bytes()[PAGE:])
+    with pytest.raises(JournalCorrupt, match="bad file header"):
+        replayed(tmp_path)

@@ -19,7 +19,7 @@ from tercel import journal_tool
 from tercel.config import QueueConfig
 from tercel.embedded import PersistentQueue
 from tercel.errors import JournalCorrupt
-from tercel.journal import FileJournal
+from tercel.journal import FileJournal, append
 from tercel.journal import journal as jmod
 from tercel.journal import records as rec
 
@@ -58,8 +58,8 @@ def test_a_synced_journal_writes_zeros_ahead_and_close_cuts_them(tmp_path: Path)
     j.sync()
     j.add(2, 2, 0, b"b")
     data = (tmp_path / "q").read_bytes()
-    assert len(data) == j.current_size + jmod.PREALLOCATE_FIRST
-    assert data[j.current_size :] == bytes(jmod.PREALLOCATE_FIRST)
+    assert len(data) == j.current_size + append.PREALLOCATE_FIRST
+    assert data[j.current_size :] == bytes(append.PREALLOCATE_FIRST)
     assert data[:8] == rec.FILE_HEADER and rec.VERSION >= 2
     steps = []  # each time the records reach the zeros: how many more are written
     for i in range(3, 40):
@@ -68,8 +68,8 @@ def test_a_synced_journal_writes_zeros_ahead_and_close_cuts_them(tmp_path: Path)
         after = (tmp_path / "q").stat().st_size
         if after > before:
             steps.append(after - j.current_size)
-    first = jmod.PREALLOCATE_FIRST
-    assert steps == [2 * first, 4 * first, 8 * first] + [jmod.PREALLOCATE] * (len(steps) - 3)
+    first = append.PREALLOCATE_FIRST
+    assert steps == [2 * first, 4 * first, 8 * first] + [append.PREALLOCATE] * (len(steps) - 3)
     size = j.current_size
     j.close()
     assert (tmp_path / "q").stat().st_size == size
@@ -131,7 +131,7 @@ def test_a_version_1_file_replays_and_is_rotated_away_unchanged(tmp_path: Path) 
     assert head is not None and head.data == b"three"  # the open read was aborted
     queue.add(b"five")
     queue.add(b"six")  # after a sync: the new file writes ahead
-    assert (tmp_path / "q").stat().st_size > jmod.PREALLOCATE_FIRST
+    assert (tmp_path / "q").stat().st_size > append.PREALLOCATE_FIRST
     queue.close()
     queue = PersistentQueue(tmp_path, "q")
     got = [queue.remove() for _ in range(5)]
@@ -178,7 +178,7 @@ def test_a_torn_record_before_the_zeros_is_a_torn_tail(tmp_path: Path) -> None:
     torn = bytearray()
     rec.encode_add(torn, 3, 3, 0, b"z" * 5000)
     image = _with_zeros_after(tmp_path, bytes(torn[:2000]))  # the rest of it still zeros
-    end = image.stat().st_size - jmod.PREALLOCATE_FIRST
+    end = image.stat().st_size - append.PREALLOCATE_FIRST
     events, report = replay(image.parent)
     assert payloads(events) == [b"a", b"b"]
     assert [(t.offset, t.reason) for t in report.truncations] == [(end, "checksum mismatch")]
@@ -188,7 +188,7 @@ def test_zeros_with_data_after_them_are_damage(tmp_path: Path) -> None:
     late = bytearray()
     rec.encode_add(late, 3, 3, 0, b"late")
     image = _with_zeros_after(tmp_path, bytes(4096) + late)
-    end = image.stat().st_size - jmod.PREALLOCATE_FIRST
+    end = image.stat().st_size - append.PREALLOCATE_FIRST
     before = image.read_bytes()
     with pytest.raises(JournalCorrupt) as info:
         replay(image.parent)

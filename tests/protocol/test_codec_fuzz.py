@@ -120,6 +120,10 @@ REPLIES: dict[str, tuple[Command, tuple[bytes, ...]]] = {
         Lease("q", 2, 0, 1000),
         (b"LEASED ab12 7 1 1700000000000 0 3\r\nabc\r\nEND\r\n", b"END\r\n"),
     ),
+    "lease_columns": (
+        Lease("q", 2, 0, 1000, columns=True),
+        (b"LEASED ab12 7 1 1700000000000 0 3\r\nabc\r\nEND\r\n", b"END\r\n"),
+    ),
     "ack": (Ack("q", ("ab12",)), (b"ACKED 1\r\n",)),
     "monitor": (
         Monitor("q", 1, 5),

@@ -277,6 +277,30 @@ def test_histogram_deltas() -> None:
     assert 990 <= delta.percentile(0.5) <= 1010
 
 
+def test_histograms_hold_buckets_only_up_to_their_highest_sample() -> None:
+    """A histogram's counts stop at its highest bucket with a sample (a few hundred bytes
+    for a queue with a few µs-latency samples, not every bucket); merges and deltas of
+    histograms of different lengths count like full ones."""
+    small, large = LogHistogram(), LogHistogram()
+    small.add(3)
+    small.add(40)
+    assert len(small.counts) == bucket_index(40) + 1
+    large.add(2**40)
+    assert len(large.counts) == BUCKETS
+    total = LogHistogram()
+    total.merge(small)
+    total.merge(large)
+    total.merge(small)
+    assert (total.count, total.sum) == (5, 2 * 43 + 2**40)
+    assert total.summary()["maximum"] == bucket_bounds(BUCKETS - 1)[1]
+    assert total.summary()["minimum"] == 3
+    before = small.copy()
+    small.add(2**20)
+    delta = small.minus(before)
+    assert (delta.count, delta.sum) == (1, 2**20)
+    assert len(delta.counts) == len(small.counts) == bucket_index(2**20) + 1
+
+
 def test_period_collector_latches_windows() -> None:
     state = {"n": 0}
 

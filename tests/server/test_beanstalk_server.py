@@ -22,6 +22,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+import conftest
 from tercel.testing import BeanstalkdProcess, ServerProcess
 
 
@@ -31,48 +32,20 @@ def bsd(tmp_path: Path) -> Iterator[BeanstalkdProcess]:
         yield proc
 
 
-_OPEN: list[socket.socket] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_raw() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
-class Raw:
-    """A raw connection that reads exactly the replies it expects (closed after the test)."""
+class Raw(conftest.Raw):
+    """A raw beanstalkd connection that reads exactly the replies it expects (closed after
+    the test by conftest's ``track``)."""
 
     def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        _OPEN.append(self.sock)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().__init__(sock)
 
     def read(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise EOFError(self.buf)
-            self.buf += chunk
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def expect(self, reply: bytes) -> None:
-        assert self.read(len(reply)) == reply
+        return self.read_exact(n)
 
     def line(self) -> bytes:
-        while b"\r\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise EOFError(self.buf)
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\r\n")
-        return line
+        return self.read_line()[:-2]
 
     def yaml(self, cmd: bytes) -> dict[str, str]:
         self.send(cmd)
@@ -80,9 +53,6 @@ class Raw:
         assert head.startswith(b"OK "), head
         body = self.read(int(head[3:]) + 2)[:-2].decode()
         return dict(ln.split(": ", 1) for ln in body.splitlines()[1:])
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_transcript_byte_for_byte(bsd: BeanstalkdProcess) -> None:
@@ -476,3 +446,17 @@ def test_per_tube_metrics_on_the_admin_port(tmp_path: Path) -> None:
         doc = _stats_json(proc)
         assert not [k for k in doc["gauges"] if k.startswith("beanstalk/tube/a.b/c/")]
         assert doc["gauges"]["beanstalk/tube/default/curr_jobs_ready"] == 0
+
+
+def test_server_limits_apply_to_beanstalk_connections(tmp_path: Path) -> None:
+    """``max_connections`` counts beanstalkd connections (a refused one gets INTERNAL_ERROR
+    and is closed) and ``client_timeout`` closes an idle one, as for every front end."""
+    config = '[server]\nmax_connections = 1\nclient_timeout = "1s"\n'
+    with ServerProcess(tmp_path / "data", config, extra_args=("--beanstalk-port", "0")) as proc:
+        first = Raw(proc.ports["beanstalk"])
+        first.send(b"reserve-with-timeout 0\r\n")
+        first.expect(b"TIMED_OUT\r\n")  # accepted and served
+        second = Raw(proc.ports["beanstalk"])
+        second.expect(b"INTERNAL_ERROR\r\n")
+        assert second.closed()
+        assert first.closed()  # idle past client_timeout: the server closes it (recv waits)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw, drain, set_cmd, track
+from conftest import Raw, drain, set_cmd, stats, track
 from tercel.testing import ServerProcess
 
 PORTS = ("--text-port", "0")
@@ -213,3 +213,19 @@ def test_shutdown_answers_then_stops(tmp_path: Path) -> None:
         c = text(srv)
         c.call(b"shutdown\n", b"+0")
         assert srv.wait() == 0
+
+
+def test_commands_are_counted_per_command_in_stats(conn: Text, mc: Raw, qname: str) -> None:
+    """``text_cmd_<command>`` in memcache ``stats`` (and the admin port): every command
+    received, a refused one too."""
+    before = stats(mc)
+    q = qname.encode()
+    conn.call(b"put %b:\na\nb\n\n" % q, b"+2")
+    conn.call(b"get %b\n" % q, b":a")
+    conn.call(b"peek %b\n" % q, b":b")
+    conn.send(b"version\n")
+    assert conn.line().startswith(b":")
+    after = stats(mc)
+    for key, n in (("put", 1), ("get", 1), ("peek", 1), ("version", 1)):
+        name = f"text_cmd_{key}"
+        assert int(after[name]) - int(before.get(name, "0")) == n, name

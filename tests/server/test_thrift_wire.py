@@ -19,7 +19,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory
 
-from conftest import Raw, drain, set_cmd, track
+from conftest import Raw, drain, set_cmd, stats, track
 from tercel.protocol.thrift import IDL_PATH
 from tercel.testing import ServerProcess
 
@@ -277,3 +277,23 @@ def test_an_argument_of_the_wrong_type_is_an_exception_not_a_default(
         assert b"malformed arguments" in reply
     assert kc.peek(qname).items == 0
     assert kc.put(qname, [b"x"], 0) == 1
+
+
+def test_calls_are_counted_per_method_in_stats(
+    tsrv: ServerProcess, kc: Any, mc: Raw, qname: str
+) -> None:
+    """``thrift_cmd_<method>`` in memcache ``stats``; a call the codec could not build is
+    ``thrift_cmd_bad_call`` (a bad queue name too; its method name is the client's, not a
+    counter's)."""
+    before = stats(mc)
+    assert kc.put(qname, [b"a"], 0) == 1
+    assert data(kc.get(qname, 1, 0, 0)) == [b"a"]
+    assert kc.get_version()
+    assert b"bad queue name" in _raw_call(tsrv, make_raw_put("a/b"))
+    body = struct.pack("!iI", -0x7FFEFFFF - 1 | 1, 6) + b"nosuch" + struct.pack("!i", 7) + b"\x00"
+    _raw_call(tsrv, struct.pack("!i", len(body)) + body)
+    after = stats(mc)
+    for key, n in (("put", 1), ("get", 1), ("get_version", 1), ("bad_call", 2)):
+        name = f"thrift_cmd_{key}"
+        assert int(after[name]) - int(before.get(name, "0")) == n, name
+    assert not any("nosuch" in k for k in after)

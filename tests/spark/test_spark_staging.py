@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from tercel.client import Client, Leased
-from tercel.spark._fetch import AllServersDown, Fetcher, to_batch
+from tercel.client import Client
+from tercel.protocol.memcache_client import LeaseColumns
+from tercel.spark._fetch import AllServersDown, Fetcher, LeaseReply, to_batch
 from tercel.spark._options import JournalOptions, SinkOptions, SourceOptions
 from tercel.spark._staging import (
     OUTPUT_SCHEMA,
@@ -23,11 +24,18 @@ from tercel.spark._staging import (
 from tercel.testing import ServerProcess
 
 
-def items(n: int, start: int = 0, server: str = "s:1") -> list[Leased]:
-    return [
-        Leased("q", server, f"L-{i}", i + 1, 1, 1.5, None, b"v%d" % i)
-        for i in range(start, start + n)
-    ]
+def items(n: int, start: int = 0, server: str = "s:1") -> LeaseReply:
+    """A lease reply of ``n`` items ``v<start>``... (as the client codec builds one)."""
+    cols = LeaseColumns()
+    for i in range(start, start + n):
+        cols.lease_ids.append(f"L-{i}")
+        cols.item_ids.append(i + 1)
+        cols.deliveries.append(1)
+        cols.add_ms.append(1500)
+        cols.expiry_ms.append(0)
+        cols.data += b"v%d" % i
+        cols.offsets.append(len(cols.data))
+    return LeaseReply(server, "q", cols)
 
 
 def stage(log: StagingLog, start: int, *rounds: int) -> int:
@@ -134,9 +142,10 @@ def test_crash_between_fsync_and_ack_loses_nothing_and_duplicates_nothing(
         c.put_many("q", [b"x%d" % i for i in range(30)])
         log = StagingLog(str(tmp_path / "stage"))
         log.ensure()
-        leased = c.lease("q", 20, None, lease_time=0.2)
+        _, leased = c.lease_columns("q", 20, None, lease_time=0.2)
         writer = SegmentWriter(log.root, 0)
-        writer.append(to_batch(leased, time.time()))  # staged, fsynced ... and then the crash
+        reply = LeaseReply(srv.address, "q", leased)
+        writer.append(to_batch(reply, time.time()))  # staged, fsynced ... and then the crash
         writer._file.close()
         time.sleep(0.5)  # the leases expire: the items are back at the head
         f = Fetcher(opts([srv.address], tmp_path / "stage", leaseBatch=7), log)
@@ -156,12 +165,13 @@ def test_leases_that_ran_out_before_the_ack_are_not_staged_twice(tmp_path: Path)
         log = StagingLog(str(tmp_path / "stage"))
         log.ensure()
         f = Fetcher(opts([srv.address], tmp_path / "stage", leaseBatch=10), log)
-        leased = c.lease("q", 5, None, lease_time=0.2)
+        _, leased = c.lease_columns("q", 5, None, lease_time=0.2)
         writer = SegmentWriter(log.root, 0)
-        writer.append(to_batch(leased, time.time()))  # staged ...
+        writer.append(to_batch(LeaseReply(srv.address, "q", leased), time.time()))  # staged ...
         writer.finish()
         time.sleep(0.5)  # ... and the leases ran out before the ack
-        f._ack(srv.address, leased)  # ACKED 0: no error, but nothing was acked
+        # ACKED 0: no error, but nothing was acked
+        assert not f._ack(srv.address, "q", leased.lease_ids, leased.item_ids)
         end, _ = f.fetch(log.end_from(0), 1000, wait_first=False)
         assert end == 5 and f.metrics.dropped == 5  # the redelivered items were not staged again
         f.close()

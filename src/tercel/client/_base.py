@@ -44,6 +44,7 @@ from tercel.protocol.memcache_client import (
     Blocks,
     ErrorReply,
     LeaseBatch,
+    LeaseColumns,
     Line,
     Listing,
     Reply,
@@ -300,13 +301,19 @@ def close_op(queue: str, *, abort: bool) -> Op[None]:
     return Op([Get(key, queue, close=not abort, abort=abort)], _expect("END"))
 
 
-def lease_op(queue: str, max_items: int, wait: float, lease_time: float | None) -> Op[list[Leased]]:
-    """``lease``: up to ``max_items``, waiting up to ``wait`` s while empty; lease_time None:
-    the lease never expires."""
+def _lease_command(
+    queue: str, max_items: int, wait: float, lease_time: float | None, columns: bool
+) -> Lease:
     if max_items < 0:
         raise ValueError("max_items must not be negative")
     lease_ms = 0 if lease_time is None else max(1, ms(lease_time))
-    cmd = Lease(queue, max_items, ms(wait), lease_ms)
+    return Lease(queue, max_items, ms(wait), lease_ms, columns)
+
+
+def lease_op(queue: str, max_items: int, wait: float, lease_time: float | None) -> Op[list[Leased]]:
+    """``lease``: up to ``max_items``, waiting up to ``wait`` s while empty; lease_time None:
+    the lease never expires."""
+    cmd = _lease_command(queue, max_items, wait, lease_time, False)
 
     def finish(replies: list[Reply], server: str) -> list[Leased]:
         reply = check(replies[0], server)
@@ -325,6 +332,21 @@ def lease_op(queue: str, max_items: int, wait: float, lease_time: float | None) 
             )
             for i in reply.items
         ]
+
+    return Op([cmd], finish, wait)
+
+
+def lease_columns_op(
+    queue: str, max_items: int, wait: float, lease_time: float | None
+) -> Op[LeaseColumns]:
+    """``lease`` as :func:`lease_op`, the reply as flat columns (no object per item)."""
+    cmd = _lease_command(queue, max_items, wait, lease_time, True)
+
+    def finish(replies: list[Reply], server: str) -> LeaseColumns:
+        reply = check(replies[0], server)
+        if not isinstance(reply, LeaseColumns):
+            raise BadReply(f"unexpected reply to lease: {reply!r}", server)
+        return reply
 
     return Op([cmd], finish, wait)
 

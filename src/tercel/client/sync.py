@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import select
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TypeVar
 
@@ -19,7 +19,7 @@ from tercel.client._base import Leased, Op, ServerState
 from tercel.errors import ClientTimeout, NotStored, TransportError
 from tercel.protocol.commands import Command
 from tercel.protocol.memcache import NEED_DATA
-from tercel.protocol.memcache_client import MemcacheClientCodec, Reply
+from tercel.protocol.memcache_client import LeaseColumns, MemcacheClientCodec, Reply
 
 T = TypeVar("T")
 
@@ -279,6 +279,25 @@ class Client(b.ClientBase[_Connection]):
             lambda s, w: self._run(op(queue, max_items, w, lease_time), s) or None, wait
         )
         return got or []
+
+    def lease_columns(
+        self, queue: str, max_items: int, wait: float | None = None, lease_time: float | None = 30.0
+    ) -> tuple[str, LeaseColumns]:
+        """:meth:`lease`, the items as flat columns (for bulk consumers such as the Spark
+        source); (the server that answered, the items). Ack them with :meth:`ack_ids`."""
+        op = b.lease_columns_op
+
+        def attempt(server: ServerState, w: float) -> tuple[str, LeaseColumns] | None:
+            got = self._run(op(queue, max_items, w, lease_time), server)
+            return (server.address, got) if len(got) else None
+
+        found = self._rotate(attempt, wait)
+        return found if found is not None else ("", LeaseColumns())
+
+    def ack_ids(self, server: str, queue: str, lease_ids: Sequence[str]) -> int:
+        """Ack leases of ``queue`` on ``server`` by id (as :meth:`lease_columns` gave them);
+        how many were still leased."""
+        return self._run(b.lease_end_op("ack", queue, list(lease_ids)), self.cluster.server(server))
 
     def _lease_end(self, verb: str, items: Iterable[Leased], lease_time: float | None) -> int:
         n = 0

@@ -51,19 +51,36 @@ class QueueCollection:
         self.alias_puts: dict[str, list[int]] = {}
         """Alias name -> [items, bytes] written through it (Kestrel's put_items, put_bytes)."""
         self.stats = GlobalStats()
-        self._loading = False  # load(): queues on disk are created whatever max_queues says
+        self._pending: dict[str, None] = {}
+        """Queues found on disk and not replayed yet (:meth:`defer`), in replay order."""
+        self._pending_children: dict[str, list[str]] = {}
+        """Parent name -> its fanout children among :attr:`_pending`."""
+        # One bound method each for every queue, not one per queue (100,000 queues: 14 MB).
+        self._on_expired: Callable[[PersistentQueue, QItem], None] = self._expired
+        self._on_dead_letter: Callable[[PersistentQueue, QItem], bool] = self._dead_letter
 
     # ---- lookup and creation --------------------------------------------------------------
 
     def __iter__(self) -> Iterator[PersistentQueue]:
+        """The queues replayed so far (not those :attr:`pending`)."""
         return iter(list(self._queues.values()))
 
     def __len__(self) -> int:
-        return len(self._queues)
+        """Queues that exist: replayed or :attr:`pending`."""
+        return len(self._queues) + len(self._pending)
+
+    @property
+    def pending(self) -> int:
+        """Queues on disk that are not replayed yet (see :meth:`defer`)."""
+        return len(self._pending)
 
     def queue(self, name: str) -> PersistentQueue | None:
-        """The queue called ``name`` if it exists (never creates one)."""
-        return self._queues.get(name)
+        """The queue called ``name`` if it exists (never creates one; replays it first when
+        it is :attr:`pending`)."""
+        q = self._queues.get(name)
+        if q is None and name in self._pending:
+            return self._create(name)
+        return q
 
     def sync_mode(self, name: str) -> int | None:
         """The ``sync_journal`` setting of queue ``name``: None (no fsync while running), 0
@@ -78,7 +95,7 @@ class QueueCollection:
         if name in self.config.aliases:
             return None
         if not create:
-            q = self._queues.get(name)
+            q = self.queue(name)
             if q is None and not valid_name(name):
                 raise BadQueueName(name)
             return q
@@ -99,16 +116,17 @@ class QueueCollection:
 
     def _create(self, name: str) -> PersistentQueue:
         """Create and replay queue ``name``. Raises :class:`TooManyQueues` past
-        ``max_queues`` (except at start-up: every queue on disk is loaded), and
+        ``max_queues`` (except for a queue on disk: every one is loaded), and
         :class:`TooManyOpenFiles` when no descriptor is left to open its log."""
         limit = self.config.server.max_queues
-        if limit is not None and len(self._queues) >= limit and not self._loading:
+        on_disk = name in self._pending
+        if limit is not None and len(self) >= limit and not on_disk:
             raise TooManyQueues()
         cfg = self.config.queue_config(name)
         try:
             log_ = self._open_log(name, cfg)
-            q = PersistentQueue(name, cfg, log_, self.clock, self._expired)
-            q.on_dead_letter = self._dead_letter
+            q = PersistentQueue(name, cfg, log_, self.clock, self._on_expired)
+            q.on_dead_letter = self._on_dead_letter
             report = q.replay()
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
@@ -116,6 +134,8 @@ class QueueCollection:
                 raise TooManyOpenFiles() from exc
             raise
         self._queues[name] = q
+        if on_disk:
+            del self._pending[name]
         self._plain.clear()  # a new fanout child changes where its parent's adds go
         self.stats.queue_creates += 1
         self.stats.total_items += q.total_items
@@ -130,12 +150,40 @@ class QueueCollection:
     def load(self, names: list[str]) -> None:
         """Create (and replay) the queues found on disk at start-up, parents first (all of
         them, even beyond ``max_queues``)."""
-        self._loading = True
-        try:
-            for name in sorted(names, key=lambda n: (n.count("+"), n)):
-                self.get_or_create(name)
-        finally:
-            self._loading = False
+        self.defer(names)
+        while self.replay_next() is not None:
+            pass
+
+    def defer(self, names: list[str]) -> None:
+        """Note the queues found on disk at start-up without replaying them: each replays
+        at its first reference (by a command, an alias, a fanout parent's add) or by
+        :meth:`replay_next`, whichever comes first. Until then it counts in ``len()`` and
+        ``max_queues`` but is not iterated (stats list the queues replayed so far)."""
+        for name in sorted(names, key=lambda n: (n.count("+"), n)):  # parents first
+            if name in self._queues or name in self._pending or not valid_name(name):
+                continue
+            self._pending[name] = None
+            parent = fanout_parent(name)
+            if parent is not None:
+                self._pending_children.setdefault(parent, []).append(name)
+
+    def replay_next(self) -> str | None:
+        """Replay the next :attr:`pending` queue (parents before their fanout children);
+        its name, or None when none is left. Raises what its replay raises (the queue stays
+        pending)."""
+        for name in self._pending:
+            self._create(name)
+            return name
+        return None
+
+    def _replay_children(self, name: str) -> None:
+        """Replay the pending fanout children of ``name`` (before an add to ``name`` is
+        routed, so that no child misses it)."""
+        children = self._pending_children.pop(name, None)
+        if children:
+            for child in children:
+                if child in self._pending:
+                    self._create(child)
 
     def children(self, name: str) -> list[str]:
         """Names of the fanout children registered under ``name``."""
@@ -157,6 +205,8 @@ class QueueCollection:
         return False
 
     def _add_routed(self, name: str, data: bytes, expiry: int | None, now: int) -> bool:
+        if self._pending_children:
+            self._replay_children(name)
         dests = self.config.aliases.get(name)
         if dests is not None:
             puts = self.alias_puts.setdefault(name, [0, 0])
@@ -223,11 +273,9 @@ class QueueCollection:
     def delete(self, name: str) -> bool:
         """Delete a queue and its journal; its fanout registration ends too. An alias (or
         the queue an alias masks) is left alone, as in Kestrel."""
-        if self.is_alias(name):
+        if self.is_alias(name) or self.queue(name) is None:  # (replayed first when pending)
             return False
-        q = self._queues.pop(name, None)
-        if q is None:
-            return False
+        q = self._queues.pop(name)
         self._plain.clear()
         q.erase()
         parent = fanout_parent(name)
@@ -239,18 +287,22 @@ class QueueCollection:
     def flush(self, name: str) -> None:
         """Drop every item of ``name`` that is not open (no-op for a missing queue or an
         alias)."""
-        q = self._queues.get(name)
-        if q is not None and not self.is_alias(name):
+        if self.is_alias(name):
+            return
+        q = self.queue(name)
+        if q is not None:
             q.flush()
 
     def flush_all(self) -> None:
-        """Flush every queue."""
+        """Flush every queue (replaying the pending ones first)."""
+        while self.replay_next() is not None:
+            pass
         for q in self:
             q.flush()
 
     def flush_expired(self, name: str) -> int:
         """Expire what is due in ``name`` now; the count."""
-        q = self._queues.get(name)
+        q = self.queue(name)
         return 0 if q is None else q.flush_expired()
 
     def flush_all_expired(self) -> int:

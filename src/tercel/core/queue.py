@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import builtins
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from mypy_extensions import mypyc_attr
-
 from tercel.clock import MAX_TIME_MS, Clock
 from tercel.config import QueueConfig
+from tercel.core.items import Items, QItem
 from tercel.core.log import ItemReader, Position, QueueLog
 from tercel.errors import ItemTooLarge, JournalError
+
+__all__ = ["READ_GET", "READ_OPEN", "READ_PEEK", "XID_LIMIT", "PersistentQueue", "QItem", "Waiter"]
+"""QItem lives in :mod:`tercel.core.items`; the rest of tercel imports it from here."""
 
 _log = logging.getLogger(__name__)  # (self.log is the queue's journal)
 
@@ -67,46 +68,6 @@ NO_LIMIT: Final = 2**62 - 1
 instructions per add (callgrind). 2**62 - 1 bytes or items is no limit in practice either."""
 
 
-@mypyc_attr(acyclic=True)
-class QItem:
-    """An item: its per-queue id, add time and expiry (epoch ms, 0 = none), payload, and
-    how many times it was handed out.
-
-    Holds only ints and bytes, so it can never be part of a reference cycle; compiled, it is
-    therefore left out of the cyclic garbage collector (``acyclic``). A tracked item was visited
-    by every full collection: with 128 k 1 KiB items in memory one took 57 ms, all other work
-    stopped meanwhile (docs/benchmarks.md, session 8). Never give it a field that may hold a
-    container."""
-
-    __slots__ = ("add_time", "data", "deliveries", "expiry", "id")
-
-    def __init__(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
-        self.id = item_id
-        self.add_time = add_time
-        self.expiry = expiry
-        self.data = data
-        self.deliveries = 0
-
-
-def put_back(items: deque[QItem], item: QItem) -> None:
-    """Return ``item`` (taken by an open read, a lease or a TTR) to its original place: the
-    queue is kept in item-id order (every memcache item has the same priority, so this is
-    beanstalkd's ``(priority, id)`` order), not in the order the returns happen. Usually the
-    item is older than every item left, and this is an ``appendleft``."""
-    if not items or item.id < items[0].id:
-        items.appendleft(item)
-        return
-    lo, hi = 1, len(items)
-    item_id = item.id
-    while lo < hi:  # the first position whose item is newer
-        mid = (lo + hi) // 2
-        if items[mid].id < item_id:
-            lo = mid + 1
-        else:
-            hi = mid
-    items.insert(lo, item)
-
-
 def _frozen(item: QItem) -> QItem:
     """A copy of ``item`` as it is now."""
     copy = QItem(item.id, item.add_time, item.expiry, item.data)
@@ -122,6 +83,11 @@ READ_PEEK: Final = 2
 """Read mode: look at the head item, leave it."""
 
 
+_NO_OPEN_READS: Final[dict[int, QItem]] = {}
+"""The open reads of every queue that has had none: one empty dict shared, never added to
+(:meth:`PersistentQueue._open_reads` gives a queue its own), instead of 64 bytes per queue."""
+
+
 class Waiter(Protocol):
     """A blocked reader. ``mode`` is one of :data:`READ_GET`, :data:`READ_OPEN`,
     :data:`READ_PEEK`."""
@@ -131,6 +97,11 @@ class Waiter(Protocol):
     def deliver(self, xid: int, item: QItem) -> None:
         """Called with the item (already removed unless peeking); ``xid`` is 0 unless open."""
         ...
+
+
+_NO_WAITERS: Final[dict[Waiter, None]] = {}
+"""The blocked readers of every queue that has had none: shared like :data:`_NO_OPEN_READS`
+(:meth:`PersistentQueue.wait` gives a queue its own)."""
 
 
 class PersistentQueue:
@@ -152,9 +123,9 @@ class PersistentQueue:
         self.on_dead_letter: Callable[[PersistentQueue, QItem], bool] | None = None
         """Called with an item handed out ``max_deliveries`` times, before it is removed;
         False when the item could not be moved (then it stays and is handed out again)."""
-        self._items: deque[QItem] = deque()
-        self._open: dict[int, QItem] = {}
-        self._waiters: dict[Waiter, None] = {}
+        self._items = Items()
+        self._open = _NO_OPEN_READS  # a dict of its own from the first open read on
+        self._waiters = _NO_WAITERS  # a dict of its own from the first blocked reader on
         self.mem_bytes = 0
         """Payload bytes of the items in memory."""
         self.disk_items = 0
@@ -225,7 +196,7 @@ class PersistentQueue:
         """ms since the head item was added; 0 when the queue is empty or its head is only on
         disk (read-behind keeps the head in memory, so only a zero memory window does that)."""
         items = self._items
-        return max(0, now - items[0].add_time) if items else 0
+        return max(0, now - items.first().add_time) if items else 0
 
     def reconfigure(self, config: QueueConfig) -> None:
         """Take new settings (``reload``). A ``max_age`` caps the expiry of items already
@@ -267,7 +238,7 @@ class PersistentQueue:
         for xid in sorted(self._open, reverse=True):
             self.log.abort(xid)
             item = self._open.pop(xid)
-            put_back(self._items, item)
+            self._items.put_back(item)
             self.mem_bytes += len(item.data)
         if not self._items:  # the head in memory; the rest of the window comes with removes
             self._refill()
@@ -290,7 +261,7 @@ class PersistentQueue:
         if now is None:
             now = self.clock.now_ms()
         items = self._items
-        if items and items[0].expiry and items[0].expiry < now:
+        if items and items.first().expiry and items.first().expiry < now:
             self._discard_expired(now, cfg.max_expire_sweep)
         max_items = self._max_items
         max_size = self._max_size
@@ -333,7 +304,7 @@ class PersistentQueue:
     def remove(self, now: int | None = None) -> QItem | None:
         """Take the head item for good, or None when empty (expired heads are dropped)."""
         items = self._items
-        if not items or items[0].expiry:  # the head is on disk or may have expired
+        if not items or items.first().expiry:  # the head is on disk or may have expired
             if now is None:
                 now = self.clock.now_ms()
             if not self._head(now):
@@ -350,15 +321,15 @@ class PersistentQueue:
         if not self._head(now):
             return None
         limit = self.config.max_deliveries
-        while limit and self._items[0].deliveries >= limit:
-            if not self._dead_letter(self._items[0]):
+        while limit and self._items.first().deliveries >= limit:
+            if not self._dead_letter(self._items.first()):
                 break  # the dead-letter queue refused it: handed out again, never lost
             if not self._head(now):
                 return None
         xid = self._new_xid()
         self.log.open_read(xid)
         item = self._items.popleft()
-        self._open[xid] = item
+        self._open_reads()[xid] = item
         self.transactions += 1
         self._taken(item)
         return xid, item
@@ -368,7 +339,7 @@ class PersistentQueue:
         items = self._items
         if not items and self.disk_items:
             self._refill()
-        if items and items[0].expiry and items[0].expiry < now:
+        if items and items.first().expiry and items.first().expiry < now:
             self._discard_expired(now, self.config.max_expire_sweep)
         return bool(items)
 
@@ -380,7 +351,7 @@ class PersistentQueue:
         # it): blocked readers are not served until the head is popped, or a nested read
         # would dead-letter the same head again.
         if self.on_dead_letter is not None:
-            waiters, self._waiters = self._waiters, {}
+            waiters, self._waiters = self._waiters, _NO_WAITERS
             try:
                 moved = self.on_dead_letter(self, item)
             finally:
@@ -409,7 +380,7 @@ class PersistentQueue:
         """The head item without removing it, or None (expired heads are dropped)."""
         if now is None:
             now = self.clock.now_ms()
-        return self._items[0] if self._head(now) else None
+        return self._items.first() if self._head(now) else None
 
     def confirm(self, xid: int) -> bool:
         """Finish open read ``xid`` for good; False when no such read is open."""
@@ -426,7 +397,7 @@ class PersistentQueue:
             return False
         self.log.abort(xid)
         item = self._open.pop(xid)
-        put_back(self._items, item)
+        self._items.put_back(item)
         self.mem_bytes += len(item.data)
         self.canceled_transactions += 1
         if self._waiters:
@@ -436,7 +407,7 @@ class PersistentQueue:
     def abort_many(self, xids: list[int]) -> int:
         """Return several open reads to their places (:meth:`abort`), and only then serve
         blocked readers; how many were open."""
-        waiters, self._waiters = self._waiters, {}
+        waiters, self._waiters = self._waiters, _NO_WAITERS
         try:
             n = sum(self.abort(xid) for xid in reversed(xids))
         finally:
@@ -464,7 +435,7 @@ class PersistentQueue:
     def _discard_expired(self, now: int, limit: int) -> int:
         items = self._items
         n = 0
-        while n < limit and items and items[0].expiry and items[0].expiry < now:
+        while n < limit and items and items.first().expiry and items.first().expiry < now:
             item = self._pop_head()
             self.expired_items += 1
             n += 1
@@ -479,6 +450,14 @@ class PersistentQueue:
         if self.disk_items and self._low():
             self._refill()
         return item
+
+    def _open_reads(self) -> dict[int, QItem]:
+        """The open reads, as a dict that may be added to (the queue's own, made now if it
+        had none)."""
+        opened = self._open
+        if opened is _NO_OPEN_READS:
+            opened = self._open = {}
+        return opened
 
     def _new_xid(self) -> int:
         xid = self._xid
@@ -643,7 +622,10 @@ class PersistentQueue:
 
     def wait(self, waiter: Waiter) -> None:
         """Register a blocked reader (served first come, first served)."""
-        self._waiters[waiter] = None
+        waiters = self._waiters
+        if waiters is _NO_WAITERS:
+            waiters = self._waiters = {}
+        waiters[waiter] = None
 
     def cancel_wait(self, waiter: Waiter) -> None:
         """Forget a blocked reader (timeout, disconnect); harmless if already served."""
@@ -792,7 +774,7 @@ class _Replayer:
         item = self._pop()
         if item is not None:
             item.deliveries += 1
-            q._open[xid] = item
+            q._open_reads()[xid] = item
         # A snapshot's OPENs are older reads: its SNAPSHOT record already set the counter.
         if q.log.replay_position[0] != self.snapshot_seq:
             q._xid = xid
@@ -813,7 +795,7 @@ class _Replayer:
         q = self.q
         item = q._open.pop(xid, None)
         if item is not None:
-            put_back(q._items, item)
+            q._items.put_back(item)
             q.mem_bytes += len(item.data)
 
     def on_flush(self) -> None:
@@ -825,7 +807,7 @@ class _Replayer:
     def on_delivered(self, count: int) -> None:
         q = self.q
         if q._items and not q.disk_items:  # the item just added (in memory)
-            q._items[-1].deliveries = count
+            q._items.last().deliveries = count
 
     def on_snapshot(self, next_id: int, xid: int) -> None:
         q = self.q

@@ -10,8 +10,10 @@ case                        owner                   deadline                  ad
 Kestrel ``/open`` read      the session             none                      oldest first
 memcache ``lease``          none                    ``lease_ms`` (renewable)  lease id
 Thrift ``get`` auto-abort   the connection          ``auto_abort_msec``       id, any conn
-beanstalkd ``reserve``      the connection          TTR (``touch`` extends)   job id
 =========================== ======================= ========================= ==============
+
+(beanstalkd's reserved jobs are still kept by :mod:`tercel.core.tubes`, not here:
+docs/architecture.md, "One reservation model".)
 
 An owned reservation returns to its queue when its owner ends (:meth:`release_owner`); one
 with a deadline returns when the deadline passes (:meth:`expire`). Either way, and on
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-import secrets
+import os
 from collections.abc import Iterable
 
 from tercel.core.queue import PersistentQueue, QItem
@@ -67,15 +69,20 @@ class ReservationTable:
     """Every open reservation of a server (see the module docstring)."""
 
     def __init__(self, prefix: str | None = None) -> None:
-        self.prefix = prefix if prefix is not None else secrets.token_hex(4)
+        # os.urandom, not the secrets module: ~5 ms of imports at start-up.
+        self.prefix = prefix if prefix is not None else os.urandom(4).hex()
         """Printed before a lease id (``3fa9c2d1-1f``)."""
+        self.prefix_bytes = self.prefix.encode("ascii")
         self._base = (int(self.prefix, 16) & 0x7FFFFFFF) << ID_SHIFT
         self._seq = 0
         self._open: dict[int, Reservation] = {}
         self._detached: dict[PersistentQueue, int] = {}  # leases open per queue
         self._owned: dict[object, dict[int, Reservation]] = {}
-        # (deadline, id); entries of reservations that ended or moved are skipped lazily.
-        self._deadlines: list[tuple[int, int]] = []
+        # Distinct deadlines (a heap) and the ids due at each, in the order they were set: a
+        # lease batch shares one deadline, so one heap entry serves the whole batch. Ids of
+        # reservations that ended or moved are skipped lazily.
+        self._deadlines: list[int] = []
+        self._due: dict[int, list[int]] = {}
         self.expired = 0
 
     def __len__(self) -> int:
@@ -99,9 +106,13 @@ class ReservationTable:
 
     # ---- ids ----------------------------------------------------------------------------------
 
+    def lease_number(self, res: Reservation) -> int:
+        """The counter part of ``res.id`` (a lease id prints it in hex after the prefix)."""
+        return res.id - self._base
+
     def lease_id(self, res: Reservation) -> str:
         """The memcache form of ``res.id``: ``<prefix>-<counter in hex>``."""
-        return f"{self.prefix}-{res.id - self._base:x}"
+        return f"{self.prefix}-{self.lease_number(res):x}"
 
     def parse_lease_id(self, text: str) -> int:
         """The id a :meth:`lease_id` string stands for; -1 for one not of this table."""
@@ -259,29 +270,44 @@ class ReservationTable:
 
     def _set_deadline(self, res: Reservation, deadline: int) -> None:
         res.deadline = deadline
-        heapq.heappush(self._deadlines, (deadline, res.id))
+        ids = self._due.get(deadline)
+        if ids is None:
+            self._due[deadline] = [res.id]
+            heapq.heappush(self._deadlines, deadline)
+        else:
+            ids.append(res.id)
 
-    def _live_top(self) -> tuple[int, int] | None:
-        heap = self._deadlines
-        while heap:
-            deadline, rid = heap[0]
-            res = self._open.get(rid)
-            if res is not None and res.deadline == deadline:
-                return heap[0]
-            heapq.heappop(heap)
-        return None
+    def _live(self, rid: int, deadline: int) -> Reservation | None:
+        """Reservation ``rid`` if it is open and still due at ``deadline``."""
+        res = self._open.get(rid)
+        return res if res is not None and res.deadline == deadline else None
 
     def next_deadline(self) -> int | None:
         """The earliest deadline of an open reservation (epoch ms), or None."""
-        top = self._live_top()
-        return None if top is None else top[0]
+        heap = self._deadlines
+        while heap:
+            deadline = heap[0]
+            ids = self._due[deadline]
+            stale = 0
+            while stale < len(ids) and self._live(ids[stale], deadline) is None:
+                stale += 1
+            if stale < len(ids):
+                del ids[:stale]  # each stale id is looked at once
+                return deadline
+            heapq.heappop(heap)
+            del self._due[deadline]
+        return None
 
     def expire(self, now: int) -> int:
         """Return every reservation due by ``now`` to its queue; the count."""
         due: dict[int, Reservation] = {}
-        while (top := self._live_top()) is not None and top[0] <= now:
-            heapq.heappop(self._deadlines)
-            due[top[1]] = self._open[top[1]]
+        heap = self._deadlines
+        while heap and heap[0] <= now:
+            deadline = heapq.heappop(heap)
+            for rid in self._due.pop(deadline):
+                res = self._live(rid, deadline)
+                if res is not None:
+                    due[rid] = res
         n = self._return(list(due.values()))
         self.expired += n
         return n

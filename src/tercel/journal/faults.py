@@ -21,20 +21,24 @@ Rules match an operation name (a :class:`FileOps` method) and optionally a subst
 path (for the descriptor operations, the path the descriptor was opened with). ``skip`` lets
 that many matching calls through first; ``times`` (None: forever) bounds how often the rule
 fires; ``armed_by=(op, path)`` keeps the rule asleep until such a call has completed. The
-compaction crash windows the journal documents are :data:`COMPACTION_CRASHES`.
+compaction crash windows the journals document are :data:`COMPACTION_CRASHES` (queue
+journals) and :data:`JOB_COMPACTION_CRASHES` (the beanstalkd job log).
 
 Thread-safe enough for the journal's worker threads (a lock around the rule bookkeeping).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import random
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from tercel.journal.files import FileOps, default_ops
 
@@ -205,27 +209,285 @@ class FaultyFiles:
         return self._run("scandir", path, lambda: self.inner.scandir(path))
 
 
-def _before_write(f: FaultyFiles) -> None:
-    f.crash("open", path="~~")  # the snapshot file is about to be created
+Crashes = dict[str, Callable[[FaultyFiles], None]]
 
 
-def _after_write(f: FaultyFiles) -> None:
-    f.crash("rename", path="~~")  # written and fsynced, not yet renamed
+def _compaction_crashes(marker: str, prefix: str) -> Crashes:
+    """The four crash windows of a compaction whose snapshot file is written under a name
+    containing ``marker`` and then renamed: as rules, named ``<prefix>_<window>``."""
+
+    def before_write(f: FaultyFiles) -> None:
+        f.crash("open", path=marker)  # the snapshot file is about to be created
+
+    def after_write(f: FaultyFiles) -> None:
+        f.crash("rename", path=marker)  # written and fsynced, not yet renamed
+
+    def after_rename(f: FaultyFiles) -> None:
+        f.crash("fsync", armed_by=("rename", marker))  # renamed; the directory not yet fsynced
+
+    def after_delete(f: FaultyFiles) -> None:
+        # The second directory fsync after the rename follows the deletion of the older files.
+        f.crash("fsync", after=True, skip=1, armed_by=("rename", marker))
+
+    return {
+        f"{prefix}_before_write": before_write,
+        f"{prefix}_after_write": after_write,
+        f"{prefix}_after_rename": after_rename,
+        f"{prefix}_after_delete": after_delete,
+    }
 
 
-def _after_rename(f: FaultyFiles) -> None:
-    f.crash("fsync", armed_by=("rename", "~~"))  # renamed; the directory not yet fsynced
+COMPACTION_CRASHES: Crashes = _compaction_crashes("~~", "compact")
+"""The crash windows of a queue journal's compaction (``<name>~~<n>`` renamed over
+``<name>.<n>``), in order, as rules to add to a :class:`FaultyFiles`."""
+JOB_COMPACTION_CRASHES: Crashes = _compaction_crashes(".tmp", "jobs_compact")
+"""The crash windows of a beanstalkd job-log compaction (``snapshot.<n>.tmp`` renamed to
+``snapshot.<n>``, ``journal/joblog.py``), in order."""
 
 
-def _after_delete(f: FaultyFiles) -> None:
-    # The second directory fsync after the rename follows the deletion of the older files.
-    f.crash("fsync", after=True, skip=1, armed_by=("rename", "~~"))
+# ---- power loss -------------------------------------------------------------------------------
+
+_DIR_FD = -1
+"""Identity of a descriptor open on the data directory itself."""
 
 
-COMPACTION_CRASHES: dict[str, Callable[[FaultyFiles], None]] = {
-    "compact_before_write": _before_write,
-    "compact_after_write": _after_write,
-    "compact_after_rename": _after_rename,
-    "compact_after_delete": _after_delete,
-}
-"""The crash windows of a compaction, in order, as rules to add to a :class:`FaultyFiles`."""
+class PowerLossFiles:
+    """A :class:`FileOps` that records what a power cut would leave of one data directory.
+
+    A kill -9 keeps everything the process wrote (the page cache survives); a power loss keeps
+    only what was made durable: a file's bytes as of its last ``fsync``/``fdatasync``, and the
+    directory's names (creates, renames, unlinks) as of its last ``fsync``. Through this seam
+    every such call is mirrored into a *shadow* directory outside the data dir, kept on the
+    filesystem so that it survives the process (a test kills the server with SIGKILL, then
+    calls :func:`power_loss` to rewrite the data dir to the state a power cut would leave):
+
+    - ``shadow/<id>``: a file's content at its last fsync (``id``: one per file created, which
+      follows the file through renames, like an inode);
+    - ``shadow/durable.json``: the directory as of its last fsync, name → id;
+    - ``shadow/live.json``: the directory now, name → id (to find each file's unsynced tail).
+
+    Only the files the seam sees are modelled (the journal's, the checkpoint); files written
+    around it (the lock, the status file) are left as they are. Every file present when the
+    seam is installed counts as durable. Thread-safe (the journal syncs on worker threads).
+    """
+
+    def __init__(self, data_dir: str, shadow: str, inner: FileOps | None = None) -> None:
+        self.inner = inner if inner is not None else default_ops()
+        self.data_dir = os.path.realpath(data_dir)
+        self.shadow = shadow
+        self._lock = threading.Lock()
+        self._fds: dict[int, str] = {}
+        """Descriptor → file id (``_DIR_FD`` as str for the directory)."""
+        self._live: dict[str, str] = {}
+        self._next = 0
+        os.makedirs(shadow, exist_ok=True)
+        for entry in os.scandir(shadow):
+            os.unlink(entry.path)
+        for entry in os.scandir(self.data_dir):
+            if entry.is_file():
+                fid = self._new_id()
+                self._live[entry.name] = fid
+                with open(entry.path, "rb") as f:
+                    self._save(fid, f.read())
+        self._write_json("live.json", self._live)
+        self._write_json("durable.json", self._live)
+
+    # ---- the shadow -----------------------------------------------------------------------
+
+    def _new_id(self) -> str:
+        self._next += 1
+        return f"f{self._next}"
+
+    def _save(self, fid: str, data: bytes) -> None:
+        tmp = os.path.join(self.shadow, fid + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(self.shadow, fid))
+
+    def _write_json(self, name: str, value: dict[str, str]) -> None:
+        tmp = os.path.join(self.shadow, name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(value, f)
+        os.replace(tmp, os.path.join(self.shadow, name))
+
+    def _name(self, path: str) -> str | None:
+        """The entry name of ``path`` if it is directly in the data dir."""
+        parent, name = os.path.split(os.path.realpath(path))
+        return name if parent == self.data_dir else None
+
+    # ---- FileOps --------------------------------------------------------------------------
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        with self._lock:
+            if os.path.realpath(path) == self.data_dir:
+                fd = self.inner.open(path, flags, mode)
+                self._fds[fd] = str(_DIR_FD)
+                return fd
+            name = self._name(path)
+            existed = os.path.exists(path)
+            fd = self.inner.open(path, flags, mode)
+            if name is not None:
+                if not existed or name not in self._live:
+                    self._live[name] = self._new_id()
+                    self._write_json("live.json", self._live)
+                self._fds[fd] = self._live[name]
+            return fd
+
+    def close(self, fd: int) -> None:
+        with self._lock:
+            self._fds.pop(fd, None)
+        self.inner.close(fd)
+
+    def _synced(self, fd: int) -> None:
+        with self._lock:
+            fid = self._fds.get(fd)
+            if fid is None:
+                return
+            if fid == str(_DIR_FD):
+                self._write_json("durable.json", self._live)
+                return
+            # Read by the file's name now (the descriptor may be write-only).
+            names = [n for n, i in self._live.items() if i == fid]
+            if names:
+                with open(os.path.join(self.data_dir, names[0]), "rb") as f:
+                    self._save(fid, f.read())
+
+    def fdatasync(self, fd: int) -> None:
+        self.inner.fdatasync(fd)
+        self._synced(fd)
+
+    def fsync(self, fd: int) -> None:
+        self.inner.fsync(fd)
+        self._synced(fd)
+
+    def rename(self, src: str, dst: str) -> None:
+        with self._lock:
+            self.inner.rename(src, dst)
+            old, new = self._name(src), self._name(dst)
+            fid = self._live.pop(old, None) if old is not None else None
+            if new is not None:
+                if fid is None:
+                    fid = self._new_id()
+                self._live[new] = fid
+            self._write_json("live.json", self._live)
+
+    def unlink(self, path: str) -> None:
+        with self._lock:
+            self.inner.unlink(path)
+            name = self._name(path)
+            if name is not None and self._live.pop(name, None) is not None:
+                self._write_json("live.json", self._live)
+
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
+        return self.inner.pwrite(fd, data, offset)
+
+    def pwritev(self, fd: int, buffers: Sequence[bytes], offset: int) -> int:
+        return self.inner.pwritev(fd, buffers, offset)
+
+    def pread(self, fd: int, size: int, offset: int) -> bytes:
+        return self.inner.pread(fd, size, offset)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        self.inner.ftruncate(fd, size)
+
+    def fstat_size(self, fd: int) -> int:
+        return self.inner.fstat_size(fd)
+
+    def scandir(self, path: str) -> list[str]:
+        return self.inner.scandir(path)
+
+
+TAILS: Final = ("drop", "cut", "hole")
+"""What :func:`power_loss` does with each file's unsynced bytes: drop them all; keep them up to
+a random byte (the file's size got there, its data too); keep them all but a random run of
+whole pages, which read as they were at the last fsync (zeros where the file was shorter)."""
+
+PAGE: Final = 4096
+"""The page size of the model: the kernel writes dirty pages back whole, in any order."""
+
+
+def power_loss(
+    data_dir: str, shadow: str, rng: random.Random, tail: str = "drop"
+) -> dict[str, int]:
+    """Rewrite ``data_dir`` (its server stopped, by SIGKILL say) to what a power cut would have
+    left, from the shadow a :class:`PowerLossFiles` kept: the names as of the last directory
+    fsync, each file's bytes as of its last fsync, and of the bytes written since (the unsynced
+    tail: from the first byte that differs) what ``tail`` says (:data:`TAILS`). Files the seam
+    made and the directory fsync never saw are removed. Returns counts of what it did."""
+    with open(os.path.join(shadow, "durable.json")) as f:
+        durable: dict[str, str] = json.load(f)
+    with open(os.path.join(shadow, "live.json")) as f:
+        live: dict[str, str] = json.load(f)
+    done: Counter[str] = Counter()
+    for name in set(live) - set(durable):
+        path = os.path.join(data_dir, name)
+        if os.path.exists(path):
+            os.unlink(path)
+            done["files_removed"] += 1
+    # Unlinked or renamed away since the last directory fsync: the name comes back.
+    done["names_restored"] = len(set(durable) - set(live))
+    contents: dict[str, bytes] = {}
+    for name, fid in durable.items():
+        try:
+            with open(os.path.join(shadow, fid), "rb") as f:
+                synced = f.read()
+        except FileNotFoundError:
+            synced = b""  # created, never fsynced: the name survives, not the bytes
+            done["files_never_synced"] += 1
+        now = b""
+        current = [n for n, i in live.items() if i == fid]  # where the file is now, if anywhere
+        if current:
+            with (
+                contextlib.suppress(FileNotFoundError),
+                open(os.path.join(data_dir, current[0]), "rb") as f,
+            ):
+                now = f.read()
+        contents[name] = _with_tail(synced, now, rng, tail, done)
+    for name in set(durable) | set(live):  # renames and unlinks since the fsync are undone
+        path = os.path.join(data_dir, name)
+        if name not in durable and os.path.exists(path):
+            os.unlink(path)
+    for name, data in contents.items():
+        with open(os.path.join(data_dir, name), "wb") as f:
+            f.write(data)
+    done["files"] = len(contents)
+    return dict(done)
+
+
+def _first_difference(a: bytes, b: bytes) -> int:
+    """The first index where ``a`` and ``b`` differ (the shorter length if one is a prefix)."""
+    n = min(len(a), len(b))
+    step = 4096
+    i = 0
+    while i < n and a[i : i + step] == b[i : i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return min(i, n)
+
+
+def _with_tail(
+    synced: bytes, now: bytes, rng: random.Random, tail: str, done: Counter[str]
+) -> bytes:
+    """A file's content after the cut: ``synced``, and of ``now``'s unsynced bytes (those
+    from the first byte where it differs from ``synced``) what ``tail`` keeps."""
+    start = _first_difference(synced, now)
+    if start >= len(now) and len(now) >= len(synced):
+        return synced  # nothing unsynced
+    done["unsynced_bytes"] += max(len(now), len(synced)) - start
+    if tail == "drop" or start >= len(now):
+        done["tails_dropped"] += 1
+        return synced
+    if tail == "cut":
+        cut = rng.randint(start, len(now))
+        done["tails_cut"] += 1
+        return now[:cut] + synced[cut:]
+    if tail == "hole":  # whole pages not written back: they read as before (zeros if new)
+        first = start // PAGE
+        last = (len(now) - 1) // PAGE
+        a = rng.randint(first, last) * PAGE
+        b = min(len(now), rng.randint(a // PAGE + 1, last + 1) * PAGE)
+        old = synced[a:b]
+        done["tails_holed"] += 1
+        return now[:a] + old + bytes(b - a - len(old)) + now[b:]
+    raise ValueError(f"unknown tail {tail!r}")

@@ -196,6 +196,13 @@ class DataDir:
         self._reserve = -1
         self.evictions = 0
         """Descriptors closed to keep within ``max_open`` or to free one for an open."""
+        self.reopens = 0
+        """Descriptors opened again by a holder the pool had parked (counted by the holder:
+        :meth:`reopened`)."""
+        self.out_of_descriptors = 0
+        """Opens that failed with EMFILE or ENFILE (each then evicts and tries again)."""
+        self.refusals = 0
+        """Opens given up with EMFILE or ENFILE: nothing left to evict, no reserve left."""
         self.listings = 0
         """Times the directory was listed (once per start)."""
         if max_open:
@@ -240,6 +247,24 @@ class DataDir:
             return
         held[holder] = None
 
+    def reopened(self) -> None:
+        """A holder parked by the pool is opening its file again (the ``reopens`` stat)."""
+        self.reopens += 1
+
+    def stats(self) -> dict[str, int]:
+        """The pool's figures (the ``journal_files_*`` stats, docs/operations.md): ``open``
+        (held now) and ``limit`` (``max_open``, 0: unbounded) are levels; ``evictions``,
+        ``reopens``, ``emfile`` (opens that failed with EMFILE/ENFILE) and ``refused`` (such
+        opens given up) count since the start."""
+        return {
+            "open": len(self._held),
+            "limit": self.max_open,
+            "evictions": self.evictions,
+            "reopens": self.reopens,
+            "emfile": self.out_of_descriptors,
+            "refused": self.refusals,
+        }
+
     def forget(self, holder: Holder) -> None:
         """``holder`` closed its descriptor."""
         self._held.pop(holder, None)
@@ -270,9 +295,11 @@ class DataDir:
             except OSError as exc:
                 if exc.errno not in OUT_OF_DESCRIPTORS:
                     raise
+                self.out_of_descriptors += 1
                 if self._evict(keep):
                     continue
                 if self._reserve < 0:
+                    self.refusals += 1
                     raise
                 self.ops.close(self._reserve)
                 self._reserve = -1
@@ -281,6 +308,16 @@ class DataDir:
         """``ops.open(path, flags | O_CLOEXEC, 0o644)``, :meth:`retrying` on EMFILE/ENFILE."""
         flags |= os.O_CLOEXEC
         return self.retrying(lambda: self.ops.open(path, flags, 0o644), keep)
+
+    def sync(self) -> None:
+        """fsync the directory itself, so that creates, renames and unlinks in it are
+        durable; its descriptor is opened through :meth:`retrying` (EMFILE evicts a pooled
+        file rather than failing the rotation or compaction that asked)."""
+        fd = self.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.ops.fsync(fd)
+        finally:
+            self.ops.close(fd)
 
     def close(self) -> None:
         """Give back the reserve descriptor (the holders close their own)."""

@@ -23,8 +23,13 @@ that was reserved when the process died comes back as it was last logged: ready,
 file is a torn tail and is cut off; anywhere else it stops start-up (:class:`JournalCorrupt`).
 
 Writes are buffered and handed to the OS by :meth:`JobJournal.write_out` (the server's group
-commit calls it before any reply that depends on the records), with the same interface the
-committer uses for queue journals.
+commit calls it before any reply that depends on the records): :class:`JobJournal` is an
+:class:`~tercel.journal.append.AppendLog`, as the queue journals are, so it shares their
+buffering, failure rules and zeros written ahead once a file is synced (cut at a clean close or
+rotation; after a crash, zeros after the last record of a file are the end of its data, not a
+torn tail). Every file operation goes through a :class:`~tercel.journal.files.FileOps`, the
+seam :mod:`tercel.journal.faults` injects faults and crashes through
+(:data:`~tercel.journal.faults.JOB_COMPACTION_CRASHES`: each window of a compaction).
 """
 
 from __future__ import annotations
@@ -35,9 +40,11 @@ import os
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final, NoReturn, Protocol
+from typing import Final, Protocol
 
-from tercel.errors import JournalCorrupt, JournalWriteError
+from tercel.errors import JournalCorrupt
+from tercel.journal.append import IOV_MAX, AppendLog, write_all, write_parts
+from tercel.journal.files import FileOps, default_ops
 from tercel.journal.journal import fsync_dir
 from tercel.journal.records import FILE_HEADER, PREFIX, PREFIX_SIZE, VERSION, crc32, header_version
 
@@ -67,21 +74,6 @@ _NO_COUNTERS: Final = (0, 0, 0, 0, 0)
 
 JOBS_PREFIX: Final = "jobs."
 SNAP_PREFIX: Final = "snapshot."
-FAILPOINTS: Final = (
-    "jobs_compact_before_write",
-    "jobs_compact_after_write",
-    "jobs_compact_after_rename",
-    "jobs_compact_after_delete",
-)
-"""Crash windows of a job-log compaction, in order (``TERCEL_FAILPOINT=<name>``)."""
-
-
-def failpoint(name: str) -> None:
-    """Die here (``os._exit(99)``, no cleanup) when ``TERCEL_FAILPOINT`` names this point (the
-    crash tests of ``tests/journal/test_joblog.py``; the queue journals use the file seam of
-    ``journal/faults.py`` instead, which the job log does not go through yet)."""
-    if os.environ.get("TERCEL_FAILPOINT") == name:
-        os._exit(99)
 
 
 class JobFields(Protocol):
@@ -147,8 +139,8 @@ def _frame(body: bytes) -> bytes:
     return _pack_prefix(len(body), crc32(body)) + body
 
 
-def encode_job(job: JobFields) -> list[bytes]:
-    """A JOB record as pieces (the body is not copied)."""
+def encode_job(job: JobFields) -> tuple[bytes, bytes]:
+    """A JOB record as two pieces, the head and the body (the body is not copied)."""
     return encode_job_fields(
         job.job_id,
         job.state,
@@ -174,7 +166,7 @@ def encode_job_fields(  # noqa: PLR0917 (every field of the record, as encode_jo
     ttr: int,
     created_ms: int,
     body: bytes,
-) -> list[bytes]:
+) -> tuple[bytes, bytes]:
     """:func:`encode_job` from the fields themselves (a put has no record object to read)."""
     name = tube.encode("ascii")
     reserves, timeouts, releases, buries, kicks = _clamp(counters)
@@ -198,7 +190,7 @@ def encode_job_fields(  # noqa: PLR0917 (every field of the record, as encode_jo
         + name
     )
     crc = crc32(body, crc32(fields))
-    return [_pack_prefix(len(fields) + len(body), crc), fields, body]
+    return _pack_prefix(len(fields) + len(body), crc) + fields, body
 
 
 def encode_state(job: JobFields) -> bytes:
@@ -219,11 +211,9 @@ def encode_delete(job_id: int) -> bytes:
     return _frame(_DELETE.pack(OP_DELETE, job_id))
 
 
-def _seqs(directory: str, prefix: str) -> list[int]:
+def _seqs(names: list[str], prefix: str) -> list[int]:
     return sorted(
-        int(e[len(prefix) :])
-        for e in os.listdir(directory)
-        if e.startswith(prefix) and e[len(prefix) :].isdigit()
+        int(e[len(prefix) :]) for e in names if e.startswith(prefix) and e[len(prefix) :].isdigit()
     )
 
 
@@ -236,8 +226,10 @@ class _Torn(Exception):
         self.why = why
 
 
-class JobJournal:
-    """The job log in ``directory`` (see the module docstring)."""
+class JobJournal(AppendLog):
+    """The job log in ``directory`` (see the module docstring). Every file operation goes
+    through ``ops`` (the default :class:`~tercel.journal.files.FileOps` when None: the seam
+    fault-injection tests use)."""
 
     def __init__(
         self,
@@ -245,11 +237,15 @@ class JobJournal:
         max_file_size: int = DEFAULT_MAX_FILE_SIZE,
         on_dirty: Callable[[JobJournal], None] | None = None,
         name: str = "beanstalk",
+        ops: FileOps | None = None,
     ) -> None:
+        super().__init__(ops if ops is not None else default_ops())
         self.directory = directory
         self.name = name
         self.max_file_size = max_file_size
         self.on_dirty = on_dirty
+        """Told when the buffer goes from empty to not empty (the group committer); without
+        one, records wait for :meth:`write_out`."""
         os.makedirs(directory, exist_ok=True)
         self._lock_fd = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -257,29 +253,40 @@ class JobJournal:
         except OSError:
             os.close(self._lock_fd)
             raise
-        self._fd = -1
         self.seq = 0  # the current jobs file
-        self._written = 0  # bytes of the current file
         self._older = 0  # bytes of the other files
-        self._parts: list[bytes] = []
-        self._pending = 0
-        self._failed: JournalWriteError | None = None
         self._retired: list[int] = []  # descriptors of rotated files a running sync may use
-        self._unsynced = False
-        self.syncing = False
         self.records_written = 0
         self.records_migrated = 0
         self.oldest_seq = 0
 
+    # ------------------------------------------------------------------------- AppendLog
+
+    def _dirty(self) -> None:
+        if self.on_dirty is not None:
+            self.on_dirty(self)
+
+    def _error_path(self) -> str:
+        return self._path(self.seq)
+
+    def _after_write(self, size: int) -> None:
+        if self._written >= self.max_file_size:
+            self.rotate()
+
     # ------------------------------------------------------------------------------- replay
+
+    def _names(self) -> list[str]:
+        return self._ops.scandir(self.directory)
 
     def replay(self) -> JobReplay:
         """Read the newest snapshot and every later jobs file; open the log for appends."""
         d = self.directory
-        for entry in os.listdir(d):
+        ops = self._ops
+        for entry in self._names():
             if entry.startswith(SNAP_PREFIX) and entry.endswith(".tmp"):
-                os.unlink(os.path.join(d, entry))
-        snaps = _seqs(d, SNAP_PREFIX)
+                ops.unlink(os.path.join(d, entry))
+        names = self._names()
+        snaps = _seqs(names, SNAP_PREFIX)
         covered = snaps[-1] if snaps else 0
         jobs: dict[int, LoggedJob] = {}
         next_id = 1
@@ -289,7 +296,7 @@ class JobJournal:
             next_id, n, _ = self._replay_file(path, covered, jobs, newest=False, snapshot=True)
             records += n
         self._remove_covered(covered, snaps[:-1])
-        seqs = [s for s in _seqs(d, JOBS_PREFIX) if s > covered]
+        seqs = [s for s in _seqs(self._names(), JOBS_PREFIX) if s > covered]
         torn = 0
         for i, seq in enumerate(seqs):
             path = os.path.join(d, f"{JOBS_PREFIX}{seq}")
@@ -309,11 +316,27 @@ class JobJournal:
 
     def _remove_covered(self, covered: int, old_snaps: list[int]) -> None:
         d = self.directory
-        for seq in _seqs(d, JOBS_PREFIX):
+        for seq in _seqs(self._names(), JOBS_PREFIX):
             if seq <= covered:
-                os.unlink(os.path.join(d, f"{JOBS_PREFIX}{seq}"))
+                self._ops.unlink(os.path.join(d, f"{JOBS_PREFIX}{seq}"))
         for seq in old_snaps:
-            os.unlink(os.path.join(d, f"{SNAP_PREFIX}{seq}"))
+            self._ops.unlink(os.path.join(d, f"{SNAP_PREFIX}{seq}"))
+
+    def _read(self, path: str) -> bytes:
+        ops = self._ops
+        fd = ops.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return ops.pread(fd, ops.fstat_size(fd), 0)
+        finally:
+            ops.close(fd)
+
+    def _truncate(self, path: str, size: int) -> None:
+        ops = self._ops
+        fd = ops.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            ops.ftruncate(fd, size)
+        finally:
+            ops.close(fd)
 
     def _replay_file(
         self,
@@ -324,36 +347,43 @@ class JobJournal:
         newest: bool,
         snapshot: bool = False,
     ) -> tuple[int, int, int]:
-        """Apply one file; (next id seen, records, torn bytes cut off)."""
-        with open(path, "rb") as fh:
-            data = fh.read()
+        """Apply one file; (next id seen, records, torn bytes cut off). Zeros written ahead
+        after the last record end the data (cut off the newest file, which is appended to)."""
+        data = self._read(path)
         if len(data) < HEADER_SIZE:
             if newest and HEADER.startswith(data):
-                os.truncate(path, 0)
+                self._truncate(path, 0)
                 return 1, 0, len(data)
             raise JournalCorrupt("not a tercel job log (bad file header)", path, 0)
         version = header_version(data[:HEADER_SIZE])
         if version is None or version < FIRST_VERSION:
             raise JournalCorrupt(f"not a version {VERSION} job log (bad file header)", path, 0)
         try:
-            return (*self._apply(data, file, jobs, snapshot), 0)
+            next_id, count, stop = self._apply(data, file, jobs, snapshot)
         except _Torn as torn:
             if not newest or snapshot:
                 raise JournalCorrupt(torn.why, path, torn.offset) from None
             log.warning("job log %s: torn tail at %d (%s), cut off", path, torn.offset, torn.why)
-            os.truncate(path, torn.offset)
+            self._truncate(path, torn.offset)
             keep = data[: torn.offset]
-            return (*self._apply(keep, file, jobs, snapshot), len(data) - torn.offset)
+            next_id, count, _ = self._apply(keep, file, jobs, snapshot)
+            return next_id, count, len(data) - torn.offset
+        if stop < len(data) and newest:  # zeros written ahead: not a torn tail
+            self._truncate(path, stop)
+        return next_id, count, 0
 
     @staticmethod
     def _apply(
         data: bytes, file: int, jobs: dict[int, LoggedJob], snapshot: bool
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, int]:
+        """Apply the records of ``data``; (next id seen, records, where the data ends)."""
         pos = HEADER_SIZE
         end = len(data)
         next_id = 1
         count = 0
         while pos < end:
+            if data[pos] == 0 and data.count(0, pos) == end - pos:
+                return next_id, count, pos  # zeros written ahead of the records
             if end - pos < PREFIX_SIZE:
                 raise _Torn(pos, "record header runs past the end of the file")
             length, crc = PREFIX.unpack_from(data, pos)
@@ -403,7 +433,7 @@ class JobJournal:
                 raise _Torn(pos, f"bad record (opcode {op}, length {length})")
             count += 1
             pos = stop
-        return next_id, count
+        return next_id, count, end
 
     # ------------------------------------------------------------------------------- writes
 
@@ -411,23 +441,20 @@ class JobJournal:
         return os.path.join(self.directory, f"{JOBS_PREFIX}{seq}")
 
     def _open(self, seq: int) -> None:
-        path = self._path(seq)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        self._written = os.fstat(self._fd).st_size
-        if self._written == 0:
-            os.pwrite(self._fd, HEADER, 0)
-            self._written = HEADER_SIZE
-            fsync_dir(self.directory)
-
-    def _append(self, parts: list[bytes]) -> None:
-        if self._failed is not None:
-            raise self._failed
-        first = not self._parts
-        self._parts.extend(parts)
-        self._pending += sum(len(p) for p in parts)
-        self.records_written += 1
-        if first and self.on_dirty is not None:
-            self.on_dirty(self)
+        ops = self._ops
+        fd = ops.open(self._path(seq), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        try:
+            size = ops.fstat_size(fd)
+            if size == 0:
+                write_all(ops, fd, HEADER, 0)
+                size = HEADER_SIZE
+                fsync_dir(self.directory, ops)
+        except BaseException:
+            ops.close(fd)
+            raise
+        self._fd = fd
+        self.closed = False
+        self._start_file(size)
 
     def put(  # noqa: PLR0917 (the store's JobLog.put: fields, for every put)
         self,
@@ -443,109 +470,61 @@ class JobJournal:
     ) -> int:
         """A new job's JOB record (counters 0), from its fields (the store's ``JobLog``); the
         number of the file it is written to."""
-        self._append(
-            encode_job_fields(
-                job_id, state, pri, delay, deadline_ms, _NO_COUNTERS, tube, ttr, created_ms, body
-            )
+        head, data = encode_job_fields(
+            job_id, state, pri, delay, deadline_ms, _NO_COUNTERS, tube, ttr, created_ms, body
         )
+        self._append_parts([head, data], len(head) + len(data))
+        self.records_written += 1
         return self.seq
 
     def change(self, record: JobFields) -> None:
-        self._append([encode_state(record)])
+        self._append(encode_state(record))
+        self.records_written += 1
 
     def delete(self, job_id: int) -> None:
-        self._append([encode_delete(job_id)])
-
-    def write_out(self) -> int:
-        """Hand every buffered record to the OS (one ``pwritev``); the bytes written. A
-        file that passed ``max_file_size`` is then closed and a new one started."""
-        parts = self._parts
-        if not parts or self._fd < 0:
-            return 0
-        size = self._pending
-        self._parts = []
-        self._pending = 0
-        try:
-            offset = self._written
-            for i in range(0, len(parts), 1024):
-                chunk = parts[i : i + 1024]
-                want = sum(len(p) for p in chunk)
-                n = os.pwritev(self._fd, chunk, offset)
-                if n < want:
-                    os.pwrite(self._fd, b"".join(chunk)[n:], offset + n)
-                offset += want
-        except OSError as exc:
-            try:
-                os.ftruncate(self._fd, self._written)
-            except OSError:
-                log.exception("job log: could not cut back a failed write")
-            self._fail("write", exc)
-        self._written += size
-        self._unsynced = True
-        if self._written >= self.max_file_size:
-            self.rotate()
-        return size
-
-    def rotate(self) -> None:
-        """Close the current file (synced) and start the next."""
-        self.write_out()
-        if self._fd < 0:
-            return
-        try:
-            os.fdatasync(self._fd)
-        except OSError as exc:
-            self._fail("fsync", exc)
-        if self.syncing:  # a periodic fdatasync of this file runs on a worker thread
-            self._retired.append(self._fd)  # closed by sync_done, never under its feet
-        else:
-            os.close(self._fd)
-        self._older += self._written
-        self._unsynced = False
-        self.seq += 1
-        self._open(self.seq)
-
-    def _fail(self, what: str, exc: OSError) -> NoReturn:
-        err = JournalWriteError(
-            f"{what} failed: {exc.strerror or exc}", self._path(self.seq), self._written
-        )
-        self._failed = err
-        log.error("%s", err)
-        raise err from exc
-
-    def sync(self) -> None:
-        fd = self.begin_sync()
-        if fd >= 0:
-            try:
-                os.fdatasync(fd)
-            except OSError as exc:
-                self._fail("fsync", exc)
-
-    def begin_sync(self) -> int:
-        if self._fd >= 0:
-            self._unsynced = False
-        return self._fd
-
-    def sync_failed(self, exc: OSError) -> NoReturn:
-        self._fail("fsync", exc)
-
-    def sync_done(self) -> None:
-        """A periodic sync finished (on the loop): close the files rotated meanwhile."""
-        self.syncing = False
-        while self._retired:
-            os.close(self._retired.pop())
-
-    @property
-    def needs_sync(self) -> bool:
-        return self._unsynced
-
-    @property
-    def failed(self) -> bool:
-        return self._failed is not None
+        self._append(encode_delete(job_id))
+        self.records_written += 1
 
     @property
     def current_file(self) -> int:
         """The ``n`` of the ``jobs.<n>`` a record appended now is written to."""
         return self.seq
+
+    def rotate(self) -> None:
+        """Close the current file (zeros ahead cut, synced) and start the next."""
+        self.write_out()
+        if self.closed:
+            return
+        ops = self._ops
+        fd = self._fd
+        try:
+            self._cut_ahead()
+            ops.fdatasync(fd)
+        except OSError as exc:
+            self._fail("fsync", exc)
+        if self.syncing:  # a periodic fdatasync of this file runs on a worker thread
+            self._retired.append(fd)  # closed by sync_done, never under its feet
+        else:
+            ops.close(fd)
+        self._fd = -1
+        self._older += self._written
+        self._unsynced = False
+        self.seq += 1
+        self._open(self.seq)
+
+    def sync(self) -> None:
+        fd = self.begin_sync()
+        if fd >= 0:
+            try:
+                self._ops.fdatasync(fd)
+            except OSError as exc:
+                self._fail("fsync", exc)
+
+    def sync_done(self) -> None:
+        """A periodic sync finished (on the loop): close the files rotated meanwhile."""
+        self.syncing = False
+        while self._retired:
+            self._ops.close(self._retired.pop())
 
     @property
     def size(self) -> int:
@@ -562,58 +541,60 @@ class JobJournal:
     def compact(self, next_id: int, jobs: Iterable[JobFields]) -> int:
         """Replace every file by one snapshot of ``jobs`` (the state now), crash-safely:
         rotate, write ``snapshot.<n>.tmp``, fsync, rename, fsync the directory, then delete
-        the files it covers by name; ``n``. Runs on the caller's thread."""
+        the files it covers by name; ``n``. Runs on the caller's thread. Each crash window
+        can be hit through the file seam (:data:`tercel.journal.faults.JOB_COMPACTION_CRASHES`)."""
         self.rotate()
         covered = self.seq - 1
-        tmp = os.path.join(self.directory, f"{SNAP_PREFIX}{covered}.tmp")
-        final = os.path.join(self.directory, f"{SNAP_PREFIX}{covered}")
-        failpoint("jobs_compact_before_write")
+        d = self.directory
+        tmp = os.path.join(d, f"{SNAP_PREFIX}{covered}.tmp")
+        final = os.path.join(d, f"{SNAP_PREFIX}{covered}")
+        ops = self._ops
         count = 0
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
         try:
             parts = [HEADER, _frame(_SNAPSHOT.pack(OP_SNAPSHOT, next_id, covered))]
-            size = sum(len(p) for p in parts)
+            pending = sum(len(p) for p in parts)
             offset = 0
             for job in jobs:
-                parts.extend(encode_job(job))
+                head, body = encode_job(job)
+                parts += (head, body)
+                pending += len(head) + len(body)
                 count += 1
-                if len(parts) >= 1024:
-                    os.pwritev(fd, parts, offset)
-                    offset += sum(len(p) for p in parts)
-                    parts = []
+                if len(parts) >= IOV_MAX:
+                    write_parts(ops, fd, parts, pending, offset)
+                    offset += pending
+                    parts, pending = [], 0
             if parts:
-                os.pwritev(fd, parts, offset)
-                offset += sum(len(p) for p in parts)
-            size = offset
-            os.fdatasync(fd)
+                write_parts(ops, fd, parts, pending, offset)
+                offset += pending
+            ops.fdatasync(fd)
         finally:
-            os.close(fd)
-        failpoint("jobs_compact_after_write")
-        os.rename(tmp, final)
-        fsync_dir(self.directory)
-        failpoint("jobs_compact_after_rename")
-        self._remove_covered(
-            covered, [s for s in _seqs(self.directory, SNAP_PREFIX) if s < covered]
-        )
-        fsync_dir(self.directory)
-        failpoint("jobs_compact_after_delete")
-        self._older = size
+            ops.close(fd)
+        ops.rename(tmp, final)
+        fsync_dir(d, ops)
+        self._remove_covered(covered, [s for s in _seqs(self._names(), SNAP_PREFIX) if s < covered])
+        fsync_dir(d, ops)
+        self._older = offset
         self.oldest_seq = self.seq
         self.records_migrated += count
         return covered
 
     def close(self) -> None:
-        """Write what is buffered, sync, close the file and release the lock."""
-        if self._fd >= 0:
+        """Write what is buffered, cut the zeros ahead, sync, close the file and release the
+        lock."""
+        if not self.closed:
             try:
                 if self._failed is None:
                     self.write_out()
+                    self._cut_ahead()
                     self.sync()
             finally:
-                os.close(self._fd)
-                self._fd = -1
+                self.closed = True
+                if self._fd >= 0:
+                    self._ops.close(self._fd)
+                    self._fd = -1
         while self._retired:
-            os.close(self._retired.pop())
+            self._ops.close(self._retired.pop())
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1

@@ -32,11 +32,12 @@ import mmap
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, NoReturn, Protocol
+from typing import Final, Protocol
 
-from tercel.errors import JournalCorrupt, JournalWriteError
+from tercel.errors import JournalCorrupt
 from tercel.journal import checkpoint as ckpt
 from tercel.journal import records as rec
+from tercel.journal.append import AppendLog, write_all
 from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, default_ops
 from tercel.journal.reader import FOUND, MORE, ChunkReader, add_id, find_add, read_adds, skip_adds
 
@@ -51,16 +52,8 @@ a longer rest is a torn tail only if the bad record claims to run past the end o
 run past the end, "valid" means a run of records reaching the end of the data: the cut record's
 own payload may hold record bytes (a journal stored as an item)."""
 
-PREALLOCATE = 1 << 20
-"""The most zeros a journal that is fsynced writes ahead of its records at a time (format
-version 2). An ``fdatasync`` after an append that grows the file must also commit the new
-size through the filesystem's own journal; an overwrite of blocks that already exist need
-not, and measured about 40 % faster here (docs/benchmarks.md). Cut off again when the file
-is closed or rotated."""
-PREALLOCATE_FIRST = 64 << 10
-"""The first step ahead in a file. Each step doubles up to :data:`PREALLOCATE`, so a queue that
-writes little keeps little zeroed space on disk, and a busy one extends once per MiB."""
-_ZEROS = memoryview(bytes(PREALLOCATE))
+_REPLAY_START: Final[rec.Position] = (1, 0)
+"""``replay_position`` before and after a replay (one tuple for every journal)."""
 
 CHECKPOINT_EVERY = 16 << 20
 """A journal offers to write a checkpoint (:meth:`FileJournal.checkpoint_due`) once per this
@@ -177,34 +170,6 @@ def list_queue_names(data_dir: str) -> list[str]:
     return DataDir(data_dir).queue_names()
 
 
-def _write_all(ops: FileOps, fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    """Write all of ``data`` at file offset ``offset``."""
-    n = ops.pwrite(fd, data, offset)
-    if n == len(data):  # the common case: no view, no slice
-        return
-    view = memoryview(data)[n:]
-    while view:
-        offset += n
-        n = ops.pwrite(fd, view, offset)
-        view = view[n:]
-
-
-IOV_MAX: Final = 1024
-"""The most pieces one ``pwritev`` takes (Linux's ``UIO_MAXIOV``)."""
-
-
-def _write_parts(ops: FileOps, fd: int, parts: list[bytes], size: int, offset: int) -> None:
-    """Write ``parts`` (``size`` bytes in all) one after another from file offset ``offset``,
-    :data:`IOV_MAX` pieces per call."""
-    for i in range(0, len(parts), IOV_MAX):
-        chunk = parts[i : i + IOV_MAX]
-        n = ops.pwritev(fd, chunk, offset)
-        want = size if len(parts) <= IOV_MAX else sum(len(p) for p in chunk)
-        if n < want:  # a short write: the rest of this chunk as one buffer
-            _write_all(ops, fd, memoryview(b"".join(chunk))[n:], offset + n)
-        offset += want
-
-
 def fsync_dir(path: str, ops: FileOps | None = None) -> None:
     """fsync a directory, so that renames and unlinks in it are durable."""
     if ops is None:
@@ -240,7 +205,7 @@ class _ReplayState:
     """Where replay starts (a checkpoint's end); None: at the first file's first record."""
 
 
-class FileJournal:
+class FileJournal(AppendLog):
     """The journal of queue ``name`` in ``data_dir`` (see the module docstring).
 
     ``directory`` is the data directory's listing, descriptor pool and file operations
@@ -261,35 +226,21 @@ class FileJournal:
     ) -> None:
         self.data_dir = data_dir
         self.name = name
-        self.path = os.path.join(data_dir, name)
         self._dir = directory if directory is not None else DataDir(data_dir)
-        self._ops = self._dir.ops
-        self.closed = True
-        """Not opened yet (before :meth:`replay`) or closed: nothing is written."""
+        super().__init__(self._dir.ops)
         self._current_version: int | None = None  # of the current file, read by replay
         self._current_size = 0  # of the current file after replay
         self._on_dirty = on_dirty if on_dirty is not None else FileJournal.write_out
         self._background = background or run_inline
-        self._parts: list[bytes] = []  # records not yet written, in order, as pieces
-        self._pending = 0  # their bytes
-        self._fd = -1
         self._seq = 1  # sequence number of the current file
-        self._written = 0  # bytes of the current file handed to the OS
-        self._allocated = 0  # bytes of the current file, zeros written ahead included
-        self._preallocating = False  # set by the first sync of the current file
-        self._ahead = PREALLOCATE_FIRST  # the next step of zeros written ahead; 0: none
         self._older: dict[int, int] = {}  # seq -> size of each older file
         self._older_total = 0
         self._size_before_cache: tuple[tuple[int, int, int], int] = ((0, 0, 0), 0)
-        self._failed: JournalWriteError | None = None
-        self.syncing = False
-        """True while a worker thread runs :meth:`sync`; close and rotation wait for it."""
-        self._close_after_sync = False
-        self._unsynced = False
+        self._close_after_sync = False  # close and rotation wait for a worker's sync
         self.compacting = False
         """True while a snapshot is being written in the background."""
         self._erased = False
-        self.replay_position: rec.Position = (1, 0)
+        self.replay_position: rec.Position = _REPLAY_START
         """During :meth:`replay`, where the record being applied starts."""
         self.rotations = 0
         self.compactions = 0
@@ -301,9 +252,24 @@ class FileJournal:
         self._appended = 0  # bytes appended since the start
         self._checkpoint_at = 0  # _appended when a checkpoint was last due
         self._owner_syncs = False  # a sync ran: the owner makes records durable
-        self.checkpoint_path = self.path + ckpt.SUFFIX
+        self._name_unsynced = False
+        """The current file was created (a new queue, a rotation) and the directory not
+        fsynced since: the next sync fsyncs it too (:meth:`_sync_name`), so the file's name is
+        as durable as its records (a power loss)."""
 
     # ---- files ----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The current file, ``<data_dir>/<name>``. Made when asked, not kept: the paths are
+        used when a file is opened or renamed, and two strings per queue cost 20 MB at
+        100,000 queues (docs/benchmarks.md, "Many queues")."""
+        return os.path.join(self.data_dir, self.name)
+
+    @property
+    def checkpoint_path(self) -> str:
+        """The checkpoint file (:mod:`tercel.journal.checkpoint`)."""
+        return self.path + ckpt.SUFFIX
 
     def _path(self, seq: int) -> str:
         return self.path if seq == self._seq else f"{self.path}.{seq}"
@@ -383,6 +349,7 @@ class FileJournal:
             self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
         self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
         self._older_total = sum(self._older.values())
+        self.replay_position = _REPLAY_START  # the last record's tuple is not kept per queue
         size = self._current_size if listed.current else 0
         if size >= rec.HEADER_SIZE and self._current_version == rec.VERSION:
             # Ready for appends; the file is opened on first use (an idle queue holds no
@@ -407,11 +374,17 @@ class FileJournal:
         if size == 0:
             return
         head = _read_head(self._dir, path, rec.HEADER_SIZE)
-        good = self._check_header(head, path, newest)
+        hole = newest and _zero_first_page(path, size)
+        good = 0 if hole else self._check_header(head, path, newest)
         if path == self.path:
             self._current_version = rec.header_version(head)
         torn: Truncation | None = None
-        if not good:
+        if hole:  # the header's page never reached the disk: nothing in the file was fsynced
+            if size > HOLE:
+                self._keep_cut(path, 0, size)
+            reason = "a hole of zeros where the file header was, power loss in the unsynced tail"
+            torn = Truncation(path, 0, size, reason)
+        elif not good:
             torn = Truncation(path, 0, size, "torn file header")
         else:
             start = good
@@ -420,7 +393,7 @@ class FileJournal:
             reader = self._dir.retrying(lambda: ChunkReader(path, start))
             try:
                 good = self._replay_records(seq, reader, sink, report, state)
-                if good < size:  # the records end in zeros written ahead (PREALLOCATE)
+                if good < size:  # the records end in zeros written ahead (append.PREALLOCATE)
                     if not newest:  # rotation cuts them before the rename
                         raise rec.BadRecord(good, "zero bytes where a record starts")
                     reader.check_end()
@@ -472,14 +445,14 @@ class FileJournal:
                 data = ops.pread(src, min(1 << 20, size - pos), pos)
                 if not data:
                     break
-                _write_all(ops, dst, data, pos - offset)
+                write_all(ops, dst, data, pos - offset)
                 pos += len(data)
             ops.fsync(dst)
         finally:
             ops.close(src)
             if dst >= 0:
                 ops.close(dst)
-        fsync_dir(self.data_dir, ops)
+        self._dir.sync()
 
     def _replay_records(
         self,
@@ -584,8 +557,9 @@ class FileJournal:
         try:  # the descriptor is the journal's only once the file has its header
             size = ops.fstat_size(fd)
             if size == 0:
-                _write_all(ops, fd, rec.FILE_HEADER, 0)
+                write_all(ops, fd, rec.FILE_HEADER, 0)
                 size = rec.HEADER_SIZE
+                self._name_unsynced = True
             version = rec.header_version(ops.pread(fd, rec.HEADER_SIZE, 0))
         except BaseException:
             ops.close(fd)
@@ -593,9 +567,7 @@ class FileJournal:
         self._fd = fd
         self.closed = False
         self._dir.use(self)
-        self._written = self._allocated = size
-        self._preallocating = False
-        self._ahead = PREALLOCATE_FIRST
+        self._start_file(size)
         return version
 
     def _fd_now(self) -> int:
@@ -604,8 +576,18 @@ class FileJournal:
         fd = self._fd
         if fd < 0:
             fd = self._fd = self._dir.open(self.path, os.O_RDWR, keep=self)
+            self._dir.reopened()
         self._dir.use(self)
         return fd
+
+    def _dirty(self) -> None:
+        self._on_dirty(self)  # after the append: without an owner this writes at once
+
+    def _error_path(self) -> str:
+        return self.path
+
+    def _after_write(self, size: int) -> None:
+        self._appended += size
 
     def park(self) -> bool:
         """Close the descriptor of the current file until the next use (the pool's
@@ -623,26 +605,20 @@ class FileJournal:
         """Journal an item entering the tail of the queue."""
         if self._failed is not None:
             raise self._failed
-        parts = self._parts
-        first = not parts
         pos = self._written + self._pending
         if pos >= self._mark_off or self._seq != self._mark_seq:
             self._mark(item_id, self._seq, pos)
         prefix, fields = rec.add_header(item_id, add_time, expiry, data)
-        parts.append(prefix)  # the payload is not copied: write_out hands all to pwritev
-        parts.append(fields)
-        parts.append(data)
-        self._pending += rec.ADD_HEAD_SIZE + len(data)
-        if first:
-            self._on_dirty(self)  # after the append: without an owner this writes at once
+        # The payload is not copied: write_out hands all the pieces to pwritev.
+        self._append_parts([prefix, fields, data], rec.ADD_HEAD_SIZE + len(data))
 
     def remove(self) -> None:
         """Journal the removal of the head item."""
-        self._simple(rec.REMOVE_RECORD)
+        self._append(rec.REMOVE_RECORD)
 
     def flush_items(self) -> None:
         """Journal the removal of every item that is not open."""
-        self._simple(rec.FLUSH_RECORD)
+        self._append(rec.FLUSH_RECORD)
 
     def open_read(self, xid: int) -> None:
         """Journal the head item moving into open read ``xid``."""
@@ -656,83 +632,8 @@ class FileJournal:
         """Journal open read ``xid`` being aborted: a RETURN record (the item back in place)."""
         self._xid(rec.OP_RETURN, xid)
 
-    def _simple(self, record: bytes) -> None:
-        if self._failed is not None:
-            raise self._failed
-        parts = self._parts
-        first = not parts
-        parts.append(record)
-        self._pending += len(record)
-        if first:
-            self._on_dirty(self)
-
     def _xid(self, op: int, xid: int) -> None:
-        self._simple(rec.xid_record(op, xid))
-
-    def write_out(self) -> int:
-        """Hand every buffered record to the OS in one ``pwritev`` (per :data:`IOV_MAX`
-        pieces); return the bytes written.
-
-        On failure the file is cut back to its last complete record, the journal refuses
-        every later append, and :class:`JournalWriteError` is raised.
-        """
-        parts = self._parts
-        if not parts or self.closed:
-            return 0
-        try:
-            fd = self._fd_now()
-        except OSError as exc:  # the records stay buffered: nothing reached the file
-            self._fail("open", exc)
-        size = self._pending
-        self._parts = []
-        self._pending = 0
-        try:
-            _write_parts(self._ops, fd, parts, size, self._written)
-        except OSError as exc:
-            try:  # no partial record stays behind
-                self._ops.ftruncate(fd, self._written)
-                self._allocated = self._written
-            except OSError:
-                log.exception("journal %s: could not cut back a failed write", self.path)
-            self._fail("write", exc)
-        self._written += size
-        self._appended += size
-        self._unsynced = True
-        if self._written > self._allocated:
-            self._allocated = self._written
-            if self._preallocating:
-                self._preallocate()
-        return size
-
-    def _preallocate(self) -> None:
-        """Write the next step of zeros past the end of the file (see :data:`PREALLOCATE`).
-        Best effort: on failure this file goes on without (the next record write reports a
-        full disk); the next file tries again."""
-        step = self._ahead
-        try:
-            _write_all(self._ops, self._fd, _ZEROS[:step], self._allocated)
-        except OSError as exc:
-            log.warning("journal %s: stopped writing space ahead: %s", self.path, exc)
-            self._preallocating = False
-            self._ahead = 0
-            with contextlib.suppress(OSError):  # leave no part of the step behind
-                self._ops.ftruncate(self._fd, self._allocated)
-            return
-        self._allocated += step
-        self._ahead = min(2 * step, PREALLOCATE)
-
-    def _cut_ahead(self) -> None:
-        """Cut the zeros written ahead, so a closed file ends with its last record."""
-        if self._allocated > self._written:
-            self._ops.ftruncate(self._fd_now(), self._written)
-            self._allocated = self._written
-
-    def _fail(self, what: str, exc: OSError) -> NoReturn:
-        """Mark the journal failed (every later append raises) and raise the error."""
-        err = JournalWriteError(f"{what} failed: {exc.strerror or exc}", self.path, self._written)
-        self._failed = err
-        log.error("%s", err)
-        raise err from exc
+        self._append(rec.xid_record(op, xid))
 
     def sync(self) -> None:
         """fdatasync the current file (safe to run in a worker thread).
@@ -758,45 +659,46 @@ class FileJournal:
         self._mark_synced()
         try:
             self._ops.fdatasync(fd)
+            self._sync_name()
         except OSError as exc:
             self._fail("fsync", exc)
         finally:
             if own >= 0:
                 self._ops.close(own)
 
+    def _sync_name(self) -> None:
+        """fsync the directory when the current file was created (a new queue, a rotation)
+        since the last directory fsync: the file's name (and a rotation's rename) become as
+        durable as the records the caller's fsync covers. In a worker thread (a periodic
+        sync) the directory is opened outside the pool, and no descriptor puts it off."""
+        if not self._name_unsynced:
+            return
+        if self.syncing:
+            try:
+                fsync_dir(self.data_dir, self._ops)
+            except OSError as exc:
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    raise
+                log.warning("journal %s: directory fsync put off: %s", self.path, exc)
+                return
+        else:
+            self._dir.sync()
+        self._name_unsynced = False
+
     def _mark_synced(self) -> None:
         self._owner_syncs = True
-        self._unsynced = False
-        self._preallocating = self._ahead > 0  # a file that is synced: see PREALLOCATE
+        super()._mark_synced()
 
     def begin_sync(self) -> int:
-        """Count every byte written so far as synced, and return the descriptor whose
-        fdatasync makes that true (-1: the journal is closed). For an fsync run by someone
-        else (native AIO); its failure must be reported with :meth:`sync_failed`. Raises
-        :class:`JournalWriteError` (the journal is failed) if the file cannot be reopened."""
-        if self.closed:
-            return -1
-        try:
-            fd = self._fd_now()
-        except OSError as exc:
-            self._fail("fsync", exc)
-        self._mark_synced()
-        return fd
-
-    def sync_failed(self, exc: OSError) -> NoReturn:
-        """An fsync begun with :meth:`begin_sync` failed: as :meth:`sync` does, mark the
-        journal failed and raise :class:`JournalWriteError`."""
-        self._fail("fsync", exc)
-
-    @property
-    def needs_sync(self) -> bool:
-        """True when bytes were written since the last :meth:`sync`."""
-        return self._unsynced
-
-    @property
-    def failed(self) -> bool:
-        """True once a write has failed; every later append raises."""
-        return self._failed is not None
+        """As :meth:`AppendLog.begin_sync`; the first sync of a new file also fsyncs the
+        directory (on the loop), so the file's name is as durable as its records."""
+        if not self.closed and self._name_unsynced:
+            try:
+                self._fd_now()
+                self._sync_name()  # before the fsync is submitted: it may complete first
+            except OSError as exc:
+                self._fail("fsync", exc)
+        return super().begin_sync()
 
     @property
     def size(self) -> int:
@@ -895,7 +797,7 @@ class FileJournal:
         try:
             out = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
             try:
-                _write_all(ops, out, ckpt.encode(cp), 0)
+                write_all(ops, out, ckpt.encode(cp), 0)
             finally:
                 ops.close(out)
             ops.rename(tmp, self.checkpoint_path)
@@ -908,17 +810,7 @@ class FileJournal:
 
     def _add_id_at(self, position: rec.Position) -> int | None:
         """The item id of the ADD record at ``position``; None if there is none there."""
-        try:
-            fd = os.open(self._path(position[0]), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        try:
-            head = os.pread(fd, rec.ADD_HEAD_SIZE, position[1])
-        finally:
-            os.close(fd)
-        if len(head) < rec.ADD_HEAD_SIZE or head[rec.PREFIX_SIZE] != rec.OP_ADD:
-            return None
-        return add_id(head, 0)
+        return _add_id_in(self._path(position[0]), position[1])
 
     def _find_add(self, item_id: int) -> rec.Position | None:
         """Where the ADD of ``item_id`` starts: found by walking from the last mark of a
@@ -972,21 +864,25 @@ class FileJournal:
             tail = os.pread(fh.fileno(), cp.end[1] - start, start)
         if len(tail) != cp.end[1] - start or rec.crc32(tail) != cp.tail_crc:
             return "the file changed"
+        # Ids are handed out in order: an ADD right at the end is the next item's. This also
+        # checks an end at a file header, where the tail above is empty.
+        at_end = _add_id_in(end_path, cp.end[1])
+        if at_end is not None and at_end != cp.next_id:
+            return "the record at its end is not the next item's"
         if not cp.items:
             return ""
-        head_path = paths.get(cp.head[0])
-        if head_path is None or cp.head > cp.end:
+        if cp.head > cp.end:
             return "the head item's file is gone"
-        reader = ChunkReader(head_path, cp.head[1])
-        try:
-            span = reader.next()
-            ok = span is not None and rec.record_op(reader.buffer, span[0]) == rec.OP_ADD
-            if not ok or add_id(reader.buffer, span[0]) != cp.head_id:  # type: ignore[index]
-                return "the head item's record changed"
-        except rec.BadRecord:
-            return "the head item's record is damaged"
-        finally:
-            reader.close()
+        why = _add_mismatch(paths, cp.head, cp.head_id)
+        if why:
+            return f"the head item's {why}"
+        # The marks between the head and the end: a valid ADD of the recorded id at each,
+        # the first record of every file among them and one per MiB (cheap: a read each).
+        for item_id, seq, offset in cp.marks:
+            if item_id > cp.head_id and (seq, offset) < cp.end:
+                why = _add_mismatch(paths, (seq, offset), item_id)
+                if why:
+                    return f"item {item_id}'s {why}"
         return ""
 
     # ---- rotation and compaction ----------------------------------------------------------
@@ -1016,8 +912,7 @@ class FileJournal:
             self._older_total += self._written
             self._seq = old + 1
             self._unsynced = False
-            self._open()
-            fsync_dir(self.data_dir, ops)
+            self._open()  # the directory is fsynced by the next sync (_sync_name)
         except OSError as exc:
             self._fail("rotation", exc)
         self.rotations += 1
@@ -1074,18 +969,33 @@ class FileJournal:
         self.compacting = False
         ops = self._ops
         if exc is not None or self.closed or self._erased:
-            if exc is not None:
+            if isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS:
+                log.warning("journal %s: compaction put off: %s", self.path, exc)
+            elif exc is not None:
                 log.error("journal %s: compaction failed: %s", self.path, exc)
             with contextlib.suppress(FileNotFoundError):
                 ops.unlink(tmp)
             return
-        ops.rename(tmp, f"{self.path}.{target}")
-        fsync_dir(self.data_dir, ops)
-        for seq in obsolete:
-            if seq != target:
-                ops.unlink(f"{self.path}.{seq}")
-                del self._older[seq]
-        fsync_dir(self.data_dir, ops)
+        try:
+            ops.rename(tmp, f"{self.path}.{target}")
+        except OSError as error:  # nothing changed: the older files stay as they were
+            log.error("journal %s: compaction failed: %s", self.path, error)
+            with contextlib.suppress(OSError):
+                ops.unlink(tmp)
+            return
+        try:
+            self._dir.sync()
+            self._name_unsynced = False  # that fsync covered the current file's name too
+            for seq in obsolete:
+                if seq != target:
+                    ops.unlink(f"{self.path}.{seq}")
+                    del self._older[seq]
+            self._dir.sync()
+        except OSError as error:
+            # Renamed, not all of it durable or deleted: what is on disk is a state replay
+            # resumes (journal_format.md §13); until a restart this journal takes no more.
+            self._mark_failed("compaction", error)
+            return
         gone = set(obsolete)
         self._marks = [m for m in self._marks if m[1] not in gone]
         self._older[target] = os.path.getsize(f"{self.path}.{target}")
@@ -1104,12 +1014,21 @@ class FileJournal:
             self._close_after_sync = True
             return
         try:
-            if self._failed is None and (
-                self._fd >= 0 or self._parts or self._unsynced or self._allocated > self._written
+            if (
+                self._failed is None
+                and not self._erased  # its files are about to go: no fsync for them
+                and (
+                    self._fd >= 0
+                    or self._parts
+                    or self._unsynced
+                    or self._allocated > self._written
+                    or self._name_unsynced
+                )
             ):
                 self.write_out()
                 self._cut_ahead()
                 self._ops.fsync(self._fd_now())
+                self._sync_name()
         finally:
             self.closed = True
             fd = self._fd
@@ -1129,7 +1048,7 @@ class FileJournal:
         """Close and delete every file of this journal (a compaction still running is thrown
         away when it ends, not switched over)."""
         self._erased = True
-        self._parts.clear()
+        self._parts = None
         self._pending = 0
         self._unsynced = False  # nothing of it is worth an fsync any more
         self._allocated = self._written
@@ -1185,7 +1104,7 @@ def _write_snapshot(
             size += len(data)
             if size >= 1 << 20:
                 chunk = b"".join(parts)
-                _write_all(ops, fd, chunk, offset)
+                write_all(ops, fd, chunk, offset)
                 offset += len(chunk)
                 parts.clear()
                 size = 0
@@ -1193,7 +1112,7 @@ def _write_snapshot(
             tail = bytearray()
             rec.encode_resume(tail, cursor, taken)
             parts.append(tail)
-        _write_all(ops, fd, b"".join(parts), offset)
+        write_all(ops, fd, b"".join(parts), offset)
         ops.fsync(fd)
     finally:
         ops.close(fd)
@@ -1245,6 +1164,7 @@ class AddReader:
             offset = self._parked_at
             self._reader = self._open_at(offset)
             self._parked_at = -1
+            self._journal._dir.reopened()
         else:
             self._journal._dir.use(self)
 
@@ -1337,6 +1257,45 @@ class AddReader:
             self._parked_at = self._reader.offset
 
 
+def _add_id_in(path: str, offset: int) -> int | None:
+    """The item id of the ADD record at ``offset`` of ``path``; None if there is none there
+    (no file, another record, the end of the file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        head = os.pread(fd, rec.ADD_HEAD_SIZE, offset)
+    finally:
+        os.close(fd)
+    if len(head) < rec.ADD_HEAD_SIZE or head[rec.PREFIX_SIZE] != rec.OP_ADD:
+        return None
+    return add_id(head, 0)
+
+
+def _add_mismatch(paths: dict[int, str], position: rec.Position, item_id: int) -> str:
+    """Why the record at ``position`` is not a whole, valid ADD of ``item_id`` (checksum
+    included); empty when it is. Reads that record only (two preads)."""
+    path = paths.get(position[0])
+    if path is None:
+        return "file is gone"
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.pread(fd, rec.PREFIX_SIZE, position[1])
+        if len(data) == rec.PREFIX_SIZE:
+            length = min(rec.PREFIX.unpack_from(data)[0], rec.MAX_BODY)
+            data += os.pread(fd, length, position[1] + rec.PREFIX_SIZE)
+    finally:
+        os.close(fd)
+    try:
+        rec.check_record(data, 0)
+    except rec.BadRecord:
+        return "record is damaged"
+    if rec.record_op(data, 0) != rec.OP_ADD or add_id(data, 0) != item_id:
+        return "record changed"
+    return ""
+
+
 def _valid_data_after(path: str, bad: int) -> bool:
     """True when the bytes after the bad record at ``bad`` hold a valid record (then the bad
     record is damage, not a torn tail; see :data:`TORN_SCAN`)."""
@@ -1361,6 +1320,14 @@ def _valid_data_after(path: str, bad: int) -> bool:
 
 HOLE: Final = 4096
 """The unit of a power-loss hole: a page (and the usual filesystem block)."""
+
+
+def _zero_first_page(path: str, size: int) -> bool:
+    """True when the first :data:`HOLE` bytes of the file (all of it, if shorter) are zeros:
+    its header's page was never written back (a power loss), so no fsync covered the file."""
+    with open(path, "rb") as fh:
+        first = fh.read(min(size, HOLE))
+    return first.count(0) == len(first)
 
 
 def _hole_after(path: str, bad: int) -> bool:

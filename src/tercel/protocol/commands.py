@@ -118,6 +118,9 @@ class Lease:
     wait_ms: int
     lease_ms: int
     """0: the lease never expires (it ends by ack, release or a restart)."""
+    columns: bool = False
+    """Client side only (the line is the same): the client codec answers with one
+    ``LeaseColumns`` (flat arrays, one payload buffer) instead of a ``LeaseBatch`` of items."""
 
 
 @dataclass(slots=True)

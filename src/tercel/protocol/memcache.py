@@ -526,16 +526,27 @@ def version(text: str) -> bytes:
     return b"VERSION %b\r\n" % text.encode("ascii")
 
 
-def leased(lease_id: str, item_id: int, deliveries: int, add_ms: int, expiry_ms: int) -> bytes:
-    """``LEASED <lease_id> <item_id> <deliveries> <add_ms> <expiry_ms> ``: the start of one
-    item of a lease batch (``expiry_ms``: the item's own expiry, 0 = none);
-    ``<bytes>\\r\\n<data>\\r\\n`` follow, and ``END`` ends the batch."""
-    return b"LEASED %b %d %d %d %d " % (
-        lease_id.encode("latin-1"),
+def leased(
+    prefix: bytes,
+    number: int,
+    *,
+    item_id: int,
+    deliveries: int,
+    add_ms: int,
+    expiry_ms: int,
+    size: int,
+) -> bytes:
+    """``LEASED <prefix>-<number in hex> <item_id> <deliveries> <add_ms> <expiry_ms> <size>``
+    and CRLF: the head of one item of a lease batch (``expiry_ms``: the item's own expiry, 0 =
+    none); ``<data>\\r\\n`` follows, and ``END`` ends the batch."""
+    return b"LEASED %b-%x %d %d %d %d %d\r\n" % (
+        prefix,
+        number,
         item_id,
         deliveries,
         add_ms,
         expiry_ms,
+        size,
     )
 
 

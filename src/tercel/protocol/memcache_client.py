@@ -11,6 +11,7 @@ lost and the connection must be dropped. No I/O, no clock (the client owns both)
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -88,6 +89,39 @@ class LeaseBatch:
     items: list[LeasedItem] = field(default_factory=list)
 
 
+class LeaseColumns:
+    """The reply to a ``lease`` sent with ``columns``: its items as flat columns, no object
+    per item but the lease id (a Spark source turns these into Arrow arrays without copying
+    the payloads again). Item ``k``'s payload is ``data[offsets[k]:offsets[k + 1]]``."""
+
+    __slots__ = ("add_ms", "data", "deliveries", "expiry_ms", "item_ids", "lease_ids", "offsets")
+
+    def __init__(self) -> None:
+        self.lease_ids: list[str] = []
+        self.item_ids = array("q")
+        self.deliveries = array("i")
+        self.add_ms = array("q")
+        self.expiry_ms = array("q")
+        """0: the item never expires."""
+        self.data = bytearray()
+        self.offsets = array("i", [0])
+        """Start of each payload in :attr:`data`, and the end of the last (``len + 1``)."""
+
+    def __len__(self) -> int:
+        return len(self.lease_ids)
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LeaseColumns) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"LeaseColumns({len(self)} items, ids {self.lease_ids[:3]}...)"
+
+
 @dataclass(slots=True)
 class Values:
     """The reply to ``monitor``: every streamed VALUE up to the final ``END``."""
@@ -103,7 +137,7 @@ class ErrorReply:
     reason: str
 
 
-Reply = Value | Line | Listing | Blocks | LeaseBatch | Values | ErrorReply
+Reply = Value | Line | Listing | Blocks | LeaseBatch | LeaseColumns | Values | ErrorReply
 
 _ERRORS: Final = (b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")
 _LISTINGS: Final = {"stats": b"STAT", "features": b"FEATURE"}
@@ -210,7 +244,8 @@ class MemcacheClientCodec:
                 return b"status%b\r\n" % tail, line
             case Lease():
                 args = (_word(cmd.queue), cmd.max_items, cmd.wait_ms, cmd.lease_ms)
-                return b"lease %b %d %d %d\r\n" % args, self._lease
+                reader = self._lease_columns if cmd.columns else self._lease
+                return b"lease %b %d %d %d\r\n" % args, reader
             case Ack() | Release():
                 verb = b"ack" if isinstance(cmd, Ack) else b"release"
                 return b" ".join((verb, _word(cmd.queue), *_id_bytes(cmd.ids))) + b"\r\n", line
@@ -368,6 +403,59 @@ class MemcacheClientCodec:
             self._partial.append(
                 LeasedItem(lease_id, item_id, deliveries, add_ms, expiry_ms, payload[0])
             )
+        return None
+
+    def _lease_columns(self) -> Reply | None:
+        """``_lease`` into one :class:`LeaseColumns` (kept in ``_partial`` until ``END``)."""
+        if not self._partial:
+            self._partial.append(LeaseColumns())
+        cols = self._partial[0]
+        assert isinstance(cols, LeaseColumns)
+        buf = self._buf
+        pos = self._pos
+        have = len(buf)
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            tokens = buf[pos:eol].split()
+            if len(tokens) != 7 or tokens[0] != b"LEASED":
+                line = bytes(buf[pos:eol])
+                self._pos = eol + 2
+                if line == b"END":
+                    return cols
+                err = _error(line)
+                if err is not None and not len(cols):
+                    return err
+                raise BadReply(f"unexpected lease line {line[:80]!r}")
+            try:
+                size = int(tokens[6])
+                item_id, deliveries = int(tokens[2]), int(tokens[3])
+                add_ms, expiry_ms = int(tokens[4]), int(tokens[5])
+            except ValueError:
+                size = -1
+            if size < 0:
+                raise BadReply(f"bad reply line {bytes(buf[pos:eol])[:80]!r}")
+            start = eol + 2
+            end = start + size
+            if have < end + 2:
+                break
+            if buf[end : end + 2] != b"\r\n":
+                raise BadReply("a payload not followed by CRLF")
+            try:
+                cols.item_ids.append(item_id)
+                cols.deliveries.append(deliveries)
+                cols.add_ms.append(add_ms)
+                cols.expiry_ms.append(expiry_ms)
+                cols.data += buf[start:end]
+                cols.offsets.append(len(cols.data))  # int32, as Arrow's binary offsets
+            except OverflowError:  # the stream is dropped: the columns need not agree
+                raise BadReply(
+                    f"number out of range, or payloads over 2 GiB {bytes(buf[pos:eol])[:80]!r}"
+                ) from None
+            cols.lease_ids.append(tokens[1].decode("latin-1"))
+            pos = end + 2
+        self._pos = pos
         return None
 
     def _values(self) -> Reply | None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
 from tercel.server import stats
+from tercel.server.admin_rules import check_admin_settings, is_loopback
 from tercel.server.context import ServerContext
 from tercel.server.dashboard import Dashboard
 from tercel.server.http import error_response, json_response
@@ -69,25 +71,6 @@ MAX_PERIOD_S = 3600
 MAX_PERIODS = 8
 """At most this many distinct windows are kept, so a client cannot make us keep thousands."""
 
-_GLOBAL_COUNTERS = (
-    "total_items",
-    "cmd_get",
-    "cmd_set",
-    "cmd_peek",
-    "get_hits",
-    "get_misses",
-    "bytes_read",
-    "bytes_written",
-    "total_connections",
-    "queue_creates",
-    "queue_deletes",
-    "queue_expires",
-    "journal_torn_tails",
-    "journal_write_errors",
-    "journal_fsyncs",
-    "journal_fsync_waits",
-    "journal_fsyncs_aio",
-)
 _QUEUE_COUNTERS = (
     "total_items",
     "expired_items",
@@ -122,6 +105,13 @@ _DOCS = {
     "beanstalk/tube/total_jobs": "beanstalkd jobs put into the tube.",
     "beanstalk/tube/cmd_delete": "beanstalkd delete commands on jobs of the tube.",
     "beanstalk/tube/cmd_pause_tube": "beanstalkd pause-tube commands on the tube.",
+    "journal_files_open": "Journal file descriptors held by the pool now.",
+    "journal_files_limit": "The pool's bound (max_open_journals, or auto).",
+    "journal_files_evictions": "Journal descriptors closed by the pool (least recently used).",
+    "journal_files_reopens": "Parked journal files opened again on their next use.",
+    "journal_files_emfile": "Journal file opens that failed with EMFILE or ENFILE.",
+    "journal_files_refused": "Such opens given up: the request was refused.",
+    "queues_replaying": "Queues on disk not replayed yet (start-up replays in the background).",
 }
 
 
@@ -163,7 +153,7 @@ def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
     (``server/stats.py``); ``copy`` the histograms to keep the snapshot."""
     stat = stats.snapshot(server)
     snap = Snapshot()
-    snap.counters.update({k: getattr(stat, k) for k in _GLOBAL_COUNTERS})
+    snap.counters.update({k: getattr(stat, k) for k in stats.GLOBAL_COUNTERS})
     for fe, counters in stat.front_ends.items():
         for k, v in counters.items():  # curr_* are levels, the rest counts
             (snap.gauges if k.startswith("curr_") else snap.counters)[f"{fe}/{k}"] = v
@@ -180,6 +170,9 @@ def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
         reserved_memory_ratio=round(stat.reserved_memory_ratio, 3),
         connections=stat.curr_connections,
         uptime=stat.uptime,
+        journal_files_open=stat.journal_files_open,
+        journal_files_limit=stat.journal_files_limit,
+        queues_replaying=stat.queues_replaying,
     )
     snap.gauges["status/readable"] = int(stat.readable)
     snap.gauges["status/writeable"] = int(stat.writable)
@@ -326,27 +319,13 @@ SIMPLE_CONTENT_TYPES = frozenset(
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 class Guard:
     """The admin port's checks of Host, Origin, content type and token (module docstring)."""
 
     def __init__(self, settings: ServerSettings) -> None:
         host = settings.host.strip("[]").lower()
         self.token = settings.admin_token
-        if self.token is None and not is_loopback(host):
-            raise ConfigError(
-                f"server.admin_token is required: the admin port listens on {settings.host}, "
-                "beyond loopback (or set admin_port = false)"
-            )
+        check_admin_settings(settings)
         self.names = set(settings.admin_hosts)
         self.address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
         self.wildcard = False
@@ -452,10 +431,15 @@ class AdminServer:
             logger=_OneLineLogger(logging.getLogger("aiohttp.server"), {}),
         )
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: any free port); the bound port."""
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
+        """Listen on ``host:port`` (0: any free port), or on ``sock`` when the command line
+        bound it early; the bound port."""
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, backlog=128)
+        site: web.BaseSite
+        if sock is not None:
+            site = web.SockSite(self._runner, sock, backlog=128)
+        else:
+            site = web.TCPSite(self._runner, host, port, backlog=128)
         await site.start()
         self.dashboard.start()
         bound: int = self._runner.addresses[0][1]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -24,12 +23,13 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
-from tercel import native, storage
+from tercel import storage
 from tercel.clock import Clock, SystemClock
 from tercel.config import QueueConfig, ServerConfig
 from tercel.core.collection import QueueCollection
 from tercel.core.log import QueueLog
 from tercel.errors import ConfigError
+from tercel.server.admin_rules import check_admin_settings
 from tercel.server.commit import Committer
 from tercel.server.connection import Connection
 from tercel.server.context import ServerContext
@@ -122,6 +122,10 @@ def _import_admin() -> ModuleType:
     return admin
 
 
+ADMIN_AFTER_REPLAY_S = 1.0
+"""The admin listener's import waits for the background replay to end, at most this long:
+the import thread takes the GIL each time the replay reads (and they share one CPU when the
+server is pinned), which made the first item ~20 % later at a restart (docs/benchmarks.md)."""
 REPLAY_LOG_EVERY_S = 2.0
 """Start-up replay logs its progress at most this often (and any queue that took longer)."""
 
@@ -149,12 +153,19 @@ class Server:
         self.files = storage.DataDir(config.server.data_dir)
         """The data dir's one listing and descriptor pool (bounded by :meth:`start`)."""
         self.committer = Committer(self.loop, self.collection.sync_mode)
+        # Every journal gets these same two bound methods (one pair per queue: 14 MB at
+        # 100,000 queues).
+        self._journal_dirty: Callable[[storage.FileJournal], None] = self.committer.journal_dirty
+        self._in_background: storage.Background = self._background
         self.ctx = ServerContext(config, self.collection, self.committer, self.clock, self.loop)
         """What every front end's handlers use (``server/context.py``)."""
         self.admin: AdminServer | None = None
         self._listeners: list[asyncio.Server] = []
         self._timers: list[asyncio.TimerHandle] = []
         self._lock: storage.DataDirLock | None = None
+        self._replayer: asyncio.Task[None] | None = None
+        self.failure: BaseException | None = None
+        """What stopped the background replay (re-raised by :func:`run_server`)."""
 
     # ---- wiring ---------------------------------------------------------------------------
 
@@ -175,8 +186,8 @@ class Server:
             self.data_dir,
             name,
             cfg,
-            on_dirty=self.committer.journal_dirty,
-            background=self._background,
+            on_dirty=self._journal_dirty,
+            background=self._in_background,
             directory=self.files,
         )
 
@@ -199,40 +210,33 @@ class Server:
     # ---- start and stop -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Lock the data dir, replay every journal, then bind the listeners.
+        """Lock the data dir, list its queues, bind the listeners, then start the admin
+        listener and the background replay.
 
-        Everything that may fail is done before the first listener serves: once a front end
-        is listening (logged), nothing here raises any more.
+        Everything that may fail at start-up is done before the first listener serves (a
+        journal found corrupt by the background replay stops the server, see
+        :meth:`_replay_in_background`). The queues on disk are not replayed before serving:
+        each replays at its first reference or in the background, one after another
+        (:meth:`QueueCollection.defer`), so a command waits only for its own queue's replay.
         """
         srv = self.config.server
         table = listener_table(self.config)
         os.makedirs(self.data_dir, exist_ok=True)
         self._lock_data_dir()
-        # aiohttp and prometheus-client take longer to import than everything else together:
-        # import them on a thread while the journals replay.
-        admin_module = (
-            None if srv.admin_port is None else self.loop.run_in_executor(None, _import_admin)
-        )
-        # The configured front ends' modules (thriftpy2 and its IDL for Thrift): same thread.
+        if srv.admin_port is not None:
+            check_admin_settings(srv)  # a ConfigError now, not once the others serve
+        # The configured front ends' modules (thriftpy2 and its IDL for Thrift), on a thread.
         factories = [self.loop.run_in_executor(None, _load, fe) for fe, _ in table]
         ctx = self.ctx
         ctx.status.load()
         ctx.status_changed()
         if ctx.status.current is not Status.UP:
             log.warning("status is %s (from %s)", ctx.status.current.name, ctx.status.path)
-        compiled, stale = native.compiled_modules(), native.stale_modules()
-        log.info("%s", native.build_summary(compiled))
-        if stale:
-            log.warning("compiled modules older than their sources (run make): %s", stale)
-        self._replay()
+        self._list_queues()
         if srv.beanstalk_port is not None:
             from tercel.server.beanstalk.service import start_in_server
 
             start_in_server(ctx, self.data_dir, self.config.defaults)
-        if admin_module is not None:
-            assert srv.admin_port is not None
-            self.admin = (await admin_module).AdminServer(ctx)
-            ctx.ports["admin"] = await self.admin.start(srv.host, srv.admin_port)
         loaded = [await factory for factory in factories]
         servers = [
             await self._listen(fe, port, factory)
@@ -243,42 +247,86 @@ class Server:
             sock = listener.sockets[0].getsockname()
             ctx.ports[fe.name] = sock[1]
             log.info("%s listening on %s:%d", fe.name, sock[0], sock[1])
-        if "admin" in ctx.ports:
-            log.info("admin HTTP listening on %s:%d", srv.host, ctx.ports["admin"])
-        self._schedule_sweeps()
+        # Serving from here on. What follows is not needed by the first command.
+        self._replayer = self.loop.create_task(self._replay_in_background())
+        from tercel import native  # (pathlib and importlib: after the listeners serve)
 
-    def _replay(self) -> None:
+        compiled, stale = native.compiled_modules(), native.stale_modules()
+        log.info("%s", native.build_summary(compiled))
+        if stale:
+            log.warning("compiled modules older than their sources (run make): %s", stale)
+        self._schedule_sweeps()
+        if srv.admin_port is not None:
+            # aiohttp and prometheus-client take longer to import than everything else
+            # together: on a thread, while the other listeners already serve, once the
+            # background replay is done (or ADMIN_AFTER_REPLAY_S has passed).
+            await asyncio.wait({self._replayer}, timeout=ADMIN_AFTER_REPLAY_S)
+            admin = await self.loop.run_in_executor(None, _import_admin)
+            self.admin = admin.AdminServer(ctx)
+            sock = self._sockets.pop("admin", None)
+            ctx.ports["admin"] = await self.admin.start(srv.host, srv.admin_port, sock=sock)
+            log.info("admin HTTP listening on %s:%d", srv.host, ctx.ports["admin"])
+
+    def _list_queues(self) -> None:
+        """Size the descriptor pool, list the data dir once and note its queues as pending
+        (:meth:`QueueCollection.defer`)."""
         soft, _ = storage.raise_open_files_limit()
         pool = self.config.server.max_open_journals or storage.auto_max_open(soft)
         self.files = storage.DataDir(self.data_dir, max_open=pool)
+        self.ctx.journal_files = self.files.stats
         log.info("open-file limit %d; at most %d journal files open at once", soft, pool)
-        t0 = last = time.monotonic()
         names = self.files.queue_names()  # the one listing of the data dir
+        self.collection.defer(names)
         if names:
-            log.info("replaying %d queue(s) from %s", len(names), self.data_dir)
-        for i, name in enumerate(names, 1):
+            log.info("replaying %d queue(s) from %s in the background", len(names), self.data_dir)
+
+    async def _replay_in_background(self) -> None:
+        """Replay the pending queues one after another, yielding to the loop between two
+        queues (commands on queues already replayed, and ``stats``, ``version``..., are
+        answered in between; a command on a pending queue replays that queue first).
+
+        A journal that cannot be replayed (corrupt, unreadable) stops the server: the error
+        is kept in :attr:`failure` and re-raised by :func:`run_server` after the stop, so
+        the command line exits as it did when replay came before listening.
+        """
+        coll = self.collection
+        total = coll.pending
+        if not total:
+            return
+        t0 = last = time.monotonic()
+        done = 0
+        while not self.ctx.stopping:
             started = time.monotonic()
-            self.collection.load([name])
+            try:
+                name = coll.replay_next()
+            except Exception as exc:  # any failure stops the start
+                log.error("replay failed: %s", exc)
+                self.failure = exc
+                self.request_stop()
+                return
+            if name is None:
+                break
+            done += 1
             now = time.monotonic()
             if now - started >= REPLAY_LOG_EVERY_S:  # one long journal: say what it was
-                q = self.collection.queue(name)
+                q = coll.queue(name)
                 items = 0 if q is None else len(q)
                 log.info("replayed queue %s: %d items in %.1fs", name, items, now - started)
-            if now - last >= REPLAY_LOG_EVERY_S and i < len(names):
+            if now - last >= REPLAY_LOG_EVERY_S and coll.pending:
                 last = now
                 log.info(
-                    "replaying: %d/%d queues, %d items so far, %.1fs",
-                    i,
-                    len(names),
-                    self.collection.total_length,
+                    "replaying: %d/%d queues left, %d items so far, %.1fs",
+                    coll.pending,
+                    total,
+                    coll.total_length,
                     now - t0,
                 )
-        self.committer.flush_now()
-        if names:
+            await asyncio.sleep(0)
+        if not self.ctx.stopping:
             log.info(
                 "replayed %d queue(s), %d items in %.2fs",
-                len(names),
-                self.collection.total_length,
+                total,
+                coll.total_length,
                 time.monotonic() - t0,
             )
 
@@ -302,6 +350,8 @@ class Server:
     def write_ports_file(self, path: str) -> None:
         """Write ``{"memcache": N, ...}``: atomically (tmp file, then rename) for a regular
         file, directly for a FIFO (which lets a supervisor wait for it without polling)."""
+        import json  # (only here: not before the listeners serve)
+
         text = json.dumps(self.ports)
         if os.path.exists(path) and stat.S_ISFIFO(os.stat(path).st_mode):
             with open(path, "w") as fh:
@@ -325,6 +375,8 @@ class Server:
         ctx = self.ctx
         ctx.stopping = True
         ctx.status_changed()
+        if self._replayer is not None:
+            self._replayer.cancel()  # between two queues: the replayed ones close below
         for listener in self._listeners:
             listener.close()
         for handle in self._timers:
@@ -428,6 +480,8 @@ async def run_server(
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
+    if server.failure is not None:
+        raise server.failure
 
 
 def _reload_logged(ctx: ServerContext) -> None:

@@ -88,6 +88,9 @@ class Connection:
         self.closing = False
         """Set to close once the replies owed are out (``quit``, a fatal protocol error)."""
         self.last_active = 0.0
+        self.reads_clock = True
+        """The pump reads the clock into ``ctx.now`` before each batch; a front end whose
+        handlers keep their own clock (beanstalkd's job store) turns it off."""
         self._write_paused = False
         self._held = 0  # batches of replies the committer holds for this connection
         self._shut = False  # the transport was closed or aborted here: write nothing more
@@ -175,8 +178,9 @@ class Connection:
     def process(self) -> None:
         """Run every complete command until the codec needs data, an operation parks or the
         connection is closing; then flush the replies."""
-        ctx = self.ctx
-        ctx.now = ctx.clock.now_ms()  # one clock read per batch (Redis caches its clock too)
+        if self.reads_clock:
+            ctx = self.ctx
+            ctx.now = ctx.clock.now_ms()  # one clock read per batch (Redis caches its clock too)
         while not self.closing and self.parked is None:
             try:
                 self.run()

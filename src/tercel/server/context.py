@@ -96,6 +96,9 @@ class ServerContext:
         self._per_front_end: dict[str, list[int]] = {}  # name -> [open now, ever opened]
         self._counters: dict[str, Callable[[], dict[str, int]]] = {}
         self._labelled: dict[str, tuple[str, Callable[[], dict[str, dict[str, int]]]]] = {}
+        self._cmd_counts: dict[str, dict[str, int]] = {}
+        self.journal_files: Callable[[], dict[str, int]] = dict
+        """The data dir's descriptor pool figures (``DataDir.stats``; set at start-up)."""
         self.ports: dict[str, int] = {}
         """The bound port of each listener by name (``memcache``, ``admin``, ...)."""
         self._stop = asyncio.Event()
@@ -144,6 +147,16 @@ class ServerContext:
     def labelled_counters(self) -> dict[str, tuple[str, dict[str, dict[str, int]]]]:
         """Per front end that registered some: its label and ``{entity: {counter: value}}``."""
         return {fe: (label, provider()) for fe, (label, provider) in self._labelled.items()}
+
+    def command_counts(self, front_end: str) -> dict[str, int]:
+        """The ``cmd_<command>`` counters of a front end whose connections count their own
+        commands (text, Thrift): one dict per front end, shared by its connections,
+        registered with :meth:`add_counters` when first asked for."""
+        counts = self._cmd_counts.get(front_end)
+        if counts is None:
+            counts = self._cmd_counts[front_end] = {}
+            self.add_counters(front_end, lambda: dict(counts))
+        return counts
 
     def front_end_counters(self) -> dict[str, dict[str, int]]:
         """Per front end: ``curr_connections``, ``total_connections`` and its own counters."""

@@ -87,6 +87,15 @@ class StatsSnapshot:
     journal_fsyncs: int
     journal_fsync_waits: int
     journal_fsyncs_aio: int
+    journal_files_open: int
+    journal_files_limit: int
+    journal_files_evictions: int
+    journal_files_reopens: int
+    journal_files_emfile: int
+    journal_files_refused: int
+    queues_replaying: int
+    """Queues on disk not replayed yet (start-up replays them in the background); they are
+    not in :attr:`queues` until then."""
     status: str
     readable: bool
     writable: bool
@@ -132,8 +141,34 @@ GLOBAL_LINES = (
     "journal_fsyncs",
     "journal_fsync_waits",
     "journal_fsyncs_aio",
+    "journal_files_open",
+    "journal_files_limit",
+    "journal_files_evictions",
+    "journal_files_reopens",
+    "journal_files_emfile",
+    "journal_files_refused",
+    "queues_replaying",
 )
 """The global ``stats`` lines: Kestrel's 19 in Kestrel's order, then tercel's own."""
+
+GLOBAL_LEVELS = frozenset(
+    {
+        "uptime",
+        "time",
+        "version",
+        "curr_items",
+        "bytes",
+        "reserved_memory_ratio",
+        "curr_connections",
+        "journal_files_open",
+        "journal_files_limit",
+    }
+)
+"""The global lines that are levels, not counts (the admin port's gauges and labels)."""
+
+GLOBAL_COUNTERS = tuple(k for k in GLOBAL_LINES if k not in GLOBAL_LEVELS)
+"""The global lines that only grow: the admin port's ``counters`` (``/stats.json``) and
+``tercel_<name>_total`` (``/metrics``)."""
 
 QUEUE_LINES = (
     "items",
@@ -201,6 +236,7 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
     else:
         queues = [q for q in (coll.queue(n) for n in names) if q is not None]
     reserved = sum(q.config.max_memory_size for q in coll) / _physical_memory()
+    pool = ctx.journal_files()
     return StatsSnapshot(
         uptime=now // 1000 - ctx.started_at // 1000,
         time=now // 1000,
@@ -226,6 +262,13 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
         journal_fsyncs=committer.fsyncs,
         journal_fsync_waits=committer.fsync_waits,
         journal_fsyncs_aio=committer.aio_fsyncs,
+        journal_files_open=pool.get("open", 0),
+        journal_files_limit=pool.get("limit", 0),
+        journal_files_evictions=pool.get("evictions", 0),
+        journal_files_reopens=pool.get("reopens", 0),
+        journal_files_emfile=pool.get("emfile", 0),
+        journal_files_refused=pool.get("refused", 0),
+        queues_replaying=coll.pending,
         status=status.name,
         readable=status.readable,
         writable=status.writable,

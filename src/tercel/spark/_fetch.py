@@ -23,14 +23,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from tercel.client import Client, Leased
+from tercel.client import Client
 from tercel.errors import ClientError
+from tercel.protocol.memcache_client import LeaseColumns
 from tercel.spark._failpoints import failpoint
 from tercel.spark._options import SourceOptions
 from tercel.spark._staging import (
@@ -49,25 +51,47 @@ class AllServersDown(RuntimeError):
     """Every server has been unreachable for longer than ``maxUnavailableMs``."""
 
 
-def _micros(seconds: float | None) -> int | None:
-    return None if seconds is None else round(seconds * 1_000_000)
+@dataclass(slots=True)
+class LeaseReply:
+    """What one ``lease`` on one server and queue gave: its items as columns."""
+
+    server: str
+    queue: str
+    cols: LeaseColumns
 
 
-def to_batch(items: list[Leased], fetched_at: float) -> pa.RecordBatch:
-    """Leased items as one staged round (STAGE_SCHEMA)."""
-    fetched = round(fetched_at * 1_000_000)
-    cols = [
-        pa.array([i.data for i in items], pa.binary()),
-        pa.array([i.queue for i in items], pa.string()),
-        pa.array([i.server for i in items], pa.string()),
-        pa.array([i.id for i in items], pa.int64()),
-        pa.array([i.deliveries for i in items], pa.int32()),
-        pa.array([_micros(i.add_time) for i in items], STAGE_SCHEMA.field("enqueued_at").type),
-        pa.array([fetched] * len(items), STAGE_SCHEMA.field("fetched_at").type),
-        pa.array([_micros(i.expiry) for i in items], STAGE_SCHEMA.field("expiry").type),
-        pa.array([i.lease_id for i in items], pa.string()),
+def _constant(value: str | int, n: int, typ: pa.DataType) -> pa.Array:
+    return pa.repeat(pa.scalar(value, typ), n)
+
+
+def _ints(values: Sequence[int], n: int, typ: pa.DataType) -> pa.Array:
+    """An ``array.array`` as an Arrow array of the same width, without a copy."""
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values)])
+
+
+def to_batch(got: LeaseReply, fetched_at: float) -> pa.RecordBatch:
+    """One lease reply as a staged record batch (STAGE_SCHEMA), built from its buffers: no
+    Python object per item but the lease id."""
+    cols, n = got.cols, len(got.cols)
+    ts = STAGE_SCHEMA.field("enqueued_at").type
+    expiry_ms = _ints(cols.expiry_ms, n, pa.int64())
+    expiry = pc.if_else(
+        pc.equal(expiry_ms, 0), pa.scalar(None, pa.int64()), pc.multiply(expiry_ms, 1000)
+    )
+    arrays = [
+        pa.Array.from_buffers(
+            pa.binary(), n, [None, pa.py_buffer(cols.offsets), pa.py_buffer(cols.data)]
+        ),
+        _constant(got.queue, n, pa.string()),
+        _constant(got.server, n, pa.string()),
+        _ints(cols.item_ids, n, pa.int64()),
+        _ints(cols.deliveries, n, pa.int32()),
+        pc.multiply(_ints(cols.add_ms, n, pa.int64()), 1000).cast(ts),
+        _constant(round(fetched_at * 1_000_000), n, pa.int64()).cast(ts),
+        expiry.cast(ts),
+        pa.array(cols.lease_ids, pa.string()),
     ]
-    return pa.RecordBatch.from_arrays(cols, schema=STAGE_SCHEMA)
+    return pa.RecordBatch.from_arrays(arrays, schema=STAGE_SCHEMA)
 
 
 @dataclass
@@ -143,18 +167,19 @@ class Fetcher:
 
         rows = self.staging.recover(hold)
         for batch in rounds:
-            cols = batch.to_pydict()
-            groups: dict[str, list[Leased]] = {}
+            cols = batch.select(["server", "queue", "item_id", "lease_id"]).to_pydict()
+            groups: dict[tuple[str, str], tuple[list[str], list[int]]] = {}
             for server, queue, item_id, lease_id in zip(
                 cols["server"], cols["queue"], cols["item_id"], cols["lease_id"], strict=True
             ):
-                fake = Leased(queue, server, lease_id, item_id, 0, 0.0, None, b"")
-                groups.setdefault(server, []).append(fake)
-            for server, items in groups.items():
+                lease_ids, item_ids = groups.setdefault((server, queue), ([], []))
+                lease_ids.append(lease_id)
+                item_ids.append(item_id)
+            for (server, queue), (lease_ids, item_ids) in groups.items():
                 if server not in self.clients:
                     log.warning("tercel source: %s is no longer listed; not re-acked", server)
-                elif self._ack(server, items):
-                    self._clear({(i.server, i.queue, i.id) for i in items})
+                elif self._ack(server, queue, lease_ids, item_ids):
+                    self._clear({(server, queue, i) for i in item_ids})
                 failpoint("recover.acked")
         self._recovered = True
         self.metrics.recovered += rows
@@ -205,19 +230,31 @@ class Fetcher:
                 ask = limit - got
                 leased, full = self._round(ask, wait)
                 failpoint("fetch.leased")
-                kept, dropped = self._split(leased)
-                if kept:
-                    writer.append(to_batch(kept, time.time()))
+                fetched_at = time.time()
+                staged: list[pa.RecordBatch] = []
+                dropped: set[Key] = set()
+                for reply in leased:
+                    batch, gone = self._split(reply, to_batch(reply, fetched_at))
+                    staged.append(batch)
+                    dropped |= gone
+                if any(b.num_rows for b in staged):
+                    writer.append(*staged)
                     self._maybe_pause()
                     failpoint("fetch.staged")
-                for server in {i.server for i in leased}:
-                    mine = [i for i in leased if i.server == server]
-                    if self._ack(server, mine):
+                by_server: dict[str, list[LeaseReply]] = {}
+                for reply in leased:
+                    by_server.setdefault(reply.server, []).append(reply)
+                for server, replies in by_server.items():
+                    acked = [
+                        self._ack(server, r.queue, r.cols.lease_ids, r.cols.item_ids)
+                        for r in replies
+                    ]
+                    if all(acked):
                         self._clear({k for k in dropped if k[0] == server})
                         if dropped:
                             failpoint("drop.acked")
                     failpoint("fetch.acked")
-                got += len(kept)
+                got += sum(b.num_rows for b in staged)
                 if not full:
                     drained = True
                     break
@@ -235,12 +272,12 @@ class Fetcher:
         self.metrics.last_fetch_ms = round((self.clock() - started) * 1000, 1)
         return pos + got, drained
 
-    def _round(self, ask: int, wait: float | None) -> tuple[list[Leased], bool]:
+    def _round(self, ask: int, wait: float | None) -> tuple[list[LeaseReply], bool]:
         """One round: every available server at once (a thread each, so one server's reply is
         parsed while the other prepares its own), each leasing up to ``ask`` items over its
         queues, ``leaseBatch`` per lease, starting one queue further each round so that none
-        is starved when ``ask`` is small; (items, whether any lease filled its request). Only
-        a server's first lease may wait."""
+        is starved when ``ask`` is small; (the replies, whether any lease filled its request).
+        Only a server's first lease may wait."""
         started = self.clock()
         self._turn += 1
         servers = [a for a in self.clients if self._queues.get(a)]
@@ -250,32 +287,37 @@ class Fetcher:
             replies = list(self._pool.map(lambda a: self._lease_on(a, ask, wait), servers))
         else:
             replies = [self._lease_on(a, ask, wait) for a in servers]
-        leased = [i for items, _ in replies if items is not None for i in items]
+        leased = [r for got, _ in replies if got is not None for r in got]
         full = any(filled for _, filled in replies)
         self.metrics.lease_ms += (self.clock() - started) * 1000
-        self.metrics.leased += len(leased)
-        self._health(sum(items is not None for items, _ in replies) + (not servers))
+        self.metrics.leased += sum(len(r.cols) for r in leased)
+        self._health(sum(got is not None for got, _ in replies) + (not servers))
         return leased, full
 
     def _lease_on(
         self, address: str, ask: int, wait: float | None
-    ) -> tuple[list[Leased] | None, bool]:
-        """Leases on one server: (items, or None when it failed; whether one filled)."""
+    ) -> tuple[list[LeaseReply] | None, bool]:
+        """Leases on one server: (replies, or None when it failed; whether one filled)."""
         queues = self._queues[address]
-        got: list[Leased] = []
+        got: list[LeaseReply] = []
+        n_got = 0
         for k in range(len(queues)):
-            n = min(self.opts.lease_batch, ask - len(got))
+            n = min(self.opts.lease_batch, ask - n_got)
             if n <= 0:
                 return got, True
             queue = queues[(self._turn + k) % len(queues)]
             try:
-                items = self.clients[address].lease(queue, n, wait, self.opts.lease_ms / 1000)
+                _, cols = self.clients[address].lease_columns(
+                    queue, n, wait, self.opts.lease_ms / 1000
+                )
             except ClientError as exc:
                 log.warning("tercel source: %s skipped this round: %s", address, exc)
                 return (got or None), False
             wait = None
-            got += items
-            if len(items) >= n:
+            if len(cols):
+                got.append(LeaseReply(address, queue, cols))
+                n_got += len(cols)
+            if len(cols) >= n:
                 return got, True
         return got, False
 
@@ -306,45 +348,53 @@ class Fetcher:
                 f"{now - self._down_since:.1f}s (maxUnavailableMs={self.opts.max_unavailable_ms})"
             )
 
-    def _split(self, leased: list[Leased]) -> tuple[list[Leased], set[Key]]:
-        """(items to stage, keys of redelivered suspects to ack and drop: already staged)."""
+    def _split(self, reply: LeaseReply, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, set[Key]]:
+        """(the rows of ``batch``, ``reply`` staged, to stage; keys of redelivered suspects
+        among them, to ack and drop: they were already staged)."""
         if not self.suspects:
-            return leased, set()
-        kept = []
+            return batch, set()
+        cols = reply.cols
         dropped: set[Key] = set()
-        for item in leased:
-            key = (item.server, item.queue, item.id)
-            if item.deliveries > 1 and key in self.suspects:
+        keep = [True] * len(cols)
+        for k, deliveries in enumerate(cols.deliveries):
+            if deliveries <= 1:
+                continue  # never handed out before: not a redelivery
+            key = (reply.server, reply.queue, cols.item_ids[k])
+            if key in self.suspects:
                 dropped.add(key)
-                self.metrics.dropped += 1
-                continue
-            kept.append(item)
-        return kept, dropped
+                keep[k] = False
+        if not dropped:
+            return batch, dropped
+        self.metrics.dropped += len(dropped)
+        return batch.filter(pa.array(keep)), dropped
 
-    def _ack(self, server: str, items: list[Leased]) -> bool:
-        """Ack staged (or dropped) items; whether every one was acked. Otherwise they may come
-        back (the server could not be reached, or some leases ran out first: ``ACKED`` counts
-        fewer, and which ones the reply does not say), so all become suspects."""
+    def _ack(
+        self, server: str, queue: str, lease_ids: Sequence[str], item_ids: Sequence[int]
+    ) -> bool:
+        """Ack staged (or dropped) items of ``queue``; whether every one was acked. Otherwise
+        they may come back (the server could not be reached, or some leases ran out first:
+        ``ACKED`` counts fewer, and which ones the reply does not say), so all become
+        suspects."""
         started = self.clock()
         try:
-            acked = self.clients[server].ack(items)
+            acked = self.clients[server].ack_ids(server, queue, lease_ids)
             self.metrics.acked += acked
             self.metrics.ack_ms += (self.clock() - started) * 1000
         except ClientError as exc:
             log.warning(
-                "tercel source: ack of %d item(s) on %s failed: %s", len(items), server, exc
+                "tercel source: ack of %d item(s) on %s failed: %s", len(lease_ids), server, exc
             )
             acked = -1
-        if acked >= len(items):
+        if acked >= len(lease_ids):
             return True
         if acked >= 0:
             log.warning(
                 "tercel source: %d of %d lease(s) on %s ran out before the ack",
-                len(items) - acked,
-                len(items),
+                len(lease_ids) - acked,
+                len(lease_ids),
                 server,
             )
-        self._suspect({(i.server, i.queue, i.id) for i in items})
+        self._suspect({(server, queue, i) for i in item_ids})
         return False
 
     def _maybe_pause(self) -> None:

@@ -171,7 +171,7 @@ class SourceOptions:
             staging=staging,
             checkpoint=checkpoint,
             max_items_per_trigger=o.optional_integer("maxItemsPerTrigger", 1),
-            max_items_per_fetch=o.integer("maxItemsPerFetch", 100_000, 1),
+            max_items_per_fetch=o.integer("maxItemsPerFetch", 200_000, 1),
             lease_batch=o.integer("leaseBatch", 5_000, 1),
             fetch_wait_ms=o.integer("fetchWaitMs", 100),
             max_fetch_ms=o.integer("maxFetchDurationMs", 5_000, 1),

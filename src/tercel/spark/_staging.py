@@ -4,8 +4,8 @@ it acks it. Spark offsets are positions in this log, so any batch can be replaye
 Layout under ``stagingLocation`` (one directory per query; it belongs to one checkpoint):
 
 - ``seg-<start>.arrows.tmp``: the open segment, an Arrow IPC *stream* appended one fetch round
-  (one record batch) at a time, fsynced after each round. After a crash it is readable up to
-  its last complete batch.
+  (a record batch per lease reply) at a time, fsynced after each round. After a crash it is
+  readable up to its last complete batch.
 - ``seg-<start>-<end>.arrows``: a finished segment holding positions ``[start, end)``. A
   segment is finished by close, fsync, rename and fsync of the directory.
 
@@ -129,18 +129,21 @@ class SegmentWriter:
         self._file: Any = None
         self._writer: Any = None
 
-    def append(self, batch: pa.RecordBatch) -> None:
-        """Write one round and make it durable (flush + fsync) before returning."""
-        if batch.num_rows == 0:
+    def append(self, *batches: pa.RecordBatch) -> None:
+        """Write one round (a record batch per lease reply) and make it durable (flush +
+        fsync, once) before returning."""
+        batches = tuple(b for b in batches if b.num_rows)
+        if not batches:
             return
         if self._file is None:
             self._file = open(self.path, "wb")  # noqa: SIM115 (closed in finish)
             fsync_dir(self.root)  # the name must survive a crash too
             self._writer = pa.ipc.new_stream(self._file, STAGE_SCHEMA)
-        self._writer.write_batch(batch)
+        for batch in batches:
+            self._writer.write_batch(batch)
+            self.end += batch.num_rows
         self._file.flush()
         os.fsync(self._file.fileno())
-        self.end += batch.num_rows
 
     def finish(self) -> Segment | None:
         """Close, fsync and rename to ``seg-<start>-<end>.arrows``, then fsync the directory;
@@ -247,8 +250,7 @@ class StagingLog:
             failpoint("recover.read")
             before_finish(batches)
             writer = SegmentWriter(self.root, int(m[1]), suffix=".rec")
-            for batch in batches:
-                writer.append(batch)
+            writer.append(*batches)
             writer.finish()
             os.unlink(path)
             fsync_dir(self.root)

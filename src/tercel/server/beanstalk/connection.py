@@ -48,6 +48,7 @@ class BeanstalkConnection(Connection):
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx, FRONT_END)
+        self.reads_clock = False  # the job store reads its own clocks, when it needs them
         svc = service_of(ctx)
         self.svc = svc
         self.store = svc.store

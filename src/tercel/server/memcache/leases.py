@@ -33,12 +33,20 @@ FEATURES = [("lease", 1), ("item-id", 1), ("dead-letter", 1), ("monitor", 1)]
 
 
 def _leased_reply(out: list[bytes], table: ReservationTable, leases: list[Reservation]) -> None:
+    prefix = table.prefix_bytes
     for lease in leases:
         item = lease.item
         data = item.data
-        lease_id = table.lease_id(lease)
-        head = mc.leased(lease_id, item.id, item.deliveries, item.add_time, item.expiry)
-        out += (head, b"%d\r\n" % len(data), data, b"\r\n")
+        head = mc.leased(
+            prefix,
+            table.lease_number(lease),
+            item_id=item.id,
+            deliveries=item.deliveries,
+            add_ms=item.add_time,
+            expiry_ms=item.expiry,
+            size=len(data),
+        )
+        out += (head, data, b"\r\n")
     out.append(mc.END)
 
 

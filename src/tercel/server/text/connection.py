@@ -48,6 +48,8 @@ class TextConnection(Connection):
         self.codec = kt.TextServerCodec()
         self.op = ""
         """The command being run (named in ``-Server not available for operation <op>``)."""
+        self.counts = ctx.command_counts("text")
+        """``cmd_<command>``: commands received, refused ones included (``stats``)."""
 
     # ---- the hooks of server.connection ---------------------------------------------------
 
@@ -65,6 +67,8 @@ class TextConnection(Connection):
                 return
             name, handler, access = HANDLERS[type(cmd)]
             self.op = name
+            key = f"cmd_{cmd.name if isinstance(cmd, Simple) else name}"
+            self.counts[key] = self.counts.get(key, 0) + 1
             if access:
                 self.ctx.check(access)
             handler(self, cmd)

@@ -58,6 +58,9 @@ class ThriftConnection(Connection):
         """The call being served (its seqid and method answer an error)."""
         self.gathering: _Gather | None = None
         """A ``get`` parked for more items."""
+        self.counts = ctx.command_counts("thrift")
+        """``cmd_<method>``: calls received, refused ones included; ``cmd_bad_call`` for
+        calls the codec could not build (``stats``)."""
 
     # ---- the hooks of server.connection ---------------------------------------------------
 
@@ -75,6 +78,8 @@ class ThriftConnection(Connection):
                 return
             self.call = call
             handler, access = HANDLERS[type(call)]
+            key = "cmd_bad_call" if isinstance(call, t.BadCall) else f"cmd_{call.METHOD}"
+            self.counts[key] = self.counts.get(key, 0) + 1
             if access:
                 self.ctx.check(access)
             handler(self, call)

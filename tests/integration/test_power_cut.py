@@ -1,0 +1,170 @@
+"""Power loss: what survives is what was fsynced, not what was written.
+
+A kill -9 keeps the page cache, so it proves the write-before-reply rule only. Here the
+server runs through the journal's file seam with :class:`tercel.journal.faults.PowerLossFiles`
+(``bench/faulty_serve.py``, ``TERCEL_POWER_LOSS_SHADOW``), which mirrors every fsync of a file
+and of the directory into a shadow directory. After a SIGKILL, :func:`power_loss` rewrites the
+data dir to what a power cut would leave: each file's bytes as of its last fsync and the
+directory's names as of its last directory fsync, with the bytes written since dropped, cut at
+a random point, or kept with a zeroed hole. Then the server starts again (real clients, the
+same data dir), and:
+
+- ``sync_journal = true``: every acknowledged item not taken by a confirmed get is back, and
+  no item taken by a confirmed get comes back;
+- every mode: start-up never refuses (an unsynced tail is cut, as documented), no item appears
+  that was not sent, and each queue's items come back in the order they were sent;
+- when the unsynced bytes are dropped whole (what was fsynced is a clean prefix), no torn tail
+  is cut: nothing before the last fsync is lost.
+
+Queues rotate and compact all the time (8 KiB files), and the checkpoint is written at each
+clean stop, so renames, unlinks and the checkpoint file are in the picture.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import Raw, set_cmd, stats
+from tercel.journal.faults import TAILS, power_loss
+from tercel.testing import ServerProcess
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+LAUNCHER = (sys.executable, str(BENCH / "faulty_serve.py"))
+QUEUES = {"on": "true", "periodic": '"20ms"', "off": "false"}
+CONFIG = """[queues]
+max_memory_size = "2KB"
+max_journal_size = "8KB"
+max_journal_overflow = 2
+""" + "".join(f"[queues.{q}]\nsync_journal = {mode}\n" for q, mode in QUEUES.items())
+
+TRIALS = int(os.environ.get("TERCEL_POWER_LOSS_TRIALS", "12"))
+"""Power cuts per seed (the tails in turn); a longer run for docs/reliability.md sets more."""
+
+
+class Ledger:
+    """One queue as the clients saw it."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.acked: set[bytes] = set()
+        self.taken: set[bytes] = set()
+        """Items a get returned (its removal acknowledged by the reply)."""
+
+
+def _get(conn: Raw, q: str) -> bytes | None:
+    conn.send(b"get %s\r\n" % q.encode())
+    head = conn.read_line()
+    if head == b"END\r\n":
+        return None
+    size = int(head.split()[3])
+    data = conn.read_exact(size + 2)[:-2]
+    conn.expect(b"END\r\n")
+    return data
+
+
+def _load(conn: Raw, rng: random.Random, run: str, ledgers: dict[str, Ledger]) -> None:
+    """Sets in pipelined batches and some gets, then one batch whose replies are not read
+    (the server is killed with it in flight). Items are named ``<queue>|<run>|...``."""
+    for q, led in ledgers.items():
+        for batch in range(rng.randint(3, 8)):
+            items = [
+                b"%s|%s|%d|%d|" % (q.encode(), run.encode(), batch, i) + b"x" * rng.randrange(600)
+                for i in range(rng.randint(1, 12))
+            ]
+            led.sent.extend(items)
+            conn.call(b"".join(set_cmd(q, item) for item in items), b"STORED\r\n" * len(items))
+            led.acked.update(items)
+            for _ in range(rng.randint(0, len(items))):
+                data = _get(conn, q)
+                if data is not None:
+                    led.taken.add(data)
+    for q, led in ledgers.items():
+        items = [b"%s|%s|late|%d|" % (q.encode(), run.encode(), i) for i in range(5)]
+        led.sent.extend(items)
+        conn.send(b"".join(set_cmd(q, item) for item in items))
+
+
+def _drain(conn: Raw, q: str) -> list[bytes]:
+    out = []
+    while (data := _get(conn, q)) is not None:
+        out.append(data)
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_after_a_power_loss_every_fsynced_item_is_back(
+    data_dir: Path, tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    shadow = tmp_path / "shadow"
+    srv = ServerProcess(
+        data_dir,
+        CONFIG,
+        launcher=LAUNCHER,
+        env={"TERCEL_POWER_LOSS_SHADOW": str(shadow)},
+    )
+    srv.start()
+    ledgers = {q: Ledger() for q in QUEUES}
+    seen: dict[str, Counter[bytes]] = {q: Counter() for q in QUEUES}
+    cut: Counter[str] = Counter()
+    try:
+        for trial in range(TRIALS):
+            tail = TAILS[trial % len(TAILS)]
+            conn = Raw(srv.connect())
+            _load(conn, rng, f"{trial}", ledgers)
+            if trial % 4 == 3:  # a clean stop writes the checkpoints, then more load
+                conn.close()
+                assert srv.stop() == 0
+                srv.start()
+                conn = Raw(srv.connect())
+                _load(conn, rng, f"{trial}b", ledgers)
+            conn.close()
+            srv.kill()
+            cut.update(power_loss(str(data_dir), str(shadow), rng, tail))
+            srv.start()  # start-up never refuses
+            conn = Raw(srv.connect())
+            torn = int(stats(conn)["journal_torn_tails"])
+            if tail == "drop":
+                assert torn == 0, "a torn tail in what was fsynced"
+            for q, led in ledgers.items():
+                got = _drain(conn, q)
+                seen[q].update(got)
+                assert set(got) <= set(led.sent), "an item never sent"
+                order = {item: i for i, item in enumerate(led.sent)}
+                assert [order[g] for g in got] == sorted(order[g] for g in got), q
+                if QUEUES[q] == "true":
+                    missing = led.acked - led.taken - set(got)
+                    assert not missing, f"{tail}: {len(missing)} acknowledged items lost"
+                    assert not led.taken & set(got), "a confirmed get came back"
+                led.taken.update(got)  # drained: taken, by a get whose reply came
+            conn.close()
+    finally:
+        srv.kill()
+    assert cut["unsynced_bytes"] > 0 and cut["tails_cut"] and cut["tails_holed"]
+    acked = {q: len(led.acked) for q, led in ledgers.items()}
+    print(
+        "power loss:", dict(cut), "acked", acked, "recovered", {q: len(c) for q, c in seen.items()}
+    )
+
+
+def test_a_new_queue_survives_a_power_loss_right_after_its_first_set(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """The first set to a new ``sync_journal = true`` queue creates its journal file: its
+    name must be durable (a directory fsync) before the ``STORED``, not only its bytes."""
+    shadow = tmp_path / "shadow"
+    env = {"TERCEL_POWER_LOSS_SHADOW": str(shadow)}
+    with ServerProcess(data_dir, CONFIG, launcher=LAUNCHER, env=env) as srv:
+        conn = Raw(srv.connect())
+        conn.call(set_cmd("on", b"first"), b"STORED\r\n")
+        srv.kill()
+        power_loss(str(data_dir), str(shadow), random.Random(0), "drop")
+        srv.start()
+        conn = Raw(srv.connect())
+        assert _drain(conn, "on") == [b"first"]
