@@ -6,11 +6,15 @@ read with ``readStream.format("json")``, or queued on two tercel servers and rea
 after a warm-up of each, so both see the same machine load.
 
     .venv/bin/python bench/spark_bench.py [--items 400000] [--size 200] [--rounds 2]
-        [--old] [--also maxItemsPerFetch=100000 ...] [--skip-writer]
+        [--old] [--also maxItemsPerFetch=100000 ...] [--skip-writer] [--skip-source]
+        [--spark-side]
 
 Each run also reports the CPU seconds per item of the whole process tree (the Spark JVM, its
 Python workers and the tercel servers are all children of the benchmark): on a host whose
-cores are all busy, the ratio of those bounds the ratio of the throughputs.
+cores are all busy, the ratio of those bounds the ratio of the throughputs. ``--spark-side``
+adds batch jobs that read the same events into Parquet from the JSON files and from staging
+segments written beforehand (no server, fetch or streaming engine): Spark's own cost of the
+Python data source path against its JSON reader.
 
 Also: the sink (``df.write.format("tercel")``) with its default ``batchSize`` against
 ``batchSize=500`` (the old default), alternated; and the time from ``start()`` to the first
@@ -195,6 +199,88 @@ def run_restart(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
         return {"first_batch_s": round(cold, 2), "first_batch_after_restart_s": round(warm, 2)}
 
 
+class StagedSource:
+    """``format("tercel-staged")`` (``--spark-side``): a *batch* read of staging segments
+    already written, one partition per segment, each row as the tercel source yields it
+    (``read_slice``). No server, no fetch, no streaming engine: what Spark pays for the
+    Python data source path on its own. Defined in the script, so Spark pickles it by value."""
+
+    @staticmethod
+    def make() -> Any:
+        from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+        from tercel.spark._staging import Piece, StagingLog, read_slice
+        from tercel.spark.source import SOURCE_STRUCT
+
+        class Reader(DataSourceReader):
+            def __init__(self, root: str) -> None:
+                self.root = root
+
+            def partitions(self) -> list[InputPartition]:
+                return [
+                    InputPartition((s.path, s.start, s.end))
+                    for s in StagingLog(self.root).segments()
+                ]
+
+            def read(self, partition: InputPartition) -> Any:
+                path, start, end = partition.value
+                yield from read_slice([Piece(path, start, start, end)])
+
+        class Source(DataSource):
+            @classmethod
+            def name(cls) -> str:
+                return "tercel-staged"
+
+            def schema(self) -> Any:
+                return SOURCE_STRUCT
+
+            def reader(self, schema: Any) -> Any:
+                return Reader(self.options["path"])
+
+        return Source
+
+
+def run_spark_side(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
+    """The same events read in one batch job into Parquet, from JSON files and from staged
+    segments (``StagedSource``), alternated by the caller; wall time and CPU per item each."""
+    from tercel.spark._fetch import Fetcher
+    from tercel.spark._options import SourceOptions
+    from tercel.spark._staging import StagingLog
+
+    write_files(work / "json", n, size, files=8)
+    with ServerProcess(work / "s1") as a, ServerProcess(work / "s2") as b:
+        fill_queues([a, b], "events", n, size)
+        stage = str(work / "stage")
+        opts = {"servers": f"{a.address},{b.address}", "queue": "events", "stagingLocation": stage}
+        log = StagingLog(stage)
+        log.ensure()
+        fetcher = Fetcher(SourceOptions.parse(opts), log)
+        end = 0
+        while end < n:
+            end, _ = fetcher.fetch(end, n - end, False)
+        fetcher.close()
+    out: dict[str, Any] = {}
+    for name, reader in (
+        ("files", spark.read.schema(EVENT_SCHEMA).format("json")),
+        ("staged", spark.read.format("tercel-staged")),
+    ):
+        source = str(work / "json") if name == "files" else stage
+        df = reader.load(source)
+        if name == "staged":
+            df = df.selectExpr(f"from_json(cast(value as string), '{EVENT_SCHEMA}') as e")
+            df = df.select("e.*")
+        started = _now()
+        df.write.parquet(str(work / f"out-{name}"))
+        now = _now()
+        assert spark.read.parquet(str(work / f"out-{name}")).count() == n
+        out[name] = {
+            "seconds": round(now[0] - started[0], 2),
+            "items_per_s": round(n / (now[0] - started[0])),
+            "cpu_us_per_item": round((now[1] - started[1]) / n * 1e6, 1),
+        }
+    return out
+
+
 def run_writer(spark: Any, df: Any, work: Path, n: int, batch_size: int | None) -> float:
     with ServerProcess(work / "w1") as a, ServerProcess(work / "w2") as b:
         writer = df.write.format("tercel").option("servers", f"{a.address},{b.address}")
@@ -243,6 +329,7 @@ def source_runs(spark: Any, work: Path, args: argparse.Namespace, result: dict[s
     result["runs"] = runs
     for name, values in runs.items():
         result[f"{name}_items_per_s"] = _summary([r["items_per_s"] for r in values])
+        result[f"{name}_cpu_us_per_item"] = [r["cpu_us_per_item"] for r in values]
         result[f"{name}_over_files"] = [
             round(t["items_per_s"] / f["items_per_s"], 2)
             for f, t in zip(runs["files"], values, strict=True)
@@ -256,6 +343,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-writer", action="store_true")
     parser.add_argument("--skip-source", action="store_true")
+    parser.add_argument(
+        "--spark-side",
+        action="store_true",
+        help="also: batch reads of JSON files and of already staged segments (no fetch)",
+    )
     parser.add_argument("--old", action="store_true", help="also run the pre-issue-23 defaults")
     parser.add_argument(
         "--also",
@@ -280,6 +372,14 @@ def main() -> None:
             spark, work / "restart", min(args.items, 100_000), args.size
         )
         note("restart", result["restart"])
+    if args.spark_side:
+        spark.dataSource.register(StagedSource.make())
+        run_spark_side(spark, work / "side-warm", 5000, args.size)
+        side = []
+        for k in range(args.rounds):
+            side.append(run_spark_side(spark, work / f"side{k}", args.items, args.size))
+            note("spark side", side[-1])
+        result["spark_side"] = side
     if not args.skip_writer:
         n = args.items // 2
         df = spark.range(n).selectExpr(

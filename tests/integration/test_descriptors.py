@@ -105,7 +105,7 @@ def test_connections_that_use_every_descriptor_refuse_nothing_else_for_good(
     Requests on accepted connections get a reply (a new queue may be refused with
     ``SERVER_ERROR too many open files``); once connections close, new ones are served again,
     and the log holds no traceback."""
-    config = "[server]\nmax_open_journals = 4\n"
+    config = "[server]\nmax_open_journals = 4\nadmin_port = false\n"  # no admin listener
     with ServerProcess(data_dir, config, open_files=64, admin_port=None) as srv:
         first = Raw(srv.connect())
         first.call(set_cmd("kept", b"0"), b"STORED\r\n")

@@ -146,7 +146,9 @@ def test_after_a_power_loss_every_fsynced_item_is_back(
             conn.close()
     finally:
         srv.kill()
-    assert cut["unsynced_bytes"] > 0 and cut["tails_cut"] and cut["tails_holed"]
+    # Which tails got bytes to cut or hole depends on where the periodic sync stood at each
+    # kill (timing); the cut and hole cases themselves are pinned in test_power_loss.py.
+    assert cut["unsynced_bytes"] > 0 and (cut["tails_cut"] or cut["tails_holed"])
     acked = {q: len(led.acked) for q, led in ledgers.items()}
     print(
         "power loss:", dict(cut), "acked", acked, "recovered", {q: len(c) for q, c in seen.items()}

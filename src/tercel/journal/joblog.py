@@ -139,7 +139,7 @@ def _frame(body: bytes) -> bytes:
     return _pack_prefix(len(body), crc32(body)) + body
 
 
-def encode_job(job: JobFields) -> tuple[bytes, bytes]:
+def encode_job(job: JobFields) -> list[bytes]:
     """A JOB record as two pieces, the head and the body (the body is not copied)."""
     return encode_job_fields(
         job.job_id,
@@ -166,7 +166,7 @@ def encode_job_fields(  # noqa: PLR0917 (every field of the record, as encode_jo
     ttr: int,
     created_ms: int,
     body: bytes,
-) -> tuple[bytes, bytes]:
+) -> list[bytes]:
     """:func:`encode_job` from the fields themselves (a put has no record object to read)."""
     name = tube.encode("ascii")
     reserves, timeouts, releases, buries, kicks = _clamp(counters)
@@ -190,7 +190,7 @@ def encode_job_fields(  # noqa: PLR0917 (every field of the record, as encode_jo
         + name
     )
     crc = crc32(body, crc32(fields))
-    return _pack_prefix(len(fields) + len(body), crc) + fields, body
+    return [_pack_prefix(len(fields) + len(body), crc) + fields, body]
 
 
 def encode_state(job: JobFields) -> bytes:
@@ -470,10 +470,10 @@ class JobJournal(AppendLog):
     ) -> int:
         """A new job's JOB record (counters 0), from its fields (the store's ``JobLog``); the
         number of the file it is written to."""
-        head, data = encode_job_fields(
+        parts = encode_job_fields(  # [prefix and fields, body]: the body is not copied
             job_id, state, pri, delay, deadline_ms, _NO_COUNTERS, tube, ttr, created_ms, body
         )
-        self._append_parts([head, data], len(head) + len(data))
+        self._append_parts(parts, len(parts[0]) + len(parts[1]))
         self.records_written += 1
         return self.seq
 

@@ -14,7 +14,6 @@ then fsyncs on the loop as before.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import logging
 import os
@@ -33,14 +32,13 @@ _EVENT = struct.Struct("<QQqq")  # struct io_event: data, obj, res, res2
 MAX_IN_FLIGHT: Final = 256
 
 
-_long = ctypes.c_long
-"""``syscall`` is variadic: every argument is passed as a C long, as the kernel reads it."""
-
-
 class Aio:
     """One AIO context and its eventfd. Loop thread only."""
 
     def __init__(self, syscalls: tuple[int, int, int, int]) -> None:
+        import ctypes  # here, not at start-up: only a server that syncs a group needs it
+
+        _long = ctypes.c_long
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.syscall.restype = ctypes.c_long
         self._setup, self._destroy, self._getevents, self._submit = syscalls
@@ -56,7 +54,11 @@ class Aio:
         self.in_flight = 0
 
     def _call(self, number: int, *args: object) -> int:
-        return int(self._libc.syscall(_long(number), *args))
+        """``syscall`` is variadic: every argument is passed as a C long, as the kernel
+        reads it."""
+        import ctypes
+
+        return int(self._libc.syscall(ctypes.c_long(number), *args))
 
     def fdatasync(self, fd: int, tag: int) -> None:
         """Start an fdatasync of ``fd``; its completion comes back from :meth:`reap` with
@@ -65,7 +67,9 @@ class Aio:
             self._iocb, 0, tag, 0, 0, _IOCB_CMD_FDSYNC, 0, fd, 0, 0, 0, 0,
             _IOCB_FLAG_RESFD, self.eventfd,
         )  # fmt: skip
-        if self._call(self._submit, self._ctx, _long(1), self._iocbs) != 1:
+        import ctypes
+
+        if self._call(self._submit, self._ctx, ctypes.c_long(1), self._iocbs) != 1:
             err = ctypes.get_errno()
             raise OSError(err, f"io_submit: {os.strerror(err)}")
         self.in_flight += 1
@@ -84,6 +88,9 @@ class Aio:
     def _getevents_call(self, min_nr: int, timeout: object) -> list[tuple[int, int]]:
         """io_getevents for at least ``min_nr`` completions (``timeout`` None: wait for
         them; zero: do not wait), retried when a signal interrupts it."""
+        import ctypes
+
+        _long = ctypes.c_long
         while True:
             n = self._call(
                 self._getevents, self._ctx, _long(min_nr), _long(MAX_IN_FLIGHT), self._events,

@@ -28,7 +28,7 @@ from tercel.clock import Clock, SystemClock
 from tercel.config import QueueConfig, ServerConfig
 from tercel.core.collection import QueueCollection
 from tercel.core.log import QueueLog
-from tercel.errors import ConfigError
+from tercel.errors import ConfigError, TooManyOpenFiles
 from tercel.server.admin_rules import check_admin_settings
 from tercel.server.commit import Committer
 from tercel.server.connection import Connection
@@ -123,9 +123,10 @@ def _import_admin() -> ModuleType:
 
 
 ADMIN_AFTER_REPLAY_S = 1.0
-"""The admin listener's import waits for the background replay to end, at most this long:
-the import thread takes the GIL each time the replay reads (and they share one CPU when the
-server is pinned), which made the first item ~20 % later at a restart (docs/benchmarks.md)."""
+"""The admin listener's import (and the build's log line) waits for the background replay
+to end, at most this long: the import thread takes the GIL each time the replay reads (and
+they share one CPU when the server is pinned), which made the first item ~20 % later at a
+restart (docs/benchmarks.md)."""
 REPLAY_LOG_EVERY_S = 2.0
 """Start-up replay logs its progress at most this often (and any queue that took longer)."""
 
@@ -196,7 +197,7 @@ class Server:
     ) -> None:
         """Run journal work (snapshot writing) on a worker thread; ``done`` on the loop.
 
-        Before the loop runs (replay at start-up) the work is done inline.
+        Before the loop runs the work is done inline (start-up replays with the loop running).
         """
         if not self.loop.is_running():
             storage.run_inline(work, done)
@@ -249,18 +250,19 @@ class Server:
             log.info("%s listening on %s:%d", fe.name, sock[0], sock[1])
         # Serving from here on. What follows is not needed by the first command.
         self._replayer = self.loop.create_task(self._replay_in_background())
-        from tercel import native  # (pathlib and importlib: after the listeners serve)
+        self._schedule_sweeps()
+        # The rest waits for the background replay to end (or ADMIN_AFTER_REPLAY_S): the
+        # first commands wait for their queues' replay, not for this.
+        await asyncio.wait({self._replayer}, timeout=ADMIN_AFTER_REPLAY_S)
+        from tercel import native  # (pathlib and importlib, and a walk of the package)
 
         compiled, stale = native.compiled_modules(), native.stale_modules()
         log.info("%s", native.build_summary(compiled))
         if stale:
             log.warning("compiled modules older than their sources (run make): %s", stale)
-        self._schedule_sweeps()
         if srv.admin_port is not None:
             # aiohttp and prometheus-client take longer to import than everything else
-            # together: on a thread, while the other listeners already serve, once the
-            # background replay is done (or ADMIN_AFTER_REPLAY_S has passed).
-            await asyncio.wait({self._replayer}, timeout=ADMIN_AFTER_REPLAY_S)
+            # together: on a thread, while the other listeners already serve.
             admin = await self.loop.run_in_executor(None, _import_admin)
             self.admin = admin.AdminServer(ctx)
             sock = self._sockets.pop("admin", None)
@@ -294,11 +296,18 @@ class Server:
         if not total:
             return
         t0 = last = time.monotonic()
-        done = 0
         while not self.ctx.stopping:
             started = time.monotonic()
             try:
                 name = coll.replay_next()
+            except TooManyOpenFiles:
+                # Not the journal's fault: the rest replay at their first reference.
+                log.warning(
+                    "background replay stopped, no file descriptor left: %d queue(s) will "
+                    "replay at their first use",
+                    coll.pending,
+                )
+                return
             except Exception as exc:  # any failure stops the start
                 log.error("replay failed: %s", exc)
                 self.failure = exc
@@ -306,7 +315,6 @@ class Server:
                 return
             if name is None:
                 break
-            done += 1
             now = time.monotonic()
             if now - started >= REPLAY_LOG_EVERY_S:  # one long journal: say what it was
                 q = coll.queue(name)
