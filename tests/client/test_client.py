@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw
+from support import Raw
 from tercel.client import AsyncClient, Client
 from tercel.errors import (
     BadRequest,

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import Raw, drain, set_cmd
+from support import Raw, drain, set_cmd
 from tercel import __version__
 from tercel.testing import ServerProcess
 

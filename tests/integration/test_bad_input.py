@@ -6,7 +6,7 @@ import os
 import random
 from pathlib import Path
 
-from conftest import Raw
+from support import Raw
 from tercel.testing import ServerProcess
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import selectors
 import socket
 
-from conftest import Raw
+from support import Raw
 from tercel.testing import ServerProcess
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw, drain
+from support import Raw, drain
 from tercel import exit_codes, native
 from tercel.cli_client import format_queues, human_bytes, human_ms, queue_rows
 from tercel.testing import ServerProcess

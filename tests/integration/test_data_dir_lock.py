@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import tercel
-from conftest import Raw, set_cmd
+from support import Raw, set_cmd
 from tercel.errors import ConfigError
 from tercel.testing import ServerProcess, ServerStartError
 

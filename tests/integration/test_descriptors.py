@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import Raw, drain, set_cmd, stats
+from support import Raw, drain, set_cmd, stats
 from tercel.testing import ServerProcess
 
 LIMIT = 256

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw, drain, set_cmd
+from support import Raw, drain, set_cmd
 from tercel.journal.append import PREALLOCATE, PREALLOCATE_FIRST
 from tercel.testing import ServerProcess, ServerStartError
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw
+from support import Raw
 from tercel.testing import ServerProcess
 
 LEASED = re.compile(rb"LEASED (\S+) (\d+) (\d+) (\d+) (\d+) (\d+)\r\n")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw, set_cmd, stats
+from support import Raw, set_cmd, stats
 from tercel.journal.faults import TAILS, power_loss
 from tercel.testing import ServerProcess
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import Raw, drain, set_cmd
+from support import Raw, drain, set_cmd
 from tercel.journal.journal import CHECKPOINT_EVERY
 from tercel.testing import ServerProcess
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw, drain, set_cmd
+from support import Raw, drain, set_cmd
 from tercel.testing import ServerProcess
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Raw
+from support import Raw
 from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError

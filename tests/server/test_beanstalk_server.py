@@ -22,7 +22,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-import conftest
+import support
 from tercel.testing import BeanstalkdProcess, ServerProcess
 
 
@@ -32,7 +32,7 @@ def bsd(tmp_path: Path) -> Iterator[BeanstalkdProcess]:
         yield proc
 
 
-class Raw(conftest.Raw):
+class Raw(support.Raw):
     """A raw beanstalkd connection that reads exactly the replies it expects (closed after
     the test by conftest's ``track``)."""
 

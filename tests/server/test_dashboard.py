@@ -18,7 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-from conftest import Raw, set_cmd
+from support import Raw, set_cmd
 from tercel.testing import ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"

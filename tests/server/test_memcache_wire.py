@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from conftest import Raw
+from support import Raw
 from tercel.testing import ServerProcess
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw
+from support import Raw
 from tercel.testing import ServerProcess
 
 CONFIG = """

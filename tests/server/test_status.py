@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw
+from support import Raw
 from tercel.testing import ServerProcess
 
 READONLY_WRITE = b"SERVER_ERROR server is READONLY: writes are refused\r\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Raw, drain, set_cmd, stats, track
+from support import Raw, drain, set_cmd, stats, track
 from tercel.testing import ServerProcess
 
 PORTS = ("--text-port", "0")

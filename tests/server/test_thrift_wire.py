@@ -19,7 +19,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory
 
-from conftest import Raw, drain, set_cmd, stats, track
+from support import Raw, drain, set_cmd, stats, track
 from tercel.protocol.thrift import IDL_PATH
 from tercel.testing import ServerProcess
 
