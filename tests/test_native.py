@@ -27,6 +27,11 @@ def test_lists_extensions_and_finds_the_stale_ones(tmp_path: Path) -> None:
     later = (pkg / ("a" + suffix)).stat().st_mtime + 10
     os.utime(pkg / "sub" / "c.py", (later, later))  # edited after the build
     assert native.stale_modules(pkg) == ["pkg.sub.c"]
+    # A rebuild: the shared library is new, the shims kept their old times (copied from build/).
+    library = tmp_path / ("tercel_native__mypyc" + suffix)
+    library.write_bytes(b"")
+    os.utime(library, (later + 1, later + 1))
+    assert native.stale_modules(pkg) == []
 
 
 def test_pure_python_has_nothing_compiled(tmp_path: Path) -> None:
