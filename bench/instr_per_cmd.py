@@ -15,18 +15,35 @@ recognises a repeated line without parsing it again: this is the cost when it ca
     python bench/instr_per_cmd.py --per-read 16 --vary
 
 Runs on whatever ``tercel`` imports: the compiled build after ``make native``.
+
+``--protocol beanstalk`` counts the beanstalkd front end against beanstalkd itself, both the
+same way: the real server process (``tercel beanstalkd -b DIR -F`` and ``beanstalkd -b DIR
+-F``: a job log, no fsync, so no timer runs in proportion to wall time) under callgrind,
+driven over loopback by a client outside valgrind that sends ``--per-read`` requests at a time
+and waits for their replies: 1 KiB ``put``, and ``reserve-with-timeout 0`` + ``delete`` of a
+prefilled tube (the put that filled it taken out). The count is the server's user-space
+instructions, the event loop and socket reads and writes included (not the kernel's):
+
+    python bench/instr_per_cmd.py --protocol beanstalk --per-read 1
+    python bench/instr_per_cmd.py --protocol beanstalk --per-read 16 --keep /tmp/cg
+
+``--keep DIR`` leaves each run's callgrind file there for ``callgrind_annotate``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 PASS = 32
 PAYLOAD = b"x" * 1024
@@ -111,6 +128,141 @@ def _count(which: str, passes: int, per_read: int, vary: bool) -> int:
     return int(match.group(1))
 
 
+# ------------------------------------------------------------------------------- beanstalk
+
+BS_BODY = b"x" * 1024
+BS_PUT = b"put 0 0 60 1024\r\n" + BS_BODY + b"\r\n"
+BS_RESERVE = b"reserve-with-timeout 0\r\n"
+BS_SHORT, BS_LONG = 1024, 4096
+"""Requests of the short and the long run (multiples of 16)."""
+
+
+class _Replies:
+    """Reads beanstalkd replies off a socket: one line, plus a body after RESERVED/FOUND."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _more(self) -> None:
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise SystemExit("instr_per_cmd: the server closed the connection")
+        self.buf += data
+
+    def line(self) -> bytes:
+        while (eol := self.buf.find(b"\r\n")) < 0:
+            self._more()
+        line, self.buf = self.buf[:eol], self.buf[eol + 2 :]
+        return line
+
+    def reserved(self) -> int:
+        """A RESERVED reply; the job id (the body is read and dropped)."""
+        line = self.line()
+        word, job_id, size = line.split()
+        if word != b"RESERVED":
+            raise SystemExit(f"instr_per_cmd: expected RESERVED, got {line!r}")
+        while len(self.buf) < int(size) + 2:
+            self._more()
+        self.buf = self.buf[int(size) + 2 :]
+        return int(job_id)
+
+
+def _bs_puts(sock: socket.socket, replies: _Replies, count: int, per_read: int) -> None:
+    for _ in range(count // per_read):
+        sock.sendall(BS_PUT * per_read)
+        for _ in range(per_read):
+            if not replies.line().startswith(b"INSERTED "):
+                raise SystemExit("instr_per_cmd: a put was not INSERTED")
+
+
+def _bs_client(port: int, which: str, count: int, per_read: int) -> None:
+    """The load: ``count`` puts, or ``count`` puts then ``count`` reserve + delete pairs
+    (``per_read`` reserves in one write, then their deletes in one write)."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        replies = _Replies(sock)
+        _bs_puts(sock, replies, count, per_read)
+        if which == "put":
+            return
+        for _ in range(count // per_read):
+            sock.sendall(BS_RESERVE * per_read)
+            ids = [replies.reserved() for _ in range(per_read)]
+            sock.sendall(b"".join(b"delete %d\r\n" % i for i in ids))
+            for _ in range(per_read):
+                if replies.line() != b"DELETED":
+                    raise SystemExit("instr_per_cmd: a delete was not DELETED")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _bs_count(server: str, which: str, count: int, per_read: int, keep: str | None) -> int:
+    """Instructions of one whole server run under callgrind (start-up, load, SIGTERM)."""
+    work = tempfile.mkdtemp(prefix="instr-bs-")
+    try:
+        logdir = os.path.join(work, "binlog")
+        os.mkdir(logdir)
+        out = "/dev/null"
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            out = os.path.join(keep, f"callgrind.{server}.{which}.{per_read}.{count}")
+        ports = os.path.join(work, "ports.json")
+        port = _free_port()
+        if server == "tercel":
+            argv = [sys.executable, "-m", "tercel", "beanstalkd", "-l", "127.0.0.1", "-p", "0"]
+            argv += ["-b", logdir, "-F", "--ports-file", ports]
+        else:
+            argv = ["beanstalkd", "-l", "127.0.0.1", "-p", str(port), "-b", logdir, "-F"]
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv]
+        env = dict(os.environ, PYTHONHASHSEED="0")
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while True:  # a benchmark, not a test: poll until the server answers
+                if proc.poll() is not None:
+                    raise SystemExit(f"instr_per_cmd: {server} exited: {proc.stderr.read()}")  # type: ignore[union-attr]
+                try:
+                    if server == "tercel":
+                        with open(ports) as fh:
+                            port = int(json.load(fh)["beanstalk"])
+                    socket.create_connection(("127.0.0.1", port)).close()
+                    break
+                except (OSError, ValueError, KeyError):
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"instr_per_cmd: {server} did not start") from None
+                    time.sleep(0.2)
+            _bs_client(port, which, count, per_read)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=300)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    match = re.search(r"Collected : (\d+)", err)
+    if match is None:
+        raise SystemExit(f"no callgrind total in:\n{err}")
+    return int(match.group(1))
+
+
+def _beanstalk(per_read: int, servers: list[str], keep: str | None) -> None:
+    extra = BS_LONG - BS_SHORT
+    for server in servers:
+
+        def count(which: str, n: int, server: str = server) -> int:
+            return _bs_count(server, which, n, per_read, keep)
+
+        per_put = (count("put", BS_LONG) - count("put", BS_SHORT)) // extra
+        per_pair = (count("rd", BS_LONG) - count("rd", BS_SHORT)) // extra - per_put
+        print(
+            f"{server}, {per_read} per read: put {per_put} instr/cmd, "
+            f"reserve+delete {per_pair} instr/pair",
+            flush=True,
+        )
+
+
 def _ensure_valgrind() -> None:
     """Install Debian's valgrind when it is missing (as bench/run installs the peers)."""
     if shutil.which("valgrind") is not None:
@@ -125,6 +277,13 @@ def _ensure_valgrind() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--per-read", type=int, default=1, choices=(1, 2, 4, 8, 16, 32))
+    ap.add_argument("--protocol", choices=("memcache", "beanstalk"), default="memcache")
+    ap.add_argument(
+        "--servers",
+        default="tercel,beanstalkd",
+        help="beanstalk: which servers to count, comma-separated (tercel, beanstalkd)",
+    )
+    ap.add_argument("--keep", metavar="DIR", help="beanstalk: keep the callgrind files here")
     ap.add_argument("--vary", action="store_true", help="no set line repeats the one before")
     ap.add_argument("--child", nargs=2, metavar=("OP", "PASSES"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -136,6 +295,9 @@ def main() -> None:
         uvloop.run(_drive(args.child[0], int(args.child[1]), args.per_read, args.vary))
         return
     _ensure_valgrind()
+    if args.protocol == "beanstalk":
+        _beanstalk(args.per_read, args.servers.split(","), args.keep)
+        return
     short, long = 100, 400
     extra = (long - short) * PASS
 

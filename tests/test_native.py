@@ -27,6 +27,11 @@ def test_lists_extensions_and_finds_the_stale_ones(tmp_path: Path) -> None:
     later = (pkg / ("a" + suffix)).stat().st_mtime + 10
     os.utime(pkg / "sub" / "c.py", (later, later))  # edited after the build
     assert native.stale_modules(pkg) == ["pkg.sub.c"]
+    # A rebuild: the shared library is new, the shims kept their old times (copied from build/).
+    library = tmp_path / ("tercel_native__mypyc" + suffix)
+    library.write_bytes(b"")
+    os.utime(library, (later + 1, later + 1))
+    assert native.stale_modules(pkg) == []
 
 
 def test_pure_python_has_nothing_compiled(tmp_path: Path) -> None:
@@ -73,3 +78,28 @@ def test_queued_items_are_outside_the_cyclic_gc() -> None:
         b"payload",
         0,
     )
+
+
+def test_beanstalk_jobs_are_outside_the_cyclic_gc() -> None:
+    """The same for the beanstalkd front end's jobs (``Job`` is ``acyclic`` when compiled):
+    beanstalkd users keep millions of jobs in memory."""
+    import gc
+
+    from tercel.core.tubes import Job, JobStore
+
+    class Clock:
+        def monotonic(self) -> float:
+            return 0.0
+
+        def now_ms(self) -> int:
+            return 0
+
+    store = JobStore(Clock())
+    worker = store.connect(lambda job, why: None)
+    job = store.put(worker, 0, 0, 60, b"body")
+    assert isinstance(job, Job)
+    if "tercel.core.tubes" not in native.compiled_modules():
+        return
+    assert not gc.is_tracked(job)
+    assert store.reserve(worker, 0) == (job, 0)
+    assert store.delete(worker, job.id)

@@ -50,10 +50,17 @@ def stale_modules(package: Path = PACKAGE) -> list[str]:
     """Compiled modules whose source changed after the extension was built (run ``make``)."""
     if _from_wheel(package):
         return []
+    # The code is in the one shared library mypyc builds for the group (setup.py's
+    # group_name); a rebuild may copy the small per-module shims from build/ with their old
+    # times, so the library's time counts as the build's.
+    library = max(
+        (lib.stat().st_mtime for lib in package.parent.glob("tercel_native__mypyc*.so")),
+        default=0.0,
+    )
     stale = []
     for name, ext in _extensions(package):
         source = ext.parent / (name.rsplit(".", 1)[-1] + ".py")
-        if source.exists() and source.stat().st_mtime > ext.stat().st_mtime:
+        if source.exists() and source.stat().st_mtime > max(ext.stat().st_mtime, library):
             stale.append(name)
     return stale
 

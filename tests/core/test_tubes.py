@@ -44,9 +44,20 @@ class Log:
     def __init__(self) -> None:
         self.records: list[tuple[object, ...]] = []
 
-    def put(self, record: JobRecord) -> None:
-        r = record
-        self.records.append(("put", r.job_id, r.tube, r.pri, r.delay, r.state, r.deadline_ms))
+    def put(  # noqa: PLR0917 (JobLog.put's signature)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+    ) -> int:
+        self.records.append(("put", job_id, tube, pri, delay, state, deadline_ms))
+        return 0
 
     def change(self, record: JobRecord) -> None:
         r = record

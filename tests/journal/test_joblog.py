@@ -142,6 +142,25 @@ def test_rotation_and_compaction_keep_the_state(tmp_path: Path) -> None:
     journal2.close()
 
 
+def test_a_snapshot_larger_than_one_vectored_write(tmp_path: Path) -> None:
+    """A snapshot of more records than one ``pwritev`` takes (IOV_MAX pieces) is written in
+    several, whole (a snapshot that overran the limit once failed every compaction with
+    EINVAL)."""
+    clock = Clock()
+    store, journal = _open(tmp_path, clock)
+    w = _worker(store)
+    for i in range(1500):
+        store.put(w, i % 5, 0, 60, b"job %d" % i)
+    journal.write_out()
+    expected = _states(store)
+    store.log.compact(store.next_id, (store.record(j, clock.mono) for j in store.snapshot()))
+    journal.close()
+    store2, journal2 = _open(tmp_path, clock)
+    assert _states(store2) == expected
+    assert store2.next_id == 1501
+    journal2.close()
+
+
 def test_each_job_knows_the_file_of_its_record(tmp_path: Path) -> None:
     """``stats-job``'s ``file``: the jobs.<n> a job's JOB record went to, the snapshot.<n>
     that holds it after a compaction, and the same numbers after a restart."""

@@ -39,11 +39,12 @@ and touches are not logged: after a restart a reserved job is ready again.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Final, Protocol
+
+from mypy_extensions import mypyc_attr
 
 from tercel.core.reservations import NO_ITEM, Reservation, ReservationTable
 from tercel.core.source import RETURN_EXPIRED, ReservationSource
@@ -91,7 +92,7 @@ class TubeClock(Protocol):
         ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class JobRecord:
     """A job as the log keeps it. ``deadline_ms`` is the wall-clock ready time of a delayed
     job (0 otherwise); ``state`` is READY, DELAYED or BURIED (a reserved job is written as
@@ -103,19 +104,59 @@ class JobRecord:
     delay: int
     deadline_ms: int
     counters: Counters
-    tube: str = ""
-    ttr: int = 0
-    created_ms: int = 0
-    body: bytes = b""
-    file: int = 0
+    tube: str
+    ttr: int
+    created_ms: int
+    body: bytes
+    file: int
     """Restored jobs: the number of the log file their JOB record was read from."""
+
+    # Written out: a dataclass-made __init__ runs interpreted even in the compiled build.
+    def __init__(  # noqa: PLR0917 (the dataclass's positional fields)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        counters: Counters,
+        tube: str = "",
+        ttr: int = 0,
+        created_ms: int = 0,
+        body: bytes = b"",
+        file: int = 0,
+    ) -> None:
+        self.job_id = job_id
+        self.state = state
+        self.pri = pri
+        self.delay = delay
+        self.deadline_ms = deadline_ms
+        self.counters = counters
+        self.tube = tube
+        self.ttr = ttr
+        self.created_ms = created_ms
+        self.body = body
+        self.file = file
 
 
 class JobLog(Protocol):
     """Where the store records what must survive a restart (see the module docstring)."""
 
-    def put(self, record: JobRecord) -> None:
-        """A new job: the whole record."""
+    def put(  # noqa: PLR0917 (called for every put: no record object, no keywords)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+    ) -> int:
+        """A new job (its counters are all 0); the number of the file its record lands in
+        (:attr:`current_file`). Fields, not a :class:`JobRecord`: this runs for every put,
+        and the record would be built only to be taken apart."""
         ...
 
     def change(self, record: JobRecord) -> None:
@@ -148,8 +189,19 @@ class JobLog(Protocol):
 class NullJobLog:
     """No log: jobs live in memory only (``tercel beanstalkd`` without ``-b``)."""
 
-    def put(self, record: JobRecord) -> None:
-        pass
+    def put(  # noqa: PLR0917 (called for every put: no record object, no keywords)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+    ) -> int:
+        return 0
 
     def change(self, record: JobRecord) -> None:
         pass
@@ -165,11 +217,17 @@ class NullJobLog:
         return 0
 
 
+@mypyc_attr(acyclic=True)
 class Job:
     """One job. ``deadline`` is monotonic: the ready time of a delayed job; a reserved one has
     its reservation (``res``), whose deadline is the TTR's. ``gen`` changes whenever the job
     moves, so stale heap entries and timers are recognised and skipped. ``file``: the number
-    of the log file holding its JOB record (``stats-job``'s ``file``; 0 when not journaled)."""
+    of the log file holding its JOB record (``stats-job``'s ``file``; 0 when not journaled).
+
+    Compiled, jobs stay out of the cyclic garbage collector (``acyclic``, as the queues'
+    ``QItem``): with a million jobs in memory every full collection would visit each one, and
+    a job's cycles (through its tube's buried FIFO, its reserver's held jobs, its reservation)
+    are always broken by the store itself when the job moves or goes."""
 
     __slots__ = (
         "body",
@@ -219,11 +277,32 @@ class Job:
         return (self.reserves, self.timeouts, self.releases, self.buries, self.kicks)
 
 
+def ready_key(pri: int, job_id: int) -> int:
+    """A ready job's place in its tube's heap: ``(pri, id)`` as one integer, which the heap
+    compares faster than a tuple and keeps without one (``pri`` is u32, ids u64)."""
+    return pri << 64 | job_id
+
+
+_ID_BITS: Final = (1 << 64) - 1
+
+
+def _before(a: Job, b: Job) -> bool:
+    """``(a.pri, a.id) < (b.pri, b.id)``, without building the tuples."""
+    return a.pri < b.pri or (a.pri == b.pri and a.id < b.id)
+
+
 class Tube:
     """A named set of jobs: a ready heap by ``(pri, id)``, a delayed heap by deadline, a
-    buried FIFO, and the counts ``stats-tube`` shows."""
+    buried FIFO, and the counts ``stats-tube`` shows.
+
+    The ready heap holds :func:`ready_key` integers and deletes lazily: an entry stands for
+    the job of its id while that job is ready with that priority; any other entry is stale
+    and dropped when it reaches the top. (A job that leaves ready and comes back with the same
+    priority may have two entries; both stand for it only while it is ready, so it is still
+    reserved once.)"""
 
     __slots__ = (
+        "all_jobs",
         "buried",
         "cmd_delete",
         "cmd_pause",
@@ -242,9 +321,11 @@ class Tube:
         "watching",
     )
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, all_jobs: dict[int, Job]) -> None:
         self.name = name
-        self.ready: list[tuple[int, int, int, Job]] = []  # (pri, id, gen, job), lazy deletion
+        self.all_jobs = all_jobs
+        """The store's jobs by id (where a ready heap entry's job is found)."""
+        self.ready: list[int] = []  # ready_key(pri, id), lazy deletion
         self.delayed: list[tuple[float, int, int, Job]] = []  # (deadline, id, gen, job)
         self.buried: dict[int, Job] = {}  # insertion order is the FIFO
         self.ready_count = 0
@@ -271,11 +352,13 @@ class Tube:
     def ready_head(self) -> Job | None:
         """The ready job with the smallest ``(pri, id)``, dropping stale entries on the way."""
         heap = self.ready
+        jobs = self.all_jobs
         while heap:
-            _, _, gen, job = heap[0]
-            if job.gen == gen and job.state == READY:
+            key = heap[0]
+            job = jobs.get(key & _ID_BITS)
+            if job is not None and job.state == READY and job.pri == key >> 64:
                 return job
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
     def delayed_head(self) -> Job | None:
@@ -285,7 +368,7 @@ class Tube:
             _, _, gen, job = heap[0]
             if job.gen == gen and job.state == DELAYED:
                 return job
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
 
@@ -336,6 +419,10 @@ class JobStore(ReservationSource):
         reservations: ReservationTable | None = None,
     ) -> None:
         self.clock = clock
+        # The two clock reads, looked up once: a call through the protocol finds the method
+        # on every call (about a thousand instructions, twice per put, compiled).
+        self._monotonic: Callable[[], float] = clock.monotonic
+        self._now_ms: Callable[[], int] = clock.now_ms
         if reservations is None:
             reservations = ReservationTable(deadline_clock=lambda: round(clock.monotonic() * 1000))
         self.reservations = reservations
@@ -346,7 +433,7 @@ class JobStore(ReservationSource):
         self.stats = StoreStats()
         # (when, seq, kind, gen, target): one heap for every timer; stale entries skipped.
         self._timers: list[tuple[float, int, int, int, object]] = []
-        self._seq = itertools.count()
+        self._seq = 0
         self._tube(DEFAULT_TUBE)
         self.live_bytes = 0
         """The size of the live jobs' records (bodies, tube names, fixed fields)."""
@@ -358,7 +445,7 @@ class JobStore(ReservationSource):
     def _tube(self, name: str) -> Tube:
         tube = self.tubes.get(name)
         if tube is None:
-            tube = self.tubes[name] = Tube(name)
+            tube = self.tubes[name] = Tube(name, self.jobs)
         return tube
 
     def _maybe_free(self, tube: Tube) -> None:
@@ -414,7 +501,7 @@ class JobStore(ReservationSource):
     def disconnect(self, worker: Worker) -> None:
         """The client is gone: its jobs go back to ready now, its wait and tubes are dropped."""
         self._end_wait(worker)
-        now = self.clock.monotonic()
+        now = self._monotonic()
         self.reservations.release_owner(worker)  # -> return_reserved
         worker.reserved.clear()
         tubes = list(worker.watch.values())
@@ -436,7 +523,7 @@ class JobStore(ReservationSource):
         job.state = READY
         job.gen += 1
         tube = job.tube
-        heapq.heappush(tube.ready, (job.pri, job.id, job.gen, job))
+        heappush(tube.ready, ready_key(job.pri, job.id))
         tube.ready_count += 1
         self.stats.ready += 1
         if job.pri < URGENT:
@@ -456,7 +543,7 @@ class JobStore(ReservationSource):
         job.state = DELAYED
         job.gen += 1
         job.deadline = now + job.delay
-        heapq.heappush(job.tube.delayed, (job.deadline, job.id, job.gen, job))
+        heappush(job.tube.delayed, (job.deadline, job.id, job.gen, job))
         job.tube.delayed_count += 1
         self.stats.delayed += 1
         self._timer(job.deadline, _TIMER_DELAYED, job.gen, job)
@@ -524,7 +611,7 @@ class JobStore(ReservationSource):
     def _deadline_ms(self, job: Job, now: float) -> int:
         if job.state != DELAYED:
             return 0
-        return self.clock.now_ms() + round((job.deadline - now) * 1000)
+        return self._now_ms() + round((job.deadline - now) * 1000)
 
     def _log_change(self, job: Job, now: float) -> None:
         self.log.change(self.record(job, now, full=False))
@@ -542,7 +629,7 @@ class JobStore(ReservationSource):
         size = self.log.size
         if size < self.log.compact_floor or size < COMPACT_RATIO * self.live_bytes:
             return False
-        now = self.clock.monotonic()
+        now = self._monotonic()
         jobs = list(self.snapshot())
         file = self.log.compact(self.next_id, (self.record(j, now) for j in jobs))
         for job in jobs:
@@ -556,7 +643,7 @@ class JobStore(ReservationSource):
         deadline = self._deadline_ms(job, now)
         if not full:
             return JobRecord(job.id, state, job.pri, job.delay, deadline, job.counters)
-        created = self.clock.now_ms() - round((now - job.created) * 1000)
+        created = self._now_ms() - round((now - job.created) * 1000)
         return JobRecord(
             job.id,
             state,
@@ -574,27 +661,23 @@ class JobStore(ReservationSource):
 
     def put(self, worker: Worker, pri: int, delay: int, ttr: int, body: bytes) -> Job:
         """A new job in the worker's used tube (ttr 0 is raised to 1 s, as beanstalkd)."""
-        now = self.clock.monotonic()
+        now = self._monotonic()
         tube = worker.use
         assert tube is not None
         job = Job(self.next_id, tube, pri, delay, max(ttr, 1), body=body, now=now)
-        wall = self.clock.now_ms()
-        self.log.put(
-            JobRecord(
-                job.id,
-                DELAYED if delay > 0 else READY,
-                pri,
-                delay,
-                wall + delay * 1000 if delay > 0 else 0,
-                job.counters,
-                tube.name,
-                job.ttr,
-                wall,
-                body,
-            )
+        wall = self._now_ms()
+        job.file = self.log.put(
+            job.id,
+            DELAYED if delay > 0 else READY,
+            pri,
+            delay,
+            wall + delay * 1000 if delay > 0 else 0,
+            tube.name,
+            job.ttr,
+            wall,
+            body,
         )
         self.next_id += 1
-        job.file = self.log.current_file
         self.jobs[job.id] = job
         self.live_bytes += len(body) + len(tube.name) + JOB_OVERHEAD
         self._logged()
@@ -613,11 +696,11 @@ class JobStore(ReservationSource):
         for tube in worker.watch.values():
             if tube.pause:
                 if now < 0:
-                    now = self.clock.monotonic()
+                    now = self._monotonic()
                 if tube.unpause_at > now:
                     continue
             job = tube.ready_head()
-            if job is not None and (best is None or (job.pri, job.id) < (best.pri, best.id)):
+            if job is not None and (best is None or _before(job, best)):
                 best = job
         return best
 
@@ -629,7 +712,7 @@ class JobStore(ReservationSource):
         """Reserve now if possible: ``(job, WAKE_JOB)``, ``(None, WAKE_DEADLINE_SOON)``,
         ``(None, WAKE_TIMED_OUT)`` (timeout 0 and nothing ready), or ``(None, -1)``: the
         worker now waits (timeout < 0: without limit) and ``wake`` will be called."""
-        now = self.clock.monotonic()
+        now = self._monotonic()
         job = self._ready_for(worker)
         if job is None and self.deadline_soon(worker, now):
             return None, WAKE_DEADLINE_SOON
@@ -673,8 +756,9 @@ class JobStore(ReservationSource):
         job = self.jobs.get(job_id)
         if job is None or job.state == RESERVED:
             return None
+        now = self._monotonic()
         self._take(job)
-        self._reserve(worker, job, self.clock.monotonic())
+        self._reserve(worker, job, now)
         return job
 
     def _own_or_idle(self, worker: Worker, job_id: int) -> Job | None:
@@ -708,7 +792,7 @@ class JobStore(ReservationSource):
         job = self._held(worker, job_id)
         if job is None:
             return False
-        now = self.clock.monotonic()
+        now = self._monotonic()
         changed = pri != job.pri or delay > 0
         self._unreserve(job)
         job.pri = pri
@@ -727,7 +811,7 @@ class JobStore(ReservationSource):
         job = self._held(worker, job_id)
         if job is None:
             return False
-        now = self.clock.monotonic()
+        now = self._monotonic()
         self._unreserve(job)
         job.pri = pri
         job.buries += 1
@@ -755,7 +839,7 @@ class JobStore(ReservationSource):
         """Kick up to ``bound`` jobs of the used tube: buried ones if any, else delayed."""
         tube = worker.use
         assert tube is not None
-        now = self.clock.monotonic()
+        now = self._monotonic()
         count = 0
         if tube.buried:
             while tube.buried and count < bound:
@@ -776,7 +860,7 @@ class JobStore(ReservationSource):
         job = self.jobs.get(job_id)
         if job is None or job.state not in (BURIED, DELAYED):
             return False
-        now = self.clock.monotonic()
+        now = self._monotonic()
         self._kick(job, now)
         self._dispatch(now)
         return True
@@ -788,7 +872,7 @@ class JobStore(ReservationSource):
             return False
         delay = max(delay, 1)
         tube.pause = delay
-        tube.unpause_at = self.clock.monotonic() + delay
+        tube.unpause_at = self._monotonic() + delay
         tube.cmd_pause += 1
         self._timer(tube.unpause_at, _TIMER_PAUSE, 0, tube)
         return True
@@ -818,20 +902,21 @@ class JobStore(ReservationSource):
             deadline = job.deadline
         else:
             return 0
-        return max(0, int(deadline - self.clock.monotonic()))
+        return max(0, int(deadline - self._monotonic()))
 
     def age(self, job: Job) -> int:
-        return int(self.clock.monotonic() - job.created)
+        return int(self._monotonic() - job.created)
 
     def pause_left(self, tube: Tube) -> int:
         if not tube.pause:
             return 0
-        return max(0, int(tube.unpause_at - self.clock.monotonic()))
+        return max(0, int(tube.unpause_at - self._monotonic()))
 
     # ------------------------------------------------------------------------------ timers
 
     def _timer(self, when: float, kind: int, gen: int, target: object) -> None:
-        heapq.heappush(self._timers, (when, next(self._seq), kind, gen, target))
+        self._seq += 1
+        heappush(self._timers, (when, self._seq, kind, gen, target))
 
     def next_deadline(self) -> float | None:
         """The monotonic time at which :meth:`tick` has work, or None (TTR deadlines are on
@@ -841,7 +926,7 @@ class JobStore(ReservationSource):
             when, _, kind, gen, target = timers[0]
             if self._live(kind, gen, target):
                 return when
-            heapq.heappop(timers)
+            heappop(timers)
         return None
 
     @staticmethod
@@ -859,10 +944,10 @@ class JobStore(ReservationSource):
         """Run every timer that is due: promote delayed jobs, end waits that time out or reach
         DEADLINE_SOON, unpause tubes; then return the reservations due (expired TTRs, as the
         table's own timer would) and serve waiting workers."""
-        now = self.clock.monotonic()
+        now = self._monotonic()
         timers = self._timers
         while timers and timers[0][0] <= now:
-            _, _, kind, gen, target = heapq.heappop(timers)
+            _, _, kind, gen, target = heappop(timers)
             if not self._live(kind, gen, target):
                 continue
             if kind == _TIMER_DELAYED:
@@ -897,7 +982,7 @@ class JobStore(ReservationSource):
             self._make_ready(job)
             n += 1
         if n:
-            self._dispatch(self.clock.monotonic())
+            self._dispatch(self._monotonic())
         return n
 
     def confirm_reserved(self, xid: int) -> bool:
@@ -930,7 +1015,7 @@ class JobStore(ReservationSource):
                 if tube.pause and tube.unpause_at > now:
                     continue
                 job = tube.ready_head()
-                if job is not None and (best is None or (job.pri, job.id) < (best.pri, best.id)):
+                if job is not None and (best is None or _before(job, best)):
                     best = job
             if best is None:
                 return
@@ -946,8 +1031,8 @@ class JobStore(ReservationSource):
         """Recreate a job read back from the log (state ready, delayed or buried; a job that
         was reserved is ready). Call before any client connects, buried jobs in the order
         they were buried."""
-        now = self.clock.monotonic()
-        wall = self.clock.now_ms()
+        now = self._monotonic()
+        wall = self._now_ms()
         r = record
         job = Job(r.job_id, self._tube(r.tube), r.pri, r.delay, r.ttr, body=r.body, now=now)
         job.created = now - max(0, wall - r.created_ms) / 1000
@@ -962,7 +1047,7 @@ class JobStore(ReservationSource):
             job.state = DELAYED
             job.gen += 1
             job.deadline = now + (r.deadline_ms - wall) / 1000
-            heapq.heappush(job.tube.delayed, (job.deadline, job.id, job.gen, job))
+            heappush(job.tube.delayed, (job.deadline, job.id, job.gen, job))
             job.tube.delayed_count += 1
             self.stats.delayed += 1
             self._timer(job.deadline, _TIMER_DELAYED, job.gen, job)
@@ -980,4 +1065,4 @@ class JobStore(ReservationSource):
 
     def deadline_ms(self, job: Job) -> int:
         """The wall-clock deadline of a delayed job (0 for any other state)."""
-        return self._deadline_ms(job, self.clock.monotonic())
+        return self._deadline_ms(job, self._monotonic())

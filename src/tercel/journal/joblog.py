@@ -65,9 +65,12 @@ OP_SNAPSHOT: Final = 19
 
 _JOB = struct.Struct("<BQBIIIqqIIIIIB")  # op id state pri delay ttr created deadline 5xctr len
 _STATE = struct.Struct("<BQBIIqIIIII")  # op id state pri delay deadline 5 counters
+_pack_job: Final = _JOB.pack  # bound once: a JOB record is encoded for every put
+_pack_prefix: Final = PREFIX.pack
 _DELETE = struct.Struct("<BQ")
 _SNAPSHOT = struct.Struct("<BQQ")  # op, next job id, last jobs file covered
 _U32: Final = 0xFFFF_FFFF
+_NO_COUNTERS: Final = (0, 0, 0, 0, 0)
 
 JOBS_PREFIX: Final = "jobs."
 SNAP_PREFIX: Final = "snapshot."
@@ -133,27 +136,61 @@ def _clamp(counters: tuple[int, int, int, int, int]) -> tuple[int, int, int, int
 
 
 def _frame(body: bytes) -> bytes:
-    return PREFIX.pack(len(body), crc32(body)) + body
+    return _pack_prefix(len(body), crc32(body)) + body
 
 
 def encode_job(job: JobFields) -> list[bytes]:
-    """A JOB record as pieces (the body is not copied)."""
-    tube = job.tube.encode("ascii")
-    head = _JOB.pack(
-        OP_JOB,
+    """A JOB record as two pieces, the head and the body (the body is not copied)."""
+    return encode_job_fields(
         job.job_id,
         job.state,
         job.pri,
         job.delay,
+        job.deadline_ms,
+        job.counters,
+        job.tube,
         job.ttr,
         job.created_ms,
-        job.deadline_ms,
-        *_clamp(job.counters),
-        len(tube),
+        job.body,
     )
-    fields = head + tube
-    crc = crc32(job.body, crc32(fields))
-    return [PREFIX.pack(len(fields) + len(job.body), crc) + fields, job.body]
+
+
+def encode_job_fields(  # noqa: PLR0917 (every field of the record, as encode_job's)
+    job_id: int,
+    state: int,
+    pri: int,
+    delay: int,
+    deadline_ms: int,
+    counters: tuple[int, int, int, int, int],
+    tube: str,
+    ttr: int,
+    created_ms: int,
+    body: bytes,
+) -> list[bytes]:
+    """:func:`encode_job` from the fields themselves (a put has no record object to read)."""
+    name = tube.encode("ascii")
+    reserves, timeouts, releases, buries, kicks = _clamp(counters)
+    fields = (
+        _pack_job(
+            OP_JOB,
+            job_id,
+            state,
+            pri,
+            delay,
+            ttr,
+            created_ms,
+            deadline_ms,
+            reserves,
+            timeouts,
+            releases,
+            buries,
+            kicks,
+            len(name),
+        )
+        + name
+    )
+    crc = crc32(body, crc32(fields))
+    return [_pack_prefix(len(fields) + len(body), crc) + fields, body]
 
 
 def encode_state(job: JobFields) -> bytes:
@@ -419,10 +456,26 @@ class JobJournal(AppendLog):
         self.closed = False
         self._start_file(size)
 
-    def put(self, record: JobFields) -> None:
-        parts = encode_job(record)  # [prefix and fields, body]: the body is not copied
+    def put(  # noqa: PLR0917 (the store's JobLog.put: fields, for every put)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+    ) -> int:
+        """A new job's JOB record (counters 0), from its fields (the store's ``JobLog``); the
+        number of the file it is written to."""
+        parts = encode_job_fields(  # [prefix and fields, body]: the body is not copied
+            job_id, state, pri, delay, deadline_ms, _NO_COUNTERS, tube, ttr, created_ms, body
+        )
         self._append_parts(parts, len(parts[0]) + len(parts[1]))
         self.records_written += 1
+        return self.seq
 
     def change(self, record: JobFields) -> None:
         self._append(encode_state(record))

@@ -52,7 +52,7 @@ TUBE_CHARS: Final = frozenset(
 _TUBE_RE: Final = re.compile(rb"[A-Za-z0-9+/;.$_()\-]+")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Command:
     """One well-formed request. ``op`` is the command word (``"put"``, ``"reserve"``...).
 
@@ -65,30 +65,59 @@ class Command:
     """
 
     op: str
-    job_id: int = 0
-    pri: int = 0
-    delay: int = 0
-    ttr: int = 0
-    tube: str = ""
-    body: bytes = b""
-    count: int = 0
-    timeout: int = FOREVER
+    job_id: int
+    pri: int
+    delay: int
+    ttr: int
+    tube: str
+    body: bytes
+    count: int
+    timeout: int
+
+    # Written out rather than generated: the dataclass-made __init__ runs interpreted even in
+    # the compiled build, and this one is called for every request.
+    def __init__(
+        self,
+        op: str,
+        job_id: int = 0,
+        *,
+        pri: int = 0,
+        delay: int = 0,
+        ttr: int = 0,
+        tube: str = "",
+        body: bytes = b"",
+        count: int = 0,
+        timeout: int = FOREVER,
+    ) -> None:
+        self.op = op
+        self.job_id = job_id
+        self.pri = pri
+        self.delay = delay
+        self.ttr = ttr
+        self.tube = tube
+        self.body = body
+        self.count = count
+        self.timeout = timeout
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Invalid:
     """A request beanstalkd rejects; ``reply`` is the exact bytes to send back. ``op`` is
     ``"put"`` for a rejected put (beanstalkd counts those in ``cmd-put``; no other rejected
     command is counted), empty otherwise."""
 
     reply: bytes
-    op: str = ""
+    op: str
+
+    def __init__(self, reply: bytes, op: str = "") -> None:
+        self.reply = reply
+        self.op = op
 
 
 Request = Command | Invalid
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class PutLine:
     """A ``put`` line whose body comes next; ``garbage`` when bytes follow the size."""
 
@@ -97,6 +126,13 @@ class PutLine:
     ttr: int
     size: int
     garbage: bool
+
+    def __init__(self, pri: int, delay: int, ttr: int, size: int, garbage: bool) -> None:
+        self.pri = pri
+        self.delay = delay
+        self.ttr = ttr
+        self.size = size
+        self.garbage = garbage
 
 
 def _reply(word: str) -> bytes:
@@ -189,12 +225,14 @@ def _number(line: bytes, pos: int, limit: int) -> tuple[int, int]:
     while pos < n and line[pos] == 0x20:
         pos += 1
     start = pos
-    while pos < n and 0x30 <= line[pos] <= 0x39:
+    value = 0
+    while pos < n:
+        digit = line[pos] - 0x30
+        if not 0 <= digit <= 9:
+            break
+        value = value * 10 + digit
         pos += 1
-    if pos == start:
-        raise _BadFormat
-    value = int(line[start:pos])
-    if value > limit:
+    if pos == start or value > limit:
         raise _BadFormat
     return value, pos
 
@@ -238,16 +276,46 @@ def parse_line(line: bytes) -> Request | PutLine:
     Returns the request, or for a ``put`` line a :class:`PutLine` whose body the caller must
     read next. Raises nothing.
     """
+    fast = _parse_common(line)
+    if fast is not None:
+        return fast
     if b"\x00" in line:
         return _INVALID_BAD
-    match = next((m for m in _PREFIXES if line.startswith(m[0])), None)
-    if match is None:
-        return _INVALID_UNKNOWN
-    prefix, op = match
+    for prefix, op in _PREFIXES:
+        if line.startswith(prefix):
+            try:
+                return _parse(op, line, len(prefix))
+            except _BadFormat:
+                return _INVALID_PUT if op == "put" else _INVALID_BAD
+    return _INVALID_UNKNOWN
+
+
+def _parse_common(line: bytes) -> Request | PutLine | None:
+    """The requests of a put / reserve / delete loop, when the line is exactly well formed
+    (then no NUL byte can be in it, and no earlier prefix of beanstalkd's order matches);
+    None sends anything else through the general parser, which gives the same answer."""
+    n = len(line)
     try:
-        return _parse(op, line, len(prefix))
+        if line.startswith(b"put "):
+            pri, pos = _number(line, 4, U32_MAX)
+            delay, pos = _number(line, pos, U32_MAX)
+            ttr, pos = _number(line, pos, U32_MAX)
+            size, pos = _number(line, pos, U32_MAX)
+            if pos == n:
+                return PutLine(pri, delay, ttr, size, False)
+        elif line.startswith(b"delete "):
+            job_id, pos = _number(line, 7, U64_MAX)
+            if pos == n:
+                return Command("delete", job_id)
+        elif line.startswith(b"reserve-with-timeout "):
+            # Digits only, few enough to stay within strtol's range: else the general path.
+            if n - 21 <= 18 and line[21:].isdigit():
+                return Command("reserve-with-timeout", timeout=int(line[21:]))
+        elif line == b"reserve":
+            return Command("reserve")
     except _BadFormat:
-        return _INVALID_PUT if op == "put" else _INVALID_BAD
+        pass
+    return None
 
 
 def _parse(op: str, line: bytes, at: int) -> Request | PutLine:
@@ -297,6 +365,18 @@ def _parse(op: str, line: bytes, at: int) -> Request | PutLine:
     return Command(op, tube=name.decode("ascii"), delay=delay)
 
 
+def _crlf(buf: bytes, start: int, end: int) -> int:
+    """``buf.find(b"\\r\\n", start, end)``: a command line is short, and compiled, this loop
+    costs a fraction of the method call."""
+    i = start
+    last = end - 1
+    while i < last:
+        if buf[i] == 0x0D and buf[i + 1] == 0x0A:
+            return i
+        i += 1
+    return -1
+
+
 class BeanstalkCodec:
     """Incremental parser for one connection (see the module docstring for the contract)."""
 
@@ -307,7 +387,7 @@ class BeanstalkCodec:
         self._max_job_size = max_job_size
         self._discarding = False  # inside an over-long line, waiting for its CRLF
         self._skip = 0  # body bytes of a JOB_TOO_BIG put still to throw away
-        self._put: tuple[int, int, int, int] | None = None  # a put line whose body is due
+        self._put: PutLine | None = None  # a put line whose body is due
 
     @property
     def buffered(self) -> int:
@@ -328,19 +408,21 @@ class BeanstalkCodec:
                 if not self._skip:
                     out.append(_INVALID_TOO_BIG)
                 continue
-            if self._put is not None:
-                pri, delay, ttr, size = self._put
+            put = self._put
+            if put is not None:
+                size = put.size
                 if n - pos < size + 2:
                     break
                 end = pos + size
                 self._put = None
-                if buf[end : end + 2] != b"\r\n":
+                if buf[end] != 0x0D or buf[end + 1] != 0x0A:
                     out.append(_INVALID_CRLF)
                 else:
-                    out.append(Command("put", pri=pri, delay=delay, ttr=ttr, body=buf[pos:end]))
+                    body = buf[pos:end]
+                    out.append(Command("put", pri=put.pri, delay=put.delay, ttr=put.ttr, body=body))
                 pos = end + 2
                 continue
-            eol = buf.find(b"\r\n", pos, pos + MAX_LINE)
+            eol = _crlf(buf, pos, min(n, pos + MAX_LINE))
             if self._discarding:
                 eol = buf.find(b"\r\n", pos)
                 if eol < 0:
@@ -365,7 +447,7 @@ class BeanstalkCodec:
                 elif parsed.garbage:
                     out.append(_INVALID_PUT)
                 else:
-                    self._put = (parsed.pri, parsed.delay, parsed.ttr, parsed.size)
+                    self._put = parsed
                 continue
             out.append(parsed)
         self._buf = buf[pos:] if pos < n else b""

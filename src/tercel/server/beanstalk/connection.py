@@ -18,7 +18,6 @@ every job this connection holds to ready at once (:meth:`JobStore.disconnect`).
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Final
 
@@ -55,8 +54,11 @@ class BeanstalkConnection(Connection):
         self.store = svc.store
         self.codec = bp.BeanstalkCodec(svc.max_job_size)
         self.worker = svc.store.connect(self._wake)
-        self.pending: deque[Request] = deque()
-        """Requests the codec completed that have not run yet (behind a parked reserve)."""
+        self.pending: list[Request] = []
+        """Requests the codec completed; those from :attr:`next` on have not run yet (they
+        wait behind a parked reserve). A list and an index, not a deque: compiled, indexing
+        and ``extend`` are C calls where a deque's methods are Python calls."""
+        self.next = 0
         self.op = ""
         """The request running (its error reply depends on it)."""
         self.producer = False
@@ -94,19 +96,24 @@ class BeanstalkConnection(Connection):
     # ---- the shared layer's hooks ---------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
-        self.pending.extend(self.codec.feed(data))
+        requests = self.codec.feed(data)
+        if self.next >= len(self.pending):
+            self.pending = requests
+            self.next = 0
+        else:
+            self.pending.extend(requests)
 
     def buffered(self) -> int:
-        return self.codec.buffered + len(self.pending)
+        return self.codec.buffered + len(self.pending) - self.next
 
     def run(self) -> None:
         """Run the pending requests in order until one parks or the connection closes."""
-        pending = self.pending
         counter = self.svc.cmd
         handlers = self._handlers
         try:
-            while pending and self.parked is None and not self.closing:
-                req = pending.popleft()
+            while self.next < len(self.pending) and self.parked is None and not self.closing:
+                req = self.pending[self.next]
+                self.next += 1
                 if isinstance(req, Invalid):
                     if req.op:
                         counter[req.op] += 1
@@ -116,10 +123,22 @@ class BeanstalkConnection(Connection):
                     continue
                 op = req.op
                 self.op = op
-                if op in counter:
-                    counter[op] += 1  # counted before the command runs, as beanstalkd
-                handlers[op](req)
+                count = counter.get(op)
+                if count is not None:  # counted before the command runs, as beanstalkd
+                    counter[op] = count + 1
+                # The loop's own requests by direct (compiled) calls; the rest by the table.
+                if op == "put":
+                    self._put(req)
+                elif op == "reserve-with-timeout" or op == "reserve":
+                    self._reserve(req)
+                elif op == "delete":
+                    self._delete(req)
+                else:
+                    handlers[op](req)
         finally:
+            if self.next >= len(self.pending):  # drop what ran (bodies) now, not next read
+                self.pending = []
+                self.next = 0
             self.svc.rearm()
 
     def error_reply(self, exc: TercelError) -> None:

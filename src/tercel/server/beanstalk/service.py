@@ -22,6 +22,7 @@ import platform
 import resource
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from tercel import __version__
@@ -71,14 +72,18 @@ CMD_COUNTERS = (
 none in 1.12)."""
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 class SystemTubeClock:
-    """The store's clocks: ``time.monotonic`` and the wall clock in epoch ms."""
+    """The store's clocks: ``time.monotonic`` and the wall clock in epoch ms. Attributes
+    holding the functions rather than methods: the store calls them directly (``time.monotonic``
+    itself, no compiled method in between)."""
 
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
+    def __init__(self) -> None:
+        self.monotonic: Callable[[], float] = time.monotonic
+        self.now_ms: Callable[[], int] = _now_ms
 
 
 class BeanstalkService:
