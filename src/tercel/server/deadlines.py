@@ -31,7 +31,10 @@ class Reservations:
         """(Re)schedule the expiry timer for the table's earliest deadline."""
         deadline = self.table.next_deadline()
         if self._timer is not None:
-            if deadline is not None and self._timer_at <= deadline:
+            # A timer already set no later than the deadline stays; so does one when no
+            # deadline is left: it fires once for nothing, where cancelling it would cost a
+            # cancel and a new timer for every reserve+delete of a beanstalkd worker.
+            if deadline is None or self._timer_at <= deadline:
                 return
             self._timer.cancel()
             self._timer = None
