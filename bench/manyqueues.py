@@ -13,11 +13,13 @@ What is timed:
   ``--queues`` distinct queues (batches of 1,000 commands), from the first byte sent to the
   last ``STORED`` read;
 - *restart*: SIGKILL, ``sync`` (the writeback of the 100,000 new files is not the restart's),
-  then ``tercel serve`` again on the same data dir, from the exec to the ports file (the
-  server replays every queue before it listens); then one ``get`` per hundredth queue checks
-  the items are there;
-- *RSS*: the server's resident set (``/proc/<pid>/status`` VmRSS) after creating, and after
-  the restart;
+  then ``tercel serve`` again on the same data dir: from the exec to the ports file
+  (*listening*: the server lists the data dir and serves, and replays the queues in the
+  background), and to the first ``stats`` that shows ``queues_replaying 0`` (*replayed*:
+  every queue in memory; polled every 50 ms); then one ``get`` per hundredth queue checks the
+  items are there;
+- *RSS*: the server's resident set (``/proc/<pid>/status`` VmRSS) after creating, and once
+  every queue is replayed after the restart;
 - *server CPU*: user + system time of the server process over each phase (``/proc/<pid>/stat``),
   the fairer figure on a shared host, where wall time includes waiting for a CPU.
 
@@ -86,6 +88,28 @@ def create(sock: socket.socket, queues: int, items: int) -> float:
     return time.perf_counter() - t0
 
 
+def replaying(sock: socket.socket) -> int:
+    """The server's ``queues_replaying`` (queues on disk not replayed yet); 0 from a server
+    without it (before the background replay, every queue was replayed before listening)."""
+    sock.sendall(b"stats\r\n")
+    buf = b""
+    while not buf.endswith(b"END\r\n"):
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            raise SystemExit("the server closed the connection")
+        buf += chunk
+    for line in buf.split(b"\r\n"):
+        if line.startswith(b"STAT queues_replaying "):
+            return int(line.split()[2])
+    return 0
+
+
+def wait_replayed(sock: socket.socket) -> None:
+    """Poll ``stats`` until no queue is left to replay."""
+    while replaying(sock):
+        time.sleep(0.05)
+
+
 def check(sock: socket.socket, queues: int, items: int) -> None:
     """One ``get`` per thousandth queue returns its first item."""
     for i in range(0, queues, max(1, queues // 100)):
@@ -118,19 +142,22 @@ def run(queues: int, items: int, open_files: int) -> dict[str, float]:
             os.sync()  # the killed server's files reach the disk first: not timed as restart
             t0 = time.perf_counter()
             srv.start(timeout=600)
+            listening = time.perf_counter() - t0
+            sock = srv.connect(timeout=60)
+            wait_replayed(sock)
             restarted = time.perf_counter() - t0
-            cpu_restarted = cpu_s(srv.proc.pid)  # from exec to listening
+            cpu_restarted = cpu_s(srv.proc.pid)  # from exec to every queue replayed
             rss_restarted = rss_mb(srv.proc.pid)
             print(
-                f"restart {queues} queues: {restarted:.2f} s (server CPU {cpu_restarted:.2f} s),",
-                f"RSS {rss_restarted:.0f} MB",
+                f"restart {queues} queues: listening {listening:.2f} s, replayed",
+                f"{restarted:.2f} s (server CPU {cpu_restarted:.2f} s), RSS {rss_restarted:.0f} MB",
             )
-            sock = srv.connect(timeout=60)
             check(sock, queues, items)
             sock.close()
         return {
             "create_s": round(created, 2),
             "create_cpu_s": round(cpu_created, 2),
+            "listening_s": round(listening, 2),
             "restart_s": round(restarted, 2),
             "restart_cpu_s": round(cpu_restarted, 2),
             "rss_created_mb": round(rss_created),
