@@ -48,6 +48,7 @@ NATIVE_MODULES = [
     "tercel/journal/journal.py",
     "tercel/server/commit.py",
     "tercel/server/context.py",
+    "tercel/server/deadlines.py",
     "tercel/server/connection.py",
     "tercel/server/memcache/connection.py",
     "tercel/server/memcache/leases.py",
