@@ -72,7 +72,7 @@ def write_parts(ops: FileOps, fd: int, parts: list[bytes], size: int, offset: in
     """Write ``parts`` (``size`` bytes in all) one after another from file offset ``offset``,
     :data:`IOV_MAX` pieces per call."""
     for i in range(0, len(parts), IOV_MAX):
-        chunk = parts[i : i + IOV_MAX]
+        chunk = parts if len(parts) <= IOV_MAX else parts[i : i + IOV_MAX]  # no copy if one
         n = ops.pwritev(fd, chunk, offset)
         want = size if len(parts) <= IOV_MAX else sum(len(p) for p in chunk)
         if n < want:  # a short write: the rest of this chunk as one buffer

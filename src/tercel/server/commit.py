@@ -197,10 +197,12 @@ class Committer:
                 mode = fixed[journal.name]
             else:
                 mode = self._policy(journal.name)
+            if mode is None:  # (tested first: a compiled int compare below, not a generic one)
+                continue
             if mode == 0:
                 self._to_sync[journal] = None
                 self._group_bytes += size
-            elif mode is not None and journal not in self._periodic:
+            elif journal not in self._periodic:
                 self._periodic[journal] = self._loop.call_later(
                     mode / 1000, self._periodic_sync, journal
                 )
@@ -208,6 +210,10 @@ class Committer:
             waiting, self._waiting = self._waiting, []
             for conn, _ in waiting + held:
                 conn.fail()
+            return
+        if not self._waiting and not self._to_sync:  # the common pass: nothing to sync
+            for conn, data in held:
+                conn.release(data)
             return
         self._waiting += held
         self._start_group(inline)
