@@ -40,6 +40,7 @@ NATIVE_MODULES = [
     "tercel/core/queue.py",
     "tercel/core/collection.py",
     "tercel/core/reservations.py",
+    "tercel/core/source.py",
     "tercel/journal/records.py",
     "tercel/journal/reader.py",
     "tercel/journal/files.py",

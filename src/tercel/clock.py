@@ -1,7 +1,9 @@
 """Time, injected: the core never reads the system clock itself.
 
 ``now_ms()`` is wall-clock epoch milliseconds (item add times and expiries are absolute, as in
-Kestrel's journal). Tests use :class:`ManualClock` to move time without sleeping.
+Kestrel's journal). ``monotonic_ms()`` never jumps: it times what is a duration from "now" and
+never persisted (reservation deadlines: a lease, an auto-abort, a TTR), so setting the system
+clock moves none of them. Tests use :class:`ManualClock` to move time without sleeping.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ class Clock(Protocol):
         """Wall-clock time in epoch milliseconds."""
         ...
 
+    def monotonic_ms(self) -> int:
+        """Milliseconds on a clock that never jumps (its zero means nothing)."""
+        ...
+
 
 class SystemClock:
     """The real clock."""
@@ -29,16 +35,30 @@ class SystemClock:
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
 
+    def monotonic_ms(self) -> int:
+        return time.monotonic_ns() // 1_000_000
+
 
 class ManualClock:
-    """A clock that moves only when told to (tests)."""
+    """A clock that moves only when told to (tests). Its monotonic clock starts at
+    ``start_ms`` too, and moves with :meth:`advance` but not with :meth:`jump`."""
 
     def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
         self._now = start_ms
+        self._mono = start_ms
 
     def now_ms(self) -> int:
         return self._now
 
+    def monotonic_ms(self) -> int:
+        return self._mono
+
     def advance(self, ms: int) -> None:
         """Move time forward by ``ms`` milliseconds."""
+        self._now += ms
+        self._mono += ms
+
+    def jump(self, ms: int) -> None:
+        """Set the wall clock ``ms`` milliseconds forward (or back: negative); the monotonic
+        clock stays."""
         self._now += ms

@@ -94,7 +94,7 @@ class Session:
         return entry
 
     def _record(self, queue: PersistentQueue, xid: int, item: QItem) -> Reservation:
-        res = self.reservations.adopt(queue, xid, item, 0, owner=self)
+        res = self.reservations.adopt(queue, xid, item, owner=self)
         entry = self._open.get(queue.name)
         if entry is None or entry[0] is not queue:
             entry = self._open[queue.name] = (queue, deque())

@@ -35,7 +35,7 @@ class World:
     def start(self) -> None:
         self.qc = QueueCollection(parse_config(self.doc), self._log, self.clock)
         self.qc.load(sorted(self.journals))
-        self.table = ReservationTable()
+        self.table = ReservationTable(deadline_clock=self.clock.monotonic_ms)
 
     def restart(self) -> None:
         """A crash: the old objects are dropped without closing anything."""
@@ -82,7 +82,8 @@ def test_a_deadline_returns_the_item_when_it_passes_and_extend_moves_it(w: World
     r2 = w.table.take(q, T0, ttl_ms=200)  # a lease: no owner
     assert r1 and r2
     assert w.table.next_deadline() == T0 + 100
-    assert w.table.extend([r1], 500, T0 + 50) == 1  # touch
+    w.clock.advance(50)
+    assert w.table.extend([r1], 500) == 1  # touch
     assert w.table.next_deadline() == T0 + 200
     assert w.table.expire(T0 + 200) == 1
     assert w.table.get(r2.id) is None and w.table.get(r1.id) is r1
@@ -99,7 +100,7 @@ def test_a_lease_batch_shares_one_deadline_until_its_leases_end_or_move(w: World
     assert w.table.next_deadline() == T0 + 100
     assert w.table.confirm(batch[:3]) == 3
     assert w.table.next_deadline() == T0 + 100  # one lease of the batch is still open
-    assert w.table.extend(batch[3:], 500, T0) == 1  # moved: its old entry is stale now
+    assert w.table.extend(batch[3:], 500) == 1  # moved: its old entry is stale now
     assert w.table.next_deadline() == T0 + 300
     assert w.table.expire(T0 + 299) == 0
     assert w.table.expire(T0 + 300) == 2
@@ -182,3 +183,20 @@ def test_reads_on_a_deleted_queue_are_forgotten_not_returned(w: World) -> None:
     assert session.open_count("a") == 0
     session.close()
     assert len(w.table) == 0
+
+
+def test_deadlines_run_on_the_monotonic_clock_a_wall_clock_jump_moves_none(w: World) -> None:
+    q = w.fill("a", b"1", b"2", b"3")
+    lease = w.table.take_leases(q, 1, 1000, T0)[0]
+    ttr = w.table.take(q, T0, owner=object(), ttl_ms=2000)
+    assert ttr is not None
+    w.clock.jump(3_600_000)  # the system clock set an hour ahead
+    assert w.table.expire() == 0  # nothing is due: no time passed
+    w.clock.jump(-7_200_000)  # and then an hour behind where it was
+    w.clock.advance(1000)
+    assert w.table.expire() == 1  # the lease's 1000 ms passed, whatever the wall clock says
+    assert w.table.get(lease.id) is None and w.table.get(ttr.id) is ttr
+    assert w.table.next_deadline() == w.clock.monotonic_ms() + 1000
+    w.clock.advance(1000)
+    assert w.table.expire() == 1
+    assert w.drain("a") == [b"1", b"2", b"3"]

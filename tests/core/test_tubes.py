@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tercel.core.reservations import ReservationTable
 from tercel.core.tubes import (
     BURIED,
     DELAYED,
@@ -199,6 +200,39 @@ def test_ttr_expiry_and_touch(store: JobStore, clock: Clock) -> None:
     job = store.jobs[job_id]
     assert job.state == READY and job.timeouts == 1 and store.stats.job_timeouts == 1
     assert not store.touch(c.worker, job_id)
+
+
+def test_a_reserved_job_is_a_reservation_of_the_shared_table(clock: Clock, log: Log) -> None:
+    table = ReservationTable(deadline_clock=lambda: round(clock.monotonic() * 1000))
+    store = JobStore(clock, log, table)
+    c = Client(store)
+    job_id = _put(store, c, ttr=5)
+    assert _reserve(store, c) == job_id
+    (res,) = table.of_owner(c.worker)  # owned by the worker, due at the TTR
+    assert (res.xid, res.deadline, table.next_deadline()) == (job_id, 1_005_000, 1_005_000)
+    assert store.next_deadline() is None  # the store's own timer has nothing: the table's has
+    clock.wall += 3_600_000  # the system clock set an hour ahead moves no TTR
+    assert table.expire() == 0 and store.jobs[job_id].state == RESERVED
+    clock.advance(2)
+    assert store.touch(c.worker, job_id) and res.deadline == 1_007_000  # touch: 5 s from now
+    clock.advance(4)
+    assert table.expire() == 0
+    clock.advance(1)
+    assert table.expire() == 1  # the table's timer, not tick(): a timeout all the same
+    job = store.jobs[job_id]
+    assert job.state == READY and job.timeouts == 1 and store.stats.job_timeouts == 1
+    assert _reserve(store, c) == job_id
+    assert store.release(c.worker, job_id, 1, 0) and len(table) == 0  # ended by the store
+    assert _reserve(store, c) == job_id
+    assert table.abort(table.of_owner(c.worker)) == 1  # returned on request: no timeout
+    assert job.state == READY and job.reserver is None
+    assert _reserve(store, c) == job_id
+    store.disconnect(c.worker)  # the table's release_owner: ready, no timeout counted
+    assert len(table) == 0 and job.state == READY and job.timeouts == 1
+    d = Client(store)
+    assert _reserve(store, d) == job_id
+    assert table.confirm(table.of_owner(d.worker)) == 1  # confirmed: the job is done
+    assert job_id not in store.jobs and store.stats.reserved == 0
 
 
 def test_ttr_zero_is_one_second(store: JobStore) -> None:

@@ -116,8 +116,9 @@ def test_connections_that_use_every_descriptor_refuse_nothing_else_for_good(
             first.send(set_cmd(f"new{i}", b"x"))
             replies.add(first.read_line())
         assert replies <= {b"STORED\r\n", b"SERVER_ERROR too many open files\r\n"}
-        pool = _pool_stats(first)  # the pool saw EMFILE; a refusal shows in its stats
-        assert pool["emfile"] >= 1 and pool["open"] <= 4
+        pool = _pool_stats(first)  # a refusal shows in the pool's stats
+        # (How many opens met EMFILE depends on how many connections the loop had accepted.)
+        assert pool["open"] <= 4 and pool["emfile"] >= pool["refused"]
         assert pool["refused"] >= (b"SERVER_ERROR too many open files\r\n" in replies)
         for s in socks:
             s.close()

@@ -27,6 +27,7 @@ from tercel.clock import MAX_TIME_MS, Clock
 from tercel.config import QueueConfig
 from tercel.core.items import Items, QItem
 from tercel.core.log import ItemReader, Position, QueueLog
+from tercel.core.source import ReservationSource
 from tercel.errors import ItemTooLarge, JournalError
 
 __all__ = ["READ_GET", "READ_OPEN", "READ_PEEK", "XID_LIMIT", "PersistentQueue", "QItem", "Waiter"]
@@ -104,8 +105,9 @@ _NO_WAITERS: Final[dict[Waiter, None]] = {}
 (:meth:`PersistentQueue.wait` gives a queue its own)."""
 
 
-class PersistentQueue:
-    """A queue (see the module docstring for the threading contract)."""
+class PersistentQueue(ReservationSource):
+    """A queue (see the module docstring for the threading contract). As a
+    :class:`ReservationSource`, its reservations are its open reads."""
 
     def __init__(
         self,
@@ -415,6 +417,17 @@ class PersistentQueue:
         if n and waiters:
             self._serve_waiters(self.clock.now_ms())
         return n
+
+    # ---- as a ReservationSource ----------------------------------------------------------------
+
+    def confirm_reserved(self, xid: int) -> bool:
+        return self.confirm(xid)
+
+    def return_reserved(self, xids: list[int], reason: int) -> int:
+        return self.abort_many(xids)
+
+    def source_name(self) -> str:
+        return self.name
 
     def flush(self) -> None:
         """Drop every item that is not open."""

@@ -1,35 +1,45 @@
-"""Reservations: items taken out of their queue until confirmed or returned (docs/architecture.md,
-"Reservations").
+"""Reservations: items taken out of their source until confirmed or returned
+(docs/architecture.md, "One reservation model").
 
-A reservation is an open read (:meth:`PersistentQueue.remove_open`) with three optional
-properties, and every way of reading "reliably" is one combination of them:
+A reservation is an item taken from a :class:`~tercel.core.source.ReservationSource` — a
+queue's open read (:meth:`PersistentQueue.remove_open`) or a beanstalkd job — with two
+optional properties, and every way of reading "reliably", in all four front ends, is one
+combination of them:
 
 =========================== ======================= ========================= ==============
 case                        owner                   deadline                  addressed by
 =========================== ======================= ========================= ==============
 Kestrel ``/open`` read      the session             none                      oldest first
 memcache ``lease``          none                    ``lease_ms`` (renewable)  lease id
-Thrift ``get`` auto-abort   the connection          ``auto_abort_msec``       id, any conn
+Thrift ``get`` auto-abort   none (detached)         ``auto_abort_msec``       id, any conn
+beanstalkd ``reserve``      the worker (connection) TTR (``touch`` renews)    job id
 =========================== ======================= ========================= ==============
 
-(beanstalkd's reserved jobs are still kept by :mod:`tercel.core.tubes`, not here:
-docs/architecture.md, "One reservation model".)
-
-An owned reservation returns to its queue when its owner ends (:meth:`release_owner`); one
+An owned reservation returns to its source when its owner ends (:meth:`release_owner`); one
 with a deadline returns when the deadline passes (:meth:`expire`). Either way, and on
-:meth:`abort`, the item goes back to the head of its queue in its original order with its
-delivery count. They are all journaled the same way — the journal's OPEN, CONFIRM and ABORT
-records — so a restart returns every reserved item, whatever kind it was; nothing here is
-journaled itself.
+:meth:`abort`, the table hands it back with the reason (``RETURN_*``): a queue puts the item
+back at its head in its original order with its delivery count; the job store makes the job
+ready, counting a ``timeout`` only for an expired TTR. A queue journals them all the same way
+— OPEN, CONFIRM and ABORT records — and the job store does not journal reservations at all,
+so a restart returns every reserved item, whatever kind it was; nothing here is journaled
+itself. A source that ends a reservation itself (beanstalkd ``delete``, ``release``,
+``bury``) drops it with :meth:`ReservationTable.drop`.
 
 Ids: ``Reservation.id`` is an int unique to this server's run: a random 31-bit base drawn at
 start-up, shifted, plus a counter, so an id from before a restart, or from another server,
 never matches (Thrift's ids are i64; memcache's lease ids print it as ``<prefix>-<n>``, see
 :meth:`ReservationTable.lease_id`).
 
-Same contract as the rest of the core: synchronous, one thread, no timers. The caller passes
-``now`` (epoch ms) and calls :meth:`ReservationTable.expire` at
-:meth:`ReservationTable.next_deadline`.
+Clocks: the caller passes ``now`` (wall-clock epoch ms), which only the queue sees (an
+item's expiry is absolute). Deadlines are durations from "now" and are never persisted (a
+restart returns every reservation), so they run on the table's ``deadline_clock``, monotonic
+milliseconds (:meth:`tercel.clock.Clock.monotonic_ms`): setting the system clock moves no
+lease, auto-abort or TTR. ``Reservation.deadline``, :meth:`ReservationTable.next_deadline` and
+:meth:`ReservationTable.expire` are in that clock; where a client is shown a wall-clock
+expiry, compute it as ``now + (deadline - deadline_clock())``.
+
+Same contract as the rest of the core: synchronous, one thread, no timers. The caller calls
+:meth:`ReservationTable.expire` at :meth:`ReservationTable.next_deadline`.
 """
 
 from __future__ import annotations
@@ -37,9 +47,17 @@ from __future__ import annotations
 import heapq
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Final
 
+from tercel.clock import SystemClock
 from tercel.core.queue import PersistentQueue, QItem
+from tercel.core.source import (
+    RETURN_ABORT,
+    RETURN_EXPIRED,
+    RETURN_OWNER_GONE,
+    ReservationSource,
+)
 from tercel.errors import JournalError, TooManyLeases
 
 log = logging.getLogger(__name__)
@@ -47,18 +65,22 @@ log = logging.getLogger(__name__)
 ID_SHIFT = 32
 """The counter's bits below the random base of every id."""
 
+NO_ITEM: Final = QItem(0, 0, 0, b"")
+"""The ``item`` of a reservation whose source keeps its own items (beanstalkd's job store:
+the ``xid`` is the job id)."""
+
 
 class Reservation:
-    """One reserved item: its queue and open read, owner (None: detached) and deadline (epoch
-    ms; 0: none)."""
+    """One reserved item: its source (a queue) and the source's id for it (a queue's open
+    read), the item, owner (None: detached) and deadline (the table's monotonic ms; 0: none)."""
 
-    __slots__ = ("deadline", "id", "item", "owner", "queue", "xid")
+    __slots__ = ("deadline", "id", "item", "owner", "source", "xid")
 
     def __init__(
-        self, rid: int, queue: PersistentQueue, xid: int, item: QItem, owner: object | None
+        self, rid: int, source: ReservationSource, xid: int, item: QItem, owner: object | None
     ) -> None:
         self.id = rid
-        self.queue = queue
+        self.source = source
         self.xid = xid
         self.item = item
         self.owner = owner
@@ -68,7 +90,13 @@ class Reservation:
 class ReservationTable:
     """Every open reservation of a server (see the module docstring)."""
 
-    def __init__(self, prefix: str | None = None) -> None:
+    def __init__(
+        self, prefix: str | None = None, deadline_clock: Callable[[], int] | None = None
+    ) -> None:
+        self.deadline_clock: Callable[[], int] = (
+            deadline_clock if deadline_clock is not None else SystemClock().monotonic_ms
+        )
+        """Monotonic milliseconds: the clock of every deadline (see the module docstring)."""
         # os.urandom, not the secrets module: ~5 ms of imports at start-up.
         self.prefix = prefix if prefix is not None else os.urandom(4).hex()
         """Printed before a lease id (``3fa9c2d1-1f``)."""
@@ -76,7 +104,7 @@ class ReservationTable:
         self._base = (int(self.prefix, 16) & 0x7FFFFFFF) << ID_SHIFT
         self._seq = 0
         self._open: dict[int, Reservation] = {}
-        self._detached: dict[PersistentQueue, int] = {}  # leases open per queue
+        self._detached: dict[ReservationSource, int] = {}  # leases open per source
         self._owned: dict[object, dict[int, Reservation]] = {}
         # Distinct deadlines (a heap) and the ids due at each, in the order they were set: a
         # lease batch shares one deadline, so one heap entry serves the whole batch. Ids of
@@ -92,7 +120,7 @@ class ReservationTable:
         """The open reservation ``rid``, or None."""
         return self._open.get(rid)
 
-    def open_count(self, queue: PersistentQueue) -> int:
+    def open_count(self, queue: ReservationSource) -> int:
         """Detached reservations (leases) open on ``queue``."""
         return self._detached.get(queue, 0)
 
@@ -134,7 +162,8 @@ class ReservationTable:
         got = queue.remove_open(now)
         if got is None:
             return None
-        return self.adopt(queue, got[0], got[1], now, owner=owner, ttl_ms=ttl_ms)
+        deadline = self.deadline_clock() + ttl_ms if ttl_ms else 0
+        return self.adopt_until(queue, got[0], got[1], owner, deadline)
 
     def take_leases(
         self, queue: PersistentQueue, max_items: int, lease_ms: int, now: int
@@ -150,25 +179,34 @@ class ReservationTable:
         if n == 0:
             raise TooManyLeases()
         out: list[Reservation] = []
+        deadline = self.deadline_clock() + lease_ms if lease_ms else 0  # one for the batch
         for _ in range(n):
-            res = self.take(queue, now, ttl_ms=lease_ms)
-            if res is None:
+            got = queue.remove_open(now)
+            if got is None:
                 break
-            out.append(res)
+            out.append(self.adopt_until(queue, got[0], got[1], None, deadline))
         return out
 
     def adopt(
         self,
-        queue: PersistentQueue,
+        queue: ReservationSource,
         xid: int,
         item: QItem,
-        now: int,
         *,
         owner: object | None = None,
         ttl_ms: int = 0,
     ) -> Reservation:
         """Make open read ``xid`` of ``queue`` a reservation (a blocked read, whose item the
-        queue opened on its behalf, becomes one this way)."""
+        queue opened on its behalf, becomes one this way), due ``ttl_ms`` from now (0: no
+        deadline)."""
+        deadline = self.deadline_clock() + ttl_ms if ttl_ms else 0
+        return self.adopt_until(queue, xid, item, owner, deadline)
+
+    def adopt_until(
+        self, queue: ReservationSource, xid: int, item: QItem, owner: object | None, deadline: int
+    ) -> Reservation:
+        """:meth:`adopt` with its deadline given (``deadline_clock`` ms; 0: none), for a caller
+        that has just read that clock (the job store: a reserve reads no clock twice)."""
         self._seq += 1
         res = Reservation(self._base + self._seq, queue, xid, item, owner)
         self._open[res.id] = res
@@ -179,34 +217,36 @@ class ReservationTable:
             if mine is None:
                 mine = self._owned[owner] = {}
             mine[res.id] = res
-        if ttl_ms:
-            self._set_deadline(res, now + ttl_ms)
+        if deadline:
+            self._set_deadline(res, deadline)
         return res
 
     # ---- ending -------------------------------------------------------------------------------
 
-    def find(self, queue: PersistentQueue | None, ids: Iterable[int]) -> list[Reservation]:
+    def find(self, queue: ReservationSource | None, ids: Iterable[int]) -> list[Reservation]:
         """The open reservations among ``ids`` (of ``queue`` unless it is None), each once."""
         found: dict[int, Reservation] = {}
         for rid in ids:
             res = self._open.get(rid)
-            if res is not None and (queue is None or res.queue is queue):
+            if res is not None and (queue is None or res.source is queue):
                 found[rid] = res
         return list(found.values())
 
     def _drop(self, res: Reservation) -> None:
         del self._open[res.id]
         if res.owner is None:
-            left = self._detached[res.queue] - 1
+            left = self._detached[res.source] - 1
             if left:
-                self._detached[res.queue] = left
+                self._detached[res.source] = left
             else:
-                del self._detached[res.queue]
+                del self._detached[res.source]
         else:
-            mine = self._owned[res.owner]
-            del mine[res.id]
-            if not mine:
-                del self._owned[res.owner]
+            # An owner's dict stays while it lives, empty or not (a worker that reserves and
+            # deletes one job at a time would build a new one each time); release_owner,
+            # which every owner calls at its end, removes it.
+            mine = self._owned.get(res.owner)
+            if mine is not None:
+                del mine[res.id]
 
     def confirm(self, reservations: Iterable[Reservation]) -> int:
         """Remove the reserved items for good; how many were still open."""
@@ -215,53 +255,64 @@ class ReservationTable:
             if self._open.get(res.id) is not res:
                 continue
             self._drop(res)
-            if res.queue.confirm(res.xid):
+            if res.source.confirm_reserved(res.xid):
                 n += 1
         return n
 
     def abort(self, reservations: Iterable[Reservation]) -> int:
         """Return the reserved items to the head of their queues, in their original order;
         how many were still open."""
-        return self._return([r for r in reservations if self._open.get(r.id) is r])
+        return self._return([r for r in reservations if self._open.get(r.id) is r], RETURN_ABORT)
+
+    def drop(self, res: Reservation) -> bool:
+        """:meth:`forget` one reservation; whether it was open."""
+        if self._open.get(res.id) is not res:
+            return False
+        self._drop(res)
+        return True
 
     def forget(self, reservations: Iterable[Reservation]) -> None:
-        """Drop reservations whose queue is gone (deleted): nothing to return them to."""
+        """Drop reservations without telling their source: their queue is gone (deleted), or
+        the source ended them itself (beanstalkd's ``delete``, ``release``, ``bury``)."""
         for res in reservations:
             if self._open.get(res.id) is res:
                 self._drop(res)
 
     def release_owner(self, owner: object) -> int:
-        """``owner`` ended: return every reservation it held (its connection closed)."""
-        mine = self._owned.get(owner)
-        return 0 if mine is None else self._return(list(mine.values()))
+        """``owner`` ended: return every reservation it held (its connection closed). Every
+        owner must end this way (it keeps the owner's entry until then)."""
+        mine = self._owned.pop(owner, None)
+        return 0 if not mine else self._return(list(mine.values()), RETURN_OWNER_GONE)
 
-    def _return(self, reservations: list[Reservation]) -> int:
+    def _return(self, reservations: list[Reservation], reason: int) -> int:
         # The items returned together keep their original queue order, and a blocked reader
         # is served only once they are all back (it gets the oldest).
-        by_queue: dict[PersistentQueue, list[Reservation]] = {}
+        by_source: dict[ReservationSource, list[Reservation]] = {}
         for res in sorted(reservations, key=lambda r: r.id):
-            by_queue.setdefault(res.queue, []).append(res)
+            by_source.setdefault(res.source, []).append(res)
         n = 0
-        for queue, group in by_queue.items():
+        for source, group in by_source.items():
             for res in group:
                 self._drop(res)
             try:
-                n += queue.abort_many([res.xid for res in group])
-            except JournalError as exc:  # that queue's journal failed; the others go on
-                log.error("reads of %s not returned (they return at restart): %s", queue.name, exc)
-            except Exception:  # a bug in one queue must not strand the others' reservations
-                log.exception("reads of %s not returned", queue.name)
+                n += source.return_reserved([res.xid for res in group], reason)
+            except JournalError as exc:  # that source's journal failed; the others go on
+                name = source.source_name()
+                log.error("reads of %s not returned (they return at restart): %s", name, exc)
+            except Exception:  # a bug in one source must not strand the others' reservations
+                log.exception("reads of %s not returned", source.source_name())
         return n
 
-    def extend(self, reservations: Iterable[Reservation], ttl_ms: int, now: int) -> int:
-        """Move the deadlines to ``now + ttl_ms`` (0: none): renew, touch. How many."""
+    def extend(self, reservations: Iterable[Reservation], ttl_ms: int) -> int:
+        """Move the deadlines to ``ttl_ms`` from now (0: none): renew, touch. How many."""
         n = 0
+        deadline = self.deadline_clock() + ttl_ms if ttl_ms else 0
         for res in reservations:
             if self._open.get(res.id) is not res:
                 continue
             n += 1
-            if ttl_ms:
-                self._set_deadline(res, now + ttl_ms)
+            if deadline:
+                self._set_deadline(res, deadline)
             else:
                 res.deadline = 0
         return n
@@ -283,7 +334,7 @@ class ReservationTable:
         return res if res is not None and res.deadline == deadline else None
 
     def next_deadline(self) -> int | None:
-        """The earliest deadline of an open reservation (epoch ms), or None."""
+        """The earliest deadline of an open reservation (``deadline_clock`` ms), or None."""
         heap = self._deadlines
         while heap:
             deadline = heap[0]
@@ -298,8 +349,11 @@ class ReservationTable:
             del self._due[deadline]
         return None
 
-    def expire(self, now: int) -> int:
-        """Return every reservation due by ``now`` to its queue; the count."""
+    def expire(self, now: int | None = None) -> int:
+        """Return every reservation due by ``now`` (``deadline_clock`` ms; None: read it) to
+        its queue; the count."""
+        if now is None:
+            now = self.deadline_clock()
         due: dict[int, Reservation] = {}
         heap = self._deadlines
         while heap and heap[0] <= now:
@@ -308,6 +362,6 @@ class ReservationTable:
                 res = self._live(rid, deadline)
                 if res is not None:
                     due[rid] = res
-        n = self._return(list(due.values()))
+        n = self._return(list(due.values()), RETURN_EXPIRED)
         self.expired += n
         return n

@@ -10,18 +10,26 @@ semantics of beanstalkd 1.12, independent of any wire format:
   job goes back to its original place, before newer jobs of the same priority.
 - Delayed jobs carry an absolute deadline; buried jobs form a FIFO per tube; ``kick`` kicks
   buried jobs if there are any, else delayed ones; ``kick_job`` either.
-- A reserved job has a TTR deadline; when it passes the job is ready again (``timeouts``).
-  ``reserve`` answers DEADLINE_SOON when the worker holds a job within :data:`SAFETY_MARGIN`
-  of its deadline and nothing is ready; a worker already waiting is woken with it.
+- A reserved job is a reservation of the server's one
+  :class:`~tercel.core.reservations.ReservationTable` (the store is its
+  :class:`~tercel.core.source.ReservationSource`), owned by the worker, with the TTR as its
+  deadline; when the deadline passes the table returns it and the job is ready again
+  (``timeouts``). ``reserve`` answers DEADLINE_SOON when the worker holds a job within
+  :data:`SAFETY_MARGIN` of its deadline and nothing is ready; a worker already waiting is woken
+  with it. ``touch`` extends the reservation.
 - Waiting workers are served oldest first. :meth:`JobStore.disconnect` returns every job the
-  worker holds to ready at once (no timeout counted) and drops its wait.
+  worker holds to ready at once (the table's ``release_owner``: no timeout counted) and drops
+  its wait.
 - A tube lives while a job, a user, a watcher or a waiter refers to it; ``default`` always.
 
 Time: every method reads :class:`TubeClock` once. Timers run on the monotonic clock
 (``monotonic()``, seconds); the deadlines given to the log are wall-clock epoch milliseconds,
-converted on the way in and out, so a delayed job keeps its deadline across a restart.
-Nothing here sleeps: the server asks :meth:`JobStore.next_deadline`, arms one timer, and calls
-:meth:`JobStore.tick` when it fires.
+converted on the way in and out, so a delayed job keeps its deadline across a restart. The
+reservation table's ``deadline_clock`` must be the same monotonic clock, in milliseconds (TTR
+deadlines are the table's). Nothing here sleeps: the server asks
+:meth:`JobStore.next_deadline` (delays, waits, pauses), arms one timer, and calls
+:meth:`JobStore.tick` when it fires; TTR deadlines are on the table's own timer (``tick``
+returns those due too).
 
 Durability: every change that must survive a restart is handed to the :class:`JobLog` before
 the method returns (put, delete, bury, kick, a release with a delay or a new priority, the
@@ -37,6 +45,9 @@ from heapq import heappop, heappush
 from typing import Final, Protocol
 
 from mypy_extensions import mypyc_attr
+
+from tercel.core.reservations import NO_ITEM, Reservation, ReservationTable
+from tercel.core.source import RETURN_EXPIRED, ReservationSource
 
 READY: Final = 1
 DELAYED: Final = 2
@@ -208,15 +219,15 @@ class NullJobLog:
 
 @mypyc_attr(acyclic=True)
 class Job:
-    """One job. ``deadline`` is monotonic: the ready time of a delayed job, the TTR deadline
-    of a reserved one. ``gen`` changes whenever the job moves, so stale heap entries and
-    timers are recognised and skipped. ``file``: the number of the log file holding its JOB
-    record (``stats-job``'s ``file``; 0 when not journaled).
+    """One job. ``deadline`` is monotonic: the ready time of a delayed job; a reserved one has
+    its reservation (``res``), whose deadline is the TTR's. ``gen`` changes whenever the job
+    moves, so stale heap entries and timers are recognised and skipped. ``file``: the number
+    of the log file holding its JOB record (``stats-job``'s ``file``; 0 when not journaled).
 
     Compiled, jobs stay out of the cyclic garbage collector (``acyclic``, as the queues'
     ``QItem``): with a million jobs in memory every full collection would visit each one, and
-    a job's cycles (through its tube's buried FIFO, its reserver's held jobs) are always
-    broken by the store itself when the job moves or goes."""
+    a job's cycles (through its tube's buried FIFO, its reserver's held jobs, its reservation)
+    are always broken by the store itself when the job moves or goes."""
 
     __slots__ = (
         "body",
@@ -230,6 +241,7 @@ class Job:
         "kicks",
         "pri",
         "releases",
+        "res",
         "reserver",
         "reserves",
         "state",
@@ -253,6 +265,7 @@ class Job:
         self.gen = 0
         self.file = 0
         self.reserver: Worker | None = None
+        self.res: Reservation | None = None
         self.reserves = 0
         self.timeouts = 0
         self.releases = 0
@@ -391,20 +404,28 @@ class StoreStats:
 
 
 _TIMER_DELAYED: Final = 0
-_TIMER_TTR: Final = 1
 _TIMER_WAIT: Final = 2
 _TIMER_PAUSE: Final = 3
 
 
-class JobStore:
-    """Every tube and job of one server (see the module docstring)."""
+class JobStore(ReservationSource):
+    """Every tube and job of one server (see the module docstring). ``reservations``: the
+    server's table (None: one of its own, on ``clock``'s monotonic clock)."""
 
-    def __init__(self, clock: TubeClock, log: JobLog | None = None) -> None:
+    def __init__(
+        self,
+        clock: TubeClock,
+        log: JobLog | None = None,
+        reservations: ReservationTable | None = None,
+    ) -> None:
         self.clock = clock
         # The two clock reads, looked up once: a call through the protocol finds the method
         # on every call (about a thousand instructions, twice per put, compiled).
         self._monotonic: Callable[[], float] = clock.monotonic
         self._now_ms: Callable[[], int] = clock.now_ms
+        if reservations is None:
+            reservations = ReservationTable(deadline_clock=lambda: round(clock.monotonic() * 1000))
+        self.reservations = reservations
         self.log: JobLog = log if log is not None else NullJobLog()
         self.tubes: dict[str, Tube] = {}
         self.jobs: dict[int, Job] = {}
@@ -481,9 +502,7 @@ class JobStore:
         """The client is gone: its jobs go back to ready now, its wait and tubes are dropped."""
         self._end_wait(worker)
         now = self._monotonic()
-        for job in list(worker.reserved.values()):
-            self._unreserve(job)
-            self._make_ready(job)
+        self.reservations.release_owner(worker)  # -> return_reserved
         worker.reserved.clear()
         tubes = list(worker.watch.values())
         worker.watch.clear()
@@ -561,18 +580,29 @@ class JobStore:
         job.gen += 1
         job.reserver = worker
         job.reserves += 1
-        job.deadline = now + job.ttr
+        # now is the table's deadline clock too (see the module docstring): no second read.
+        deadline = round(now * 1000) + job.ttr * 1000
+        job.res = self.reservations.adopt_until(self, job.id, NO_ITEM, worker, deadline)
         job.tube.reserved_count += 1
         self.stats.reserved += 1
         worker.reserved[job.id] = job
-        self._timer(job.deadline, _TIMER_TTR, job.gen, job)
         if worker.waiting:  # a new deadline may come before its wait's DEADLINE_SOON timer
-            self._timer(job.deadline - SAFETY_MARGIN, _TIMER_WAIT, worker.gen, worker)
+            self._timer(self._ttr_deadline(job) - SAFETY_MARGIN, _TIMER_WAIT, worker.gen, worker)
+
+    @staticmethod
+    def _ttr_deadline(job: Job) -> float:
+        """A reserved job's TTR deadline, monotonic seconds (its reservation's, in ms)."""
+        res = job.res
+        return 0.0 if res is None else res.deadline / 1000
 
     def _unreserve(self, job: Job) -> None:
         worker = job.reserver
         if worker is not None:
             worker.reserved.pop(job.id, None)
+        res = job.res
+        if res is not None:
+            job.res = None
+            self.reservations.drop(res)  # ended here: no-op when the table returned it
         job.reserver = None
         job.tube.reserved_count -= 1
         self.stats.reserved -= 1
@@ -676,7 +706,7 @@ class JobStore:
 
     def deadline_soon(self, worker: Worker, now: float) -> bool:
         """True when one of the worker's jobs is within the safety margin of its deadline."""
-        return any(j.deadline - now <= SAFETY_MARGIN for j in worker.reserved.values())
+        return any(self._ttr_deadline(j) - now <= SAFETY_MARGIN for j in worker.reserved.values())
 
     def reserve(self, worker: Worker, timeout: float) -> tuple[Job | None, int]:
         """Reserve now if possible: ``(job, WAKE_JOB)``, ``(None, WAKE_DEADLINE_SOON)``,
@@ -700,7 +730,7 @@ class JobStore:
         self.stats.waiting += 1
         if timeout > 0:
             self._timer(worker.wait_until, _TIMER_WAIT, worker.gen, worker)
-        soonest = min((j.deadline for j in worker.reserved.values()), default=-1.0)
+        soonest = min((self._ttr_deadline(j) for j in worker.reserved.values()), default=-1.0)
         if soonest >= 0:
             self._timer(soonest - SAFETY_MARGIN, _TIMER_WAIT, worker.gen, worker)
         return None, -1
@@ -742,14 +772,17 @@ class JobStore:
         job = self._own_or_idle(worker, job_id)
         if job is None:
             return False
-        self.log.delete(job_id)
+        self._delete(job)
+        return True
+
+    def _delete(self, job: Job) -> None:
+        self.log.delete(job.id)
         self._take(job)
-        del self.jobs[job_id]
+        del self.jobs[job.id]
         self.live_bytes -= len(job.body) + len(job.tube.name) + JOB_OVERHEAD
         self._logged()
         job.tube.cmd_delete += 1
         self._maybe_free(job.tube)
-        return True
 
     def _held(self, worker: Worker, job_id: int) -> Job | None:
         job = worker.reserved.get(job_id)
@@ -788,11 +821,9 @@ class JobStore:
 
     def touch(self, worker: Worker, job_id: int) -> bool:
         job = self._held(worker, job_id)
-        if job is None:
+        if job is None or job.res is None:
             return False
-        job.gen += 1
-        job.deadline = self._monotonic() + job.ttr
-        self._timer(job.deadline, _TIMER_TTR, job.gen, job)
+        self.reservations.extend((job.res,), job.ttr * 1000)
         return True
 
     def _kick(self, job: Job, now: float) -> None:
@@ -865,9 +896,13 @@ class JobStore:
 
     def time_left(self, job: Job) -> int:
         """Whole seconds to the job's TTR deadline (reserved) or ready time (delayed)."""
-        if job.state not in (RESERVED, DELAYED):
+        if job.state == RESERVED:
+            deadline = self._ttr_deadline(job)
+        elif job.state == DELAYED:
+            deadline = job.deadline
+        else:
             return 0
-        return max(0, int(job.deadline - self._monotonic()))
+        return max(0, int(deadline - self._monotonic()))
 
     def age(self, job: Job) -> int:
         return int(self._monotonic() - job.created)
@@ -884,7 +919,8 @@ class JobStore:
         heappush(self._timers, (when, self._seq, kind, gen, target))
 
     def next_deadline(self) -> float | None:
-        """The monotonic time at which :meth:`tick` has work, or None."""
+        """The monotonic time at which :meth:`tick` has work, or None (TTR deadlines are on
+        the reservation table's timer)."""
         timers = self._timers
         while timers:
             when, _, kind, gen, target = timers[0]
@@ -898,9 +934,6 @@ class JobStore:
         if kind == _TIMER_DELAYED:
             assert isinstance(target, Job)
             return target.gen == gen and target.state == DELAYED
-        if kind == _TIMER_TTR:
-            assert isinstance(target, Job)
-            return target.gen == gen and target.state == RESERVED
         if kind == _TIMER_WAIT:
             assert isinstance(target, Worker)
             return target.gen == gen and target.waiting
@@ -908,8 +941,9 @@ class JobStore:
         return target.pause > 0
 
     def tick(self) -> None:
-        """Run every timer that is due: promote delayed jobs, expire TTRs, end waits that
-        time out or reach DEADLINE_SOON, unpause tubes; then serve waiting workers."""
+        """Run every timer that is due: promote delayed jobs, end waits that time out or reach
+        DEADLINE_SOON, unpause tubes; then return the reservations due (expired TTRs, as the
+        table's own timer would) and serve waiting workers."""
         now = self._monotonic()
         timers = self._timers
         while timers and timers[0][0] <= now:
@@ -920,12 +954,6 @@ class JobStore:
                 assert isinstance(target, Job)
                 self._undelay(target)
                 self._make_ready(target)
-            elif kind == _TIMER_TTR:
-                assert isinstance(target, Job)
-                self._unreserve(target)
-                target.timeouts += 1
-                self.stats.job_timeouts += 1
-                self._make_ready(target)
             elif kind == _TIMER_WAIT:
                 assert isinstance(target, Worker)
                 self._wake_waiting(target, now)
@@ -934,7 +962,39 @@ class JobStore:
                 if target.unpause_at <= now:
                     target.pause = 0
                     target.unpause_at = 0.0
+        self.reservations.expire()
         self._dispatch(now)
+
+    # ----------------------------------------------------------- as a ReservationSource
+
+    def return_reserved(self, xids: list[int], reason: int) -> int:
+        """The table returns reserved jobs ``xids``: their TTR passed (``RETURN_EXPIRED``,
+        counted as a timeout) or their worker left; ready again, and waiting workers served."""
+        n = 0
+        for xid in xids:
+            job = self.jobs.get(xid)
+            if job is None or job.state != RESERVED:
+                continue
+            self._unreserve(job)
+            if reason == RETURN_EXPIRED:
+                job.timeouts += 1
+                self.stats.job_timeouts += 1
+            self._make_ready(job)
+            n += 1
+        if n:
+            self._dispatch(self._monotonic())
+        return n
+
+    def confirm_reserved(self, xid: int) -> bool:
+        """Delete reserved job ``xid`` (what confirming a job means)."""
+        job = self.jobs.get(xid)
+        if job is None or job.state != RESERVED:
+            return False
+        self._delete(job)
+        return True
+
+    def source_name(self) -> str:
+        return "beanstalk jobs"
 
     def _wake_waiting(self, worker: Worker, now: float) -> None:
         if self.deadline_soon(worker, now):

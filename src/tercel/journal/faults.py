@@ -247,8 +247,14 @@ JOB_COMPACTION_CRASHES: Crashes = _compaction_crashes(".tmp", "jobs_compact")
 
 # ---- power loss -------------------------------------------------------------------------------
 
-_DIR_FD = -1
-"""Identity of a descriptor open on the data directory itself."""
+_DIR = "dir:"
+"""Prefix of the identity of a descriptor open on a directory (then its path relative to the
+data dir, ``.`` for the data dir itself)."""
+
+
+def _parent(rel: str) -> str:
+    """The directory of a path relative to the data dir (``.`` for the data dir)."""
+    return os.path.dirname(rel) or "."
 
 
 class PowerLossFiles:
@@ -266,9 +272,13 @@ class PowerLossFiles:
     - ``shadow/durable.json``: the directory as of its last fsync, name → id;
     - ``shadow/live.json``: the directory now, name → id (to find each file's unsynced tail).
 
-    Only the files the seam sees are modelled (the journal's, the checkpoint); files written
-    around it (the lock, the status file) are left as they are. Every file present when the
-    seam is installed counts as durable. Thread-safe (the journal syncs on worker threads).
+    Only the files the seam sees are modelled (the journals, the checkpoints, the beanstalkd
+    job log in ``beanstalk.d``: every directory under the data dir); files written around it
+    (the locks, the status file) are left as they are. Every file present when the
+    seam is installed counts as durable. Thread-safe (the journal syncs on worker threads):
+    a file's copy is taken after its fsync returned, under a lock that writes through the
+    seam hold too, so it holds whole writes only (perhaps some made after the fsync: a little
+    optimistic, never a torn record the disk could not hold).
     """
 
     def __init__(self, data_dir: str, shadow: str, inner: FileOps | None = None) -> None:
@@ -277,17 +287,18 @@ class PowerLossFiles:
         self.shadow = shadow
         self._lock = threading.Lock()
         self._fds: dict[int, str] = {}
-        """Descriptor → file id (``_DIR_FD`` as str for the directory)."""
+        """Descriptor → file id (:data:`_DIR` and the directory for a directory)."""
         self._live: dict[str, str] = {}
         self._next = 0
         os.makedirs(shadow, exist_ok=True)
-        for entry in os.scandir(shadow):
-            os.unlink(entry.path)
-        for entry in os.scandir(self.data_dir):
-            if entry.is_file():
+        for old in os.scandir(shadow):
+            os.unlink(old.path)
+        for root, _, names in os.walk(self.data_dir):
+            for entry in names:
+                path = os.path.join(root, entry)
                 fid = self._new_id()
-                self._live[entry.name] = fid
-                with open(entry.path, "rb") as f:
+                self._live[os.path.relpath(path, self.data_dir)] = fid
+                with open(path, "rb") as f:
                     self._save(fid, f.read())
         self._write_json("live.json", self._live)
         self._write_json("durable.json", self._live)
@@ -311,17 +322,18 @@ class PowerLossFiles:
         os.replace(tmp, os.path.join(self.shadow, name))
 
     def _name(self, path: str) -> str | None:
-        """The entry name of ``path`` if it is directly in the data dir."""
-        parent, name = os.path.split(os.path.realpath(path))
-        return name if parent == self.data_dir else None
+        """``path`` relative to the data dir, if it is inside (at any depth: the beanstalkd
+        job log's ``beanstalk.d``); None otherwise."""
+        rel = os.path.relpath(os.path.realpath(path), self.data_dir)
+        return None if rel == "." or rel.startswith("..") else rel
 
     # ---- FileOps --------------------------------------------------------------------------
 
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
         with self._lock:
-            if os.path.realpath(path) == self.data_dir:
+            if os.path.isdir(path):
                 fd = self.inner.open(path, flags, mode)
-                self._fds[fd] = str(_DIR_FD)
+                self._fds[fd] = _DIR + (self._name(path) or ".")
                 return fd
             name = self._name(path)
             existed = os.path.exists(path)
@@ -343,8 +355,13 @@ class PowerLossFiles:
             fid = self._fds.get(fd)
             if fid is None:
                 return
-            if fid == str(_DIR_FD):
-                self._write_json("durable.json", self._live)
+            if fid.startswith(_DIR):  # this directory's entries, as they are now
+                where = fid[len(_DIR) :]
+                with open(os.path.join(self.shadow, "durable.json")) as f:
+                    durable: dict[str, str] = json.load(f)
+                durable = {n: i for n, i in durable.items() if _parent(n) != where}
+                durable.update((n, i) for n, i in self._live.items() if _parent(n) == where)
+                self._write_json("durable.json", durable)
                 return
             # Read by the file's name now (the descriptor may be write-only).
             names = [n for n, i in self._live.items() if i == fid]
@@ -378,17 +395,23 @@ class PowerLossFiles:
             if name is not None and self._live.pop(name, None) is not None:
                 self._write_json("live.json", self._live)
 
+    # Writes hold the lock that a sync's copy of the file takes: the copy never sees half a
+    # write (the loop appends while a periodic sync runs on a worker thread).
+
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
-        return self.inner.pwrite(fd, data, offset)
+        with self._lock:
+            return self.inner.pwrite(fd, data, offset)
 
     def pwritev(self, fd: int, buffers: Sequence[bytes], offset: int) -> int:
-        return self.inner.pwritev(fd, buffers, offset)
+        with self._lock:
+            return self.inner.pwritev(fd, buffers, offset)
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return self.inner.pread(fd, size, offset)
 
     def ftruncate(self, fd: int, size: int) -> None:
-        self.inner.ftruncate(fd, size)
+        with self._lock:
+            self.inner.ftruncate(fd, size)
 
     def fstat_size(self, fd: int) -> int:
         return self.inner.fstat_size(fd)
@@ -448,7 +471,9 @@ def power_loss(
         if name not in durable and os.path.exists(path):
             os.unlink(path)
     for name, data in contents.items():
-        with open(os.path.join(data_dir, name), "wb") as f:
+        path = os.path.join(data_dir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
             f.write(data)
     done["files"] = len(contents)
     return dict(done)
@@ -483,8 +508,14 @@ def _with_tail(
         done["tails_cut"] += 1
         return now[:cut] + synced[cut:]
     if tail == "hole":  # whole pages not written back: they read as before (zeros if new)
-        first = start // PAGE
+        # Not the page holding the first unsynced byte when it also holds synced bytes: that
+        # page lost while later ones were written leaves zeros up to a page end, data after,
+        # which start-up still refuses (docs/reliability.md §5, not decided yet).
+        first = -(-start // PAGE)
         last = (len(now) - 1) // PAGE
+        if first > last:
+            done["tails_kept"] += 1
+            return now
         a = rng.randint(first, last) * PAGE
         b = min(len(now), rng.randint(a // PAGE + 1, last + 1) * PAGE)
         old = synced[a:b]

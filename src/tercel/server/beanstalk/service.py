@@ -9,7 +9,8 @@ queues for it). Either way the connections are the shared layer's
 written by the context's group committer and the server's status applies. Connections
 (:mod:`tercel.server.beanstalk.connection`) call the store and then
 :meth:`BeanstalkService.rearm`, which keeps one loop timer set for the store's next deadline
-(delayed job, TTR, wait timeout, DEADLINE_SOON, unpause).
+(delayed job, wait timeout, DEADLINE_SOON, unpause) and arms the reservation table's timer,
+which ends a TTR (a reserved job is a reservation of the server's one table).
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ class BeanstalkService:
                 log_dir, max_file_size, on_dirty=committer.journal_dirty, name=JOBLOG_NAME
             )
             committer.set_sync_mode(JOBLOG_NAME, sync)
-        self.store = JobStore(SystemTubeClock(), self.journal)
+        # Reserved jobs are reservations of the server's one table (its timer ends a TTR):
+        # SystemTubeClock's monotonic clock is the table's (CLOCK_MONOTONIC, in ms there).
+        self.store = JobStore(SystemTubeClock(), self.journal, ctx.reservations.table)
         self.cmd = dict.fromkeys(CMD_COUNTERS, 0)
         self.producers = 0
         """Connections open now that have sent a ``put`` (``current-producers``)."""
@@ -205,8 +208,9 @@ class BeanstalkService:
     # ---- the timer ------------------------------------------------------------------------
 
     def rearm(self) -> None:
-        """Keep one timer at the store's next deadline (call after anything that may add
-        or remove one)."""
+        """Keep one timer at the store's next deadline, and the reservation table's timer at
+        its next (a TTR); call after anything that may add or remove one."""
+        self.ctx.reservations.arm()
         when = self.store.next_deadline()
         if when is None:
             return

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tercel.core.queue import READ_OPEN, QItem
+from tercel.core.queue import READ_OPEN, PersistentQueue, QItem
 from tercel.core.reservations import Reservation, ReservationTable
 from tercel.errors import OpenReadError, TercelError, TooManyLeases
 from tercel.protocol import memcache as mc
@@ -87,8 +87,8 @@ def handle_lease(conn: Connection, cmd: LeaseCmd) -> None:
         # conn.parked stays set until _finish_lease has replied, so a command pipelined
         # behind this one cannot answer first.
         full = table.room(queue) == 0  # other blocked leases took the room meanwhile
-        first = table.adopt(queue, xid, item, ctx.clock.now_ms(), ttl_ms=cmd.lease_ms)
-        ctx.loop.call_soon(_finish_lease, conn, cmd, first, full)
+        first = table.adopt(queue, xid, item, ttl_ms=cmd.lease_ms)
+        ctx.loop.call_soon(_finish_lease, conn, cmd, queue, first, full)
 
     waiter = LeaseWaiter(conn.session, queue, READ_OPEN, delivered)
     queue.wait(waiter)
@@ -96,7 +96,9 @@ def handle_lease(conn: Connection, cmd: LeaseCmd) -> None:
     conn.park(cmd, waiter, cmd.wait_ms, mc.END)
 
 
-def _finish_lease(conn: Connection, cmd: LeaseCmd, first: Reservation, full: bool) -> None:
+def _finish_lease(
+    conn: Connection, cmd: LeaseCmd, queue: PersistentQueue, first: Reservation, full: bool
+) -> None:
     """After a blocked lease got its first item: take the rest of the batch, then reply.
 
     Blocked leases on one queue wait side by side, each admitted while the queue had room: the
@@ -106,7 +108,6 @@ def _finish_lease(conn: Connection, cmd: LeaseCmd, first: Reservation, full: boo
     service = conn.ctx.reservations
     table = service.table
     leases = [first]
-    queue = first.queue
     if conn.transport is None:  # the client left meanwhile: nobody knows the id
         table.abort(leases)
         return
@@ -157,7 +158,7 @@ def handle_renew(conn: Connection, cmd: Renew) -> None:
     ctx = conn.ctx
     service = ctx.reservations
     leases = _named(conn, cmd.queue, cmd.ids)
-    n = service.table.extend(leases, cmd.lease_ms, ctx.clock.now_ms())
+    n = service.table.extend(leases, cmd.lease_ms)
     service.arm()
     conn.out.append(mc.counted(b"RENEWED", n))
 

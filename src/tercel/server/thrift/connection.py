@@ -227,7 +227,7 @@ def _finish(conn: ThriftConnection, g: _Gather, now: int) -> None:
     table = conn.ctx.reservations.table
     if g.call.auto_abort_msec > 0:
         if g.deadline:  # taken with room for the wait: auto_abort counts from the reply
-            table.extend(g.reserved, g.call.auto_abort_msec, now)
+            table.extend(g.reserved, g.call.auto_abort_msec)
             conn.ctx.reservations.arm()
         items = [(res.item.data, res.id) for res in g.reserved]
     elif g.reserved:
