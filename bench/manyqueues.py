@@ -13,11 +13,14 @@ What is timed:
   ``--queues`` distinct queues (batches of 1,000 commands), from the first byte sent to the
   last ``STORED`` read;
 - *restart*: SIGKILL, ``sync`` (the writeback of the 100,000 new files is not the restart's),
-  then ``tercel serve`` again on the same data dir, from the exec to the ports file (the
-  server replays every queue before it listens); then one ``get`` per hundredth queue checks
-  the items are there;
-- *RSS*: the server's resident set (``/proc/<pid>/status`` VmRSS) after creating, and after
-  the restart;
+  then ``tercel serve`` again on the same data dir: from the exec to the ports file
+  (*listening*: the server lists the data dir and serves, and replays the queues in the
+  background), and to its log line ``replayed N queue(s)`` (*replayed*: every queue in
+  memory; the log is polled every 50 ms, not ``stats``, whose per-queue lines for 100,000
+  queues would load the server); then one ``get`` per hundredth queue checks the items are
+  there;
+- *RSS*: the server's resident set (``/proc/<pid>/status`` VmRSS) after creating, and once
+  every queue is replayed after the restart;
 - *server CPU*: user + system time of the server process over each phase (``/proc/<pid>/stat``),
   the fairer figure on a shared host, where wall time includes waiting for a CPU.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -86,6 +90,23 @@ def create(sock: socket.socket, queues: int, items: int) -> float:
     return time.perf_counter() - t0
 
 
+REPLAYED = re.compile(r"replayed (\d+) queue\(s\), \d+ items in ([\d.]+)s")
+"""The server's log line once every queue on disk is replayed."""
+
+
+def wait_replayed(srv: ServerProcess) -> float:
+    """Wait for the server's log to say every queue is replayed (polled every 50 ms: the
+    server now serves first and replays in the background; before, the line came before it
+    listened); the replay time it logs."""
+    while True:
+        found = REPLAYED.search(srv.log())
+        if found:
+            return float(found.group(2))
+        if not srv.running:
+            raise SystemExit("the server stopped during the replay")
+        time.sleep(0.05)
+
+
 def check(sock: socket.socket, queues: int, items: int) -> None:
     """One ``get`` per thousandth queue returns its first item."""
     for i in range(0, queues, max(1, queues // 100)):
@@ -102,7 +123,7 @@ def check(sock: socket.socket, queues: int, items: int) -> None:
 def run(queues: int, items: int, open_files: int) -> dict[str, float]:
     data = Path(tempfile.mkdtemp(prefix="tercel-manyqueues-"))
     try:
-        with ServerProcess(data, open_files=open_files) as srv:
+        with ServerProcess(data, open_files=open_files, log_level="info") as srv:
             assert srv.proc is not None
             sock = srv.connect(timeout=600)
             cpu0 = cpu_s(srv.proc.pid)
@@ -118,12 +139,15 @@ def run(queues: int, items: int, open_files: int) -> dict[str, float]:
             os.sync()  # the killed server's files reach the disk first: not timed as restart
             t0 = time.perf_counter()
             srv.start(timeout=600)
+            listening = time.perf_counter() - t0
+            replay_logged = wait_replayed(srv)
             restarted = time.perf_counter() - t0
-            cpu_restarted = cpu_s(srv.proc.pid)  # from exec to listening
+            cpu_restarted = cpu_s(srv.proc.pid)  # from exec to every queue replayed
             rss_restarted = rss_mb(srv.proc.pid)
             print(
-                f"restart {queues} queues: {restarted:.2f} s (server CPU {cpu_restarted:.2f} s),",
-                f"RSS {rss_restarted:.0f} MB",
+                f"restart {queues} queues: listening {listening:.2f} s, replayed",
+                f"{restarted:.2f} s (server CPU {cpu_restarted:.2f} s; its log: replay",
+                f"{replay_logged:.2f} s), RSS {rss_restarted:.0f} MB",
             )
             sock = srv.connect(timeout=60)
             check(sock, queues, items)
@@ -131,7 +155,9 @@ def run(queues: int, items: int, open_files: int) -> dict[str, float]:
         return {
             "create_s": round(created, 2),
             "create_cpu_s": round(cpu_created, 2),
+            "listening_s": round(listening, 2),
             "restart_s": round(restarted, 2),
+            "replay_logged_s": replay_logged,
             "restart_cpu_s": round(cpu_restarted, 2),
             "rss_created_mb": round(rss_created),
             "rss_restarted_mb": round(rss_restarted),

@@ -115,6 +115,8 @@ async def run(args: argparse.Namespace, data: Path) -> None:
         base_rss = rss_kb()  # after the first server's stop: its queues are closed
         srv = Server(config)
         await srv.start()
+        while srv.collection.pending:  # the queues replay in the background
+            await asyncio.sleep(0.05)
         phase = "replayed"
     else:
         thread = threading.Thread(target=client_create, args=(port, args.queues, args.items))

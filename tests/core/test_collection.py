@@ -5,6 +5,7 @@ Run on the RAM twin and on the file journal: the collection only ever sees ``ope
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,6 +152,33 @@ def test_deferred_queues_replay_at_their_first_reference_only(logs: Logs) -> Non
     assert qc.replay_next() is None
     assert (len(qc), qc.pending, sorted(q.name for q in qc)) == (3, 0, ["a", "b", "c"])
     assert logs.opened[opened:] == ["b", "a", "c"]  # each replayed once
+    w.qc.close()
+
+
+def test_a_deferred_replay_that_fails_is_the_next_one_again(logs: Logs) -> None:
+    """replay_next walks the deferred names once, in order: a replay that raises leaves its
+    queue pending and first in line; names replayed meanwhile are skipped."""
+    w = World(logs)
+    for name in ("a", "b", "c", "d"):
+        w.add(name, name.encode())
+    qc = deferred(w)
+    real = qc._open_log
+    failing = {"b"}
+
+    def open_log(name: str, config: QueueConfig) -> MemoryJournal | FileJournal:
+        if name in failing:
+            raise OSError(errno.EIO, "injected")
+        return real(name, config)  # type: ignore[return-value]
+
+    qc._open_log = open_log
+    assert qc.replay_next() == "a"
+    with pytest.raises(OSError):
+        qc.replay_next()
+    assert qc.pending == 3
+    assert w.items("c") == [b"c"]  # replayed at its first reference
+    failing.clear()
+    assert [qc.replay_next() for _ in range(3)] == ["b", "d", None]
+    assert (len(qc), qc.pending) == (4, 0)
     w.qc.close()
 
 

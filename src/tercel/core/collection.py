@@ -55,6 +55,12 @@ class QueueCollection:
         """Queues found on disk and not replayed yet (:meth:`defer`), in replay order."""
         self._pending_children: dict[str, list[str]] = {}
         """Parent name -> its fanout children among :attr:`_pending`."""
+        self._pending_order: list[str] = []
+        self._next_pending = 0
+        """:meth:`replay_next` walks :attr:`_pending_order` from here (names replayed at first
+        reference meanwhile are skipped). Not a fresh iteration of :attr:`_pending`: a dict
+        iterates past the slots of every key deleted before, so taking its first key each
+        time was quadratic (5.7 s of CPU for 100,000 queues)."""
         # One bound method each for every queue, not one per queue (100,000 queues: 14 MB).
         self._on_expired: Callable[[PersistentQueue, QItem], None] = self._expired
         self._on_dead_letter: Callable[[PersistentQueue, QItem], bool] = self._dead_letter
@@ -163,6 +169,7 @@ class QueueCollection:
             if name in self._queues or name in self._pending or not valid_name(name):
                 continue
             self._pending[name] = None
+            self._pending_order.append(name)
             parent = fanout_parent(name)
             if parent is not None:
                 self._pending_children.setdefault(parent, []).append(name)
@@ -171,9 +178,16 @@ class QueueCollection:
         """Replay the next :attr:`pending` queue (parents before their fanout children);
         its name, or None when none is left. Raises what its replay raises (the queue stays
         pending)."""
-        for name in self._pending:
-            self._create(name)
-            return name
+        order = self._pending_order
+        while self._next_pending < len(order):
+            name = order[self._next_pending]
+            if name in self._pending:
+                self._create(name)  # if this raises, the name is the next one again
+                self._next_pending += 1
+                return name
+            self._next_pending += 1
+        order.clear()
+        self._next_pending = 0
         return None
 
     def _replay_children(self, name: str) -> None:

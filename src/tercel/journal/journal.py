@@ -52,6 +52,10 @@ a longer rest is a torn tail only if the bad record claims to run past the end o
 run past the end, "valid" means a run of records reaching the end of the data: the cut record's
 own payload may hold record bytes (a journal stored as an item)."""
 
+_NO_OLDER: Final[dict[int, int]] = {}
+"""The older files of every journal that has none: one empty dict shared, never added to
+(:meth:`FileJournal._older_files` gives a journal its own), not 64 bytes per queue."""
+
 _REPLAY_START: Final[rec.Position] = (1, 0)
 """``replay_position`` before and after a replay (one tuple for every journal)."""
 
@@ -152,6 +156,11 @@ def _older_seqs(data_dir: str, name: str) -> list[int]:
     )
 
 
+def _sizes(files: list[tuple[int, str]]) -> dict[int, int]:
+    """seq -> size of each of ``files`` (seq, path); the shared :data:`_NO_OLDER` for none."""
+    return {seq: os.path.getsize(path) for seq, path in files} if files else _NO_OLDER
+
+
 def journal_files(data_dir: str, name: str) -> list[str]:
     """The paths of ``name``'s journal files in replay order (older files, then current)."""
     base = os.path.join(data_dir, name)
@@ -232,7 +241,7 @@ class FileJournal(AppendLog):
         self._on_dirty = on_dirty if on_dirty is not None else FileJournal.write_out
         self._background = background or run_inline
         self._seq = 1  # sequence number of the current file
-        self._older: dict[int, int] = {}  # seq -> size of each older file
+        self._older = _NO_OLDER  # seq -> size of each older file (see _older_files)
         self._older_total = 0
         self._size_before_cache: tuple[tuple[int, int, int], int] = ((0, 0, 0), 0)
         self._close_after_sync = False  # close and rotation wait for a worker's sync
@@ -245,7 +254,8 @@ class FileJournal(AppendLog):
         self.compactions = 0
         self.pages = True
         """Items can be left on disk and read back (read-behind)."""
-        self._marks: list[ckpt.Mark] = []  # see MARK_EVERY, in journal order
+        self._marks: list[int] = []  # see MARK_EVERY, in journal order, each mark's
+        # item id, seq and offset one after another (no tuple per mark: 64 bytes per queue)
         self._mark_seq = 0  # the file of the last mark
         self._mark_off = 0  # the next mark is due at the first ADD from this offset on
         self._appended = 0  # bytes appended since the start
@@ -269,6 +279,14 @@ class FileJournal(AppendLog):
     def checkpoint_path(self) -> str:
         """The checkpoint file (:mod:`tercel.journal.checkpoint`)."""
         return self.path + ckpt.SUFFIX
+
+    def _older_files(self) -> dict[int, int]:
+        """The older files' sizes, as a dict that may be changed (the journal's own, made now
+        if it had none)."""
+        older = self._older
+        if older is _NO_OLDER:
+            older = self._older = {}
+        return older
 
     def _path(self, seq: int) -> str:
         return self.path if seq == self._seq else f"{self.path}.{seq}"
@@ -322,7 +340,7 @@ class FileJournal(AppendLog):
             self._ops.unlink(path)
         files = files[start:]
         # Read-behind may read older files while they are replayed: know them up front.
-        self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
+        self._older = _sizes(files[:-1] if listed.current else files)
         report = ReplayReport()
         state = _ReplayState(pager=pager)
         if not files:  # a checkpoint without files is left over from an earlier queue
@@ -340,13 +358,15 @@ class FileJournal(AppendLog):
                 total=cp.total,
                 removed_add_time=cp.removed_add_time,
             )
-            self._marks = [m for m in cp.marks if m[1] == self._seq or m[1] in self._older]
+            self._marks = [
+                n for m in cp.marks if m[1] == self._seq or m[1] in self._older for n in m
+            ]
             state.start = cp.end
         for i, (seq, path) in enumerate(files):
             if state.start is not None and seq < state.start[0]:
                 continue
             self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
-        self._older = {s: os.path.getsize(p) for s, p in files if p != self.path}
+        self._older = _sizes(files[:-1] if listed.current else files)
         self._older_total = sum(self._older.values())
         self.replay_position = _REPLAY_START  # the last record's tuple is not kept per queue
         size = self._current_size if listed.current else 0
@@ -719,9 +739,17 @@ class FileJournal(AppendLog):
 
     def _mark(self, item_id: int, seq: int, offset: int) -> None:
         """Note the ADD of ``item_id`` at ``(seq, offset)`` (see :data:`MARK_EVERY`)."""
-        self._marks.append((item_id, seq, offset))
+        marks = self._marks
+        marks.append(item_id)
+        marks.append(seq)
+        marks.append(offset)
         self._mark_seq = seq
         self._mark_off = offset + MARK_EVERY
+
+    def _mark_list(self) -> list[ckpt.Mark]:
+        """The marks as ``(item_id, seq, offset)``, in journal order."""
+        m = self._marks
+        return [(m[i], m[i + 1], m[i + 2]) for i in range(0, len(m), 3)]
 
     def checkpoint_due(self) -> bool:
         """True once per :data:`CHECKPOINT_EVERY` bytes appended: the owner should call
@@ -777,8 +805,9 @@ class FileJournal(AppendLog):
             except OSError as exc:
                 self._fail("fsync", exc)
         start = max(rec.HEADER_SIZE, end[1] - ckpt.TAIL)
-        first = max((i for i, m in enumerate(self._marks) if m[0] <= head_id), default=0)
-        marks = tuple(self._marks[first:])  # from the one the head is found from
+        all_marks = self._mark_list()
+        first = max((i for i, m in enumerate(all_marks) if m[0] <= head_id), default=0)
+        marks = tuple(all_marks[first:])  # from the one the head is found from
         cp = ckpt.Checkpoint(
             end,
             rec.crc32(ops.pread(fd, end[1] - start, start)),
@@ -814,7 +843,7 @@ class FileJournal(AppendLog):
     def _find_add(self, item_id: int) -> rec.Position | None:
         """Where the ADD of ``item_id`` starts: found by walking from the last mark of a
         smaller or equal id, at most a few marks' distance; None when not found."""
-        mark = next((m for m in reversed(self._marks) if m[0] <= item_id), None)
+        mark = next((m for m in reversed(self._mark_list()) if m[0] <= item_id), None)
         if mark is None or (mark[1] != self._seq and mark[1] not in self._older):
             return None
         seq = mark[1]
@@ -907,7 +936,7 @@ class FileJournal(AppendLog):
             ops.close(fd)
             old = self._seq
             ops.rename(self.path, f"{self.path}.{old}")
-            self._older[old] = self._written
+            self._older_files()[old] = self._written
             self._older_total += self._written
             self._seq = old + 1
             self._unsynced = False
@@ -996,7 +1025,7 @@ class FileJournal(AppendLog):
             self._mark_failed("compaction", error)
             return
         gone = set(obsolete)
-        self._marks = [m for m in self._marks if m[1] not in gone]
+        self._marks = [n for m in self._mark_list() if m[1] not in gone for n in m]
         self._older[target] = os.path.getsize(f"{self.path}.{target}")
         self._older_total = sum(self._older.values())
         self.compactions += 1
