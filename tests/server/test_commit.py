@@ -16,10 +16,10 @@ from journal.recorder import Recorder
 from tercel.errors import JournalWriteError
 from tercel.journal import FileJournal
 from tercel.server.aio import open_aio
-from tercel.server.commit import AIO_MIN_GROUP, Committer
+from tercel.server.commit import AIO_MIN_GROUP, Committer, Holder
 
 
-class Conn:
+class Conn(Holder):
     """A connection stand-in that notes, at each release, what the journal file held."""
 
     def __init__(self, journal: FileJournal) -> None:

@@ -239,9 +239,8 @@ class JobJournal(AppendLog):
         name: str = "beanstalk",
         ops: FileOps | None = None,
     ) -> None:
-        super().__init__(ops if ops is not None else default_ops())
+        super().__init__(ops if ops is not None else default_ops(), name)
         self.directory = directory
-        self.name = name
         self.max_file_size = max_file_size
         self.on_dirty = on_dirty
         """Told when the buffer goes from empty to not empty (the group committer); without

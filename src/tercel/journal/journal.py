@@ -234,9 +234,8 @@ class FileJournal(AppendLog):
         directory: DataDir | None = None,
     ) -> None:
         self.data_dir = data_dir
-        self.name = name
         self._dir = directory if directory is not None else DataDir(data_dir)
-        super().__init__(self._dir.ops)
+        super().__init__(self._dir.ops, name)
         self._current_version: int | None = None  # of the current file, read by replay
         self._current_size = 0  # of the current file after replay
         self._on_dirty = on_dirty if on_dirty is not None else FileJournal.write_out

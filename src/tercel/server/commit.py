@@ -43,43 +43,30 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import NoReturn, Protocol
+
+from mypy_extensions import mypyc_attr
 
 from tercel.errors import JournalWriteError
+from tercel.journal.append import AppendLog
 from tercel.server.aio import Aio, open_aio
 from tercel.server.metrics import LogHistogram
 
 
-class CommitJournal(Protocol):
-    """What the committer uses of a journal: queue journals (:class:`tercel.journal.FileJournal`)
-    and the beanstalkd job log (:class:`tercel.journal.joblog.JobJournal`) both fit."""
-
-    name: str
-    syncing: bool
-
-    def write_out(self) -> int: ...
-    def sync(self) -> None: ...
-    def begin_sync(self) -> int: ...
-    def sync_failed(self, exc: OSError) -> NoReturn: ...
-    def sync_done(self) -> None: ...
-
-    @property
-    def failed(self) -> bool: ...
-
-    @property
-    def needs_sync(self) -> bool: ...
-
-
-class Holder(Protocol):
-    """A connection whose replies the committer may hold."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Holder:
+    """A connection whose replies the committer may hold: the base of every front end's
+    connection (:class:`tercel.server.connection.Connection`). A compiled class, not a
+    Protocol, so that the committer's calls are native ones (a Protocol-typed call from
+    compiled code is a generic Python call); interpreted subclasses (test stand-ins) work
+    too, through mypyc's glue."""
 
     def release(self, data: bytes) -> None:
         """Write ``data`` now (it no longer depends on unwritten journal bytes)."""
-        ...
+        raise NotImplementedError
 
     def fail(self) -> None:
         """Close without sending held replies: what they acknowledge is not journaled."""
-        ...
+        raise NotImplementedError
 
 
 SyncPolicy = Callable[[str], int | None]
@@ -95,7 +82,7 @@ requests pile up and one pass reads them all, where an overlapped fsync would le
 once per arriving request (measured: mixed load at depth 1, +20 % CPU per op through AIO)."""
 
 
-def _sync_all(journals: list[CommitJournal]) -> JournalWriteError | None:
+def _sync_all(journals: list[AppendLog]) -> JournalWriteError | None:
     """fdatasync each journal; the first failure (the journal logged it) or None."""
     for journal in journals:
         try:
@@ -105,7 +92,7 @@ def _sync_all(journals: list[CommitJournal]) -> JournalWriteError | None:
     return None
 
 
-_Group = tuple[list[CommitJournal], list[tuple[Holder, bytes]], JournalWriteError | None]
+_Group = tuple[list[AppendLog], list[tuple[Holder, bytes]], JournalWriteError | None]
 """The group fsync running through AIO: its journals (the AIO tag is the index), the replies
 waiting for it, and the first failure."""
 
@@ -125,10 +112,10 @@ class Committer:
         self._fixed: dict[str, int | None] = {}
         """Sync modes of journals that are no queue's (the job log), by journal name."""
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tercel-fsync")
-        self.dirty: list[CommitJournal] = []
+        self.dirty: list[AppendLog] = []
         """Journals with buffered records this pass (appended to by :meth:`journal_dirty`)."""
         self._held: list[tuple[Holder, bytes]] = []
-        self._to_sync: dict[CommitJournal, None] = {}
+        self._to_sync: dict[AppendLog, None] = {}
         self._group_bytes = 0  # written to the journals in _to_sync
         self._waiting: list[tuple[Holder, bytes]] = []
         self.syncing = False
@@ -137,7 +124,7 @@ class Committer:
         self._aio: Aio | None = None
         self._aio_tried = False  # opened for the first big group: no sync queue, no context
         self._scheduled = False
-        self._periodic: dict[CommitJournal, asyncio.TimerHandle] = {}
+        self._periodic: dict[AppendLog, asyncio.TimerHandle] = {}
         self.fsyncs = 0
         """Group fsyncs run for ``sync_journal = true`` (one per pass that wrote such a journal)."""
         self.fsync_waits = 0
@@ -168,7 +155,7 @@ class Committer:
         """True while records are buffered, replies held, or a group fsync runs."""
         return bool(self.dirty or self._held or self._waiting or self.syncing or self._scheduled)
 
-    def journal_dirty(self, journal: CommitJournal) -> None:
+    def journal_dirty(self, journal: AppendLog) -> None:
         """Called by a journal when its buffer goes from empty to not empty."""
         self.dirty.append(journal)
         if not self._scheduled:
@@ -210,10 +197,12 @@ class Committer:
                 mode = fixed[journal.name]
             else:
                 mode = self._policy(journal.name)
+            if mode is None:  # (tested first: a compiled int compare below, not a generic one)
+                continue
             if mode == 0:
                 self._to_sync[journal] = None
                 self._group_bytes += size
-            elif mode is not None and journal not in self._periodic:
+            elif journal not in self._periodic:
                 self._periodic[journal] = self._loop.call_later(
                     mode / 1000, self._periodic_sync, journal
                 )
@@ -221,6 +210,10 @@ class Committer:
             waiting, self._waiting = self._waiting, []
             for conn, _ in waiting + held:
                 conn.fail()
+            return
+        if not self._waiting and not self._to_sync:  # the common pass: nothing to sync
+            for conn, data in held:
+                conn.release(data)
             return
         self._waiting += held
         self._start_group(inline)
@@ -247,7 +240,7 @@ class Committer:
             self._finish(waiting, failed)
             return
         error: JournalWriteError | None = None
-        submitted: list[CommitJournal] = []
+        submitted: list[AppendLog] = []
         for journal in journals:
             try:
                 fd = journal.begin_sync()
@@ -318,7 +311,7 @@ class Committer:
         for conn, data in group:
             conn.release(data)
 
-    def _periodic_sync(self, journal: CommitJournal) -> None:
+    def _periodic_sync(self, journal: AppendLog) -> None:
         del self._periodic[journal]
         if not journal.needs_sync or journal.syncing:
             return
@@ -331,7 +324,7 @@ class Committer:
 
         self._executor.submit(journal.sync).add_done_callback(done)
 
-    def _periodic_done(self, journal: CommitJournal, exc: BaseException | None, took: int) -> None:
+    def _periodic_done(self, journal: AppendLog, exc: BaseException | None, took: int) -> None:
         journal.sync_done()
         if exc is not None:  # the journal logged it and refuses writes from now on
             self.write_errors += 1

@@ -39,6 +39,7 @@ import logging
 from typing import Any
 
 from tercel.errors import TercelError
+from tercel.server.commit import Holder
 from tercel.server.context import ServerContext
 from tercel.session import PendingRead, Session
 
@@ -73,7 +74,7 @@ class Parked:
             self.timer.cancel()
 
 
-class Connection:
+class Connection(Holder):
     """One client connection of any front end (an asyncio protocol by duck typing)."""
 
     def __init__(self, ctx: ServerContext, front_end: str) -> None:
