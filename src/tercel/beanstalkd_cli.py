@@ -21,6 +21,8 @@ import os
 import socket
 import sys
 
+from tercel.listening import bind_tcp
+
 USAGE = """Use: tercel beanstalkd [OPTIONS]
 
 Options:
@@ -128,18 +130,7 @@ def bind(opts: Options) -> socket.socket:
             sock.close()
             raise
         return sock
-    family, kind, proto, _, addr = socket.getaddrinfo(
-        opts.addr, opts.port, type=socket.SOCK_STREAM
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return bind_tcp(opts.addr, opts.port)
 
 
 def main(argv: list[str]) -> int:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tercel import __version__, exit_codes
 from tercel.config import ServerConfig, load_config
 from tercel.errors import ConfigError, JournalCorrupt
+from tercel.listening import bind_tcp
 
 if TYPE_CHECKING:
     import argparse
@@ -139,27 +140,6 @@ def _config_from(args: argparse.Namespace | ServeArgs) -> ServerConfig:
     return config.with_server(**overrides) if overrides else config
 
 
-def _bind_early(host: str, port: int) -> socket.socket:
-    """A listening socket for a front end's port, made before the server's modules load.
-
-    The kernel accepts connections into the backlog from here on, so clients can connect about
-    70 ms after ``exec`` instead of after every import (and any replay): their commands are
-    served once the server is up (socket activation does the same).
-    """
-    # An ASCII host as bytes: a str is IDNA-encoded first (~8 ms of codec imports).
-    name: str | bytes = host.encode() if host.isascii() else host
-    family, kind, proto, _, addr = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def serve(args: argparse.Namespace | ServeArgs) -> int:
     """Run the server until SIGTERM/SIGINT/``shutdown``; the process exit code."""
     try:
@@ -179,7 +159,7 @@ def serve(args: argparse.Namespace | ServeArgs) -> int:
         if port is None:
             continue
         try:
-            sockets[name] = _bind_early(srv.host, port)
+            sockets[name] = bind_tcp(srv.host, port)
         except OSError as exc:
             log.error("cannot listen on %s:%s: %s", srv.host, port, exc)
             for sock in sockets.values():
