@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from support import Raw, drain, open_connections, set_cmd, stats, track
 from tercel import native
@@ -21,6 +22,12 @@ if native.stale_modules():  # the suite must test the sources as they are now
 
 __all__ = ["Raw", "drain", "set_cmd", "stats", "track"]
 """Re-exported for tests that still import them from here (new tests: ``from support``)."""
+
+# Timing never decides a test: Hypothesis's per-example deadline and its "too slow" health
+# check are both wall-clock limits, and failed runs on a loaded 2-core host (test_records'
+# bit-flip property once). Tests that set their own ``settings`` keep their other values.
+settings.register_profile("tercel", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("tercel")
 
 _names = itertools.count()
 
