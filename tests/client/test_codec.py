@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from tercel.errors import BadReply
+from tercel.protocol import memcache as mc
 from tercel.protocol.commands import (
     Ack,
     Command,
@@ -139,13 +142,42 @@ def _columns(cols: Reply | object) -> tuple[object, ...]:
     )
 
 
-def test_a_lease_reply_as_columns_whole_and_byte_by_byte() -> None:
-    """``Lease(..., columns=True)``: the same wire reply, as flat columns and one buffer."""
-    wire = b"LEASED p-1 1 1 100 0 2\r\nhi\r\nLEASED p-2 2 3 101 900 0\r\n\r\nEND\r\n"
-    want = (["p-1", "p-2"], [1, 2], [1, 3], [100, 101], [0, 900], b"hi", [0, 2, 2])
+TWO_LEASES = (["p-1", "p-1f"], [1, 2], [1, 3], [100, 101], [0, 900], b"hi", [0, 2, 2])
+"""Two leased items as columns: what both wire forms below carry."""
+TEXT_LEASES = b"LEASED p-1 1 1 100 0 2\r\nhi\r\nLEASED p-1f 2 3 101 900 0\r\n\r\nEND\r\n"
+BINARY_LEASES = b"".join(
+    mc.leased_binary(
+        b"p",
+        [1, 0x1F],
+        item_ids=[1, 2],
+        deliveries=[1, 3],
+        add_ms=[100, 101],
+        expiry_ms=[0, 900],
+        payloads=[b"hi", b""],
+    )
+)
+
+
+def test_the_binary_lease_reply_byte_by_byte() -> None:
+    """The ``LEASEDB`` layout of docs/protocol.md section 11, spelt out."""
+    table = struct.pack("<8q", 1, 2, 100, 101, 0, 900, 1, 0x1F) + struct.pack("<5i", 1, 3, 0, 2, 2)
+    want = b"LEASEDB 2 p 2\r\n" + table + b"hi\r\nEND\r\n"
+    assert want == BINARY_LEASES
+    none: list[int] = []
+    empty = mc.leased_binary(
+        b"p", [], item_ids=none, deliveries=none, add_ms=none, expiry_ms=none, payloads=[]
+    )
+    assert empty == [b"END\r\n"]
+
+
+@pytest.mark.parametrize("wire", [TEXT_LEASES, BINARY_LEASES], ids=["text", "binary"])
+def test_a_lease_reply_as_columns_whole_and_byte_by_byte(wire: bytes) -> None:
+    """``Lease(..., columns=True)`` asks for the binary reply; a server that ignores the word
+    (an old one) answers in text: both come out as the same flat columns and one buffer."""
+    want = TWO_LEASES
     cmd = Lease("q", 2, 0, 0, columns=True)
     whole = MemcacheClientCodec()
-    assert whole.send(cmd) == b"lease q 2 0 0\r\n"
+    assert whole.send(cmd) == b"lease q 2 0 0 binary\r\n"
     whole.receive_data(wire + b"LEASED p-3 3 1 1 0 1\r\n")  # the next reply, pipelined
     whole.send(cmd)
     assert _columns(whole.next_reply()) == want
@@ -158,13 +190,13 @@ def test_a_lease_reply_as_columns_whole_and_byte_by_byte() -> None:
         if (r := split.next_reply()) is not NEED_DATA:
             got.append(r)
     assert [_columns(r) for r in got] == [want]
-    for wire, reply in [
+    for other, reply in [
         (b"END\r\n", ([], [], [], [], [], b"", [0])),
         (b"SERVER_ERROR too many open leases\r\n", None),
     ]:
         codec = MemcacheClientCodec()
         codec.send(cmd)
-        codec.receive_data(wire)
+        codec.receive_data(other)
         r = codec.next_reply()
         if reply is None:
             assert r == ErrorReply("SERVER_ERROR", "too many open leases")
@@ -179,6 +211,14 @@ def test_a_lease_reply_as_columns_whole_and_byte_by_byte() -> None:
         b"LEASED p-1 1 1 1 1 -4\r\na\r\nEND\r\n",
         b"LEASED p-1 1 1 1 1 1\r\nab\r\nEND\r\n",
         b"LEASED p-1 1 1 1 1 1\r\na\r\nHELLO\r\n",
+        b"LEASEDB 1 p\r\n",
+        b"LEASEDB x p 1\r\n",
+        b"LEASEDB -1 p 0\r\n",
+        b"LEASEDB 1 p 4294967296\r\n",
+        BINARY_LEASES.replace(b"\r\nEND\r\n", b"\r\nEND!\r\n"),
+        BINARY_LEASES[:-9] + b"!" + BINARY_LEASES[-9:],  # a payload byte too many
+        BINARY_LEASES.replace(struct.pack("<3i", 0, 2, 2), struct.pack("<3i", 0, 3, 2)),
+        BINARY_LEASES.replace(struct.pack("<3i", 0, 2, 2), struct.pack("<3i", 1, 2, 2)),
     ],
 )
 def test_bad_lease_replies_as_columns_raise(wire: bytes) -> None:

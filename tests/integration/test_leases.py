@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import struct
 import time
 from pathlib import Path
 
 import pytest
 
 from support import Raw
+from tercel.client import Client
 from tercel.testing import ServerProcess
 
 LEASED = re.compile(rb"LEASED (\S+) (\d+) (\d+) (\d+) (\d+) (\d+)\r\n")
@@ -60,7 +62,7 @@ def test_features(raw: Raw) -> None:
     raw.call(
         b"features\r\n",
         b"FEATURE lease 1\r\nFEATURE item-id 1\r\nFEATURE dead-letter 1\r\nFEATURE monitor 1\r\n"
-        b"END\r\n",
+        b"FEATURE lease-binary 1\r\nEND\r\n",
     )
 
 
@@ -139,8 +141,13 @@ def test_bad_lease_commands_keep_the_connection(raw: Raw, qname: str) -> None:
     q = qname.encode()
     raw.call(
         b"lease %s\r\n" % q,
-        b"CLIENT_ERROR usage: lease <queue> <max_items> <wait_ms> <lease_ms>\r\n",
+        b"CLIENT_ERROR usage: lease <queue> <max_items> <wait_ms> <lease_ms> [binary]\r\n",
     )
+    for tail in (b"bogus", b"binary x", b"BINARY"):
+        raw.call(
+            b"lease %s 1 0 0 %s\r\n" % (q, tail),
+            b"CLIENT_ERROR usage: lease <queue> <max_items> <wait_ms> <lease_ms> [binary]\r\n",
+        )
     raw.call(b"lease %s -1 0 0\r\n" % q, b"CLIENT_ERROR bad max_items\r\n")
     raw.call(b"renew %s x abc\r\n" % q, b"CLIENT_ERROR bad lease_ms\r\n")
     raw.call(b"ack bad/name x\r\n", b"CLIENT_ERROR bad queue name\r\n")
@@ -283,3 +290,70 @@ def test_leased_carries_the_items_own_expiry(raw: Raw, qname: str) -> None:
     raw.call(b"set %s 0 3600 1\r\nx\r\n" % qname.encode(), b"STORED\r\n")
     ((_, _, _, expiry_ms, data),) = lease(raw, qname, 1, lease_ms=50)
     assert data == b"x" and before + 3_599_000 <= expiry_ms <= int(time.time() * 1000) + 3_600_000
+
+
+def read_binary_leases(conn: Raw) -> list[tuple[str, int, int, int, bytes]]:
+    """One ``lease ... binary`` reply read by the byte layout of docs/protocol.md section 11
+    (independently of the client codec): (lease_id, item_id, deliveries, expiry_ms, data)."""
+    line = conn.read_line()
+    if line == b"END\r\n":
+        return []
+    word, n_text, prefix, size_text = line.split()
+    assert word == b"LEASEDB", line
+    n, size = int(n_text), int(size_text)
+    ints = struct.unpack(f"<{4 * n}q", conn.read_exact(32 * n))
+    deliveries = struct.unpack(f"<{n}i", conn.read_exact(4 * n))
+    offsets = struct.unpack(f"<{n + 1}i", conn.read_exact(4 * (n + 1)))
+    data = conn.read_exact(size)
+    conn.expect(b"\r\nEND\r\n")
+    item_ids, expiry, numbers = ints[:n], ints[2 * n : 3 * n], ints[3 * n :]
+    assert offsets[0] == 0 and offsets[-1] == size
+    return [
+        (
+            f"{prefix.decode()}-{numbers[k]:x}",
+            item_ids[k],
+            deliveries[k],
+            expiry[k],
+            data[offsets[k] : offsets[k + 1]],
+        )
+        for k in range(n)
+    ]
+
+
+def test_binary_lease_reply_carries_what_the_text_one_does(
+    server: ServerProcess, raw: Raw, qname: str
+) -> None:
+    q = qname.encode()
+    items = [b"a", b"", b"\r\nEND\r\n", bytes(range(256)), b"z" * 70_000]
+    put(raw, qname, *items)
+    text = lease(raw, qname, 10)
+    raw.call(b"release %s %s\r\n" % (q, ids(text)), b"RELEASED 5\r\n")
+    raw.send(b"lease %s 10 0 0 binary\r\n" % q)
+    binary = read_binary_leases(raw)
+    # The same items, ids and payloads; deliveries one more; new lease ids.
+    assert [x[1:] for x in binary] == [(i, d + 1, e, p) for _, i, d, e, p in text]
+    assert [x[4] for x in binary] == items
+    assert not {x[0] for x in binary} & {x[0] for x in text}
+    raw.call(b"ack %s %s\r\n" % (q, ids(binary)), b"ACKED 5\r\n")
+    raw.call(b"lease %s 10 0 0 binary\r\n" % q, b"END\r\n")
+    # The client asks for it and parses it into columns.
+    put(raw, qname, b"one", b"two")
+    with Client(server.address) as client:
+        where, cols = client.lease_columns(qname, 10, None, lease_time=30)
+        assert (where, cols.lease_ids[0][:9], bytes(cols.data)) == (
+            server.address,
+            binary[0][0][:9],
+            b"onetwo",
+        )
+        assert client.ack_ids(where, qname, cols.lease_ids) == 2
+
+
+def test_blocked_binary_lease_is_served_by_a_set(
+    server: ServerProcess, raw: Raw, qname: str
+) -> None:
+    raw.send(b"lease %s 10 10000 60000 binary\r\nversion\r\n" % qname.encode())
+    other = Raw(server.connect())
+    put(other, qname, b"late")
+    got = read_binary_leases(raw)
+    assert [(x[2], x[4]) for x in got] == [(1, b"late")]
+    assert raw.read_line().startswith(b"VERSION ")

@@ -37,6 +37,7 @@ SERVER_SEEDS = (
     b"version\r\n",
     b"status READONLY\r\n",
     b"lease q 10 0 30000\r\n",
+    b"lease q 10 0 30000 binary\r\n",
     b"ack q a1b2 c3d4\r\n",
     b"release q a1b2\r\n",
     b"renew q 5000 a1b2\r\n",
@@ -98,6 +99,7 @@ CLIENT_TOKENS = (
     b"END",
     b"STAT ",
     b"LEASED ",
+    b"LEASEDB ",
     b"queue '",
     b"' {",
     b"  k=",
@@ -122,7 +124,21 @@ REPLIES: dict[str, tuple[Command, tuple[bytes, ...]]] = {
     ),
     "lease_columns": (
         Lease("q", 2, 0, 1000, columns=True),
-        (b"LEASED ab12 7 1 1700000000000 0 3\r\nabc\r\nEND\r\n", b"END\r\n"),
+        (
+            b"LEASED ab12 7 1 1700000000000 0 3\r\nabc\r\nEND\r\n",
+            b"".join(
+                mc.leased_binary(
+                    b"ab",
+                    [1, 2],
+                    item_ids=[7, 8],
+                    deliveries=[1, 2],
+                    add_ms=[5, 6],
+                    expiry_ms=[0, 9],
+                    payloads=[b"x", b""],
+                )
+            ),
+            b"END\r\n",
+        ),
     ),
     "ack": (Ack("q", ("ab12",)), (b"ACKED 1\r\n",)),
     "monitor": (

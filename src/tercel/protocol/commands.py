@@ -119,8 +119,9 @@ class Lease:
     lease_ms: int
     """0: the lease never expires (it ends by ack, release or a restart)."""
     columns: bool = False
-    """Client side only (the line is the same): the client codec answers with one
-    ``LeaseColumns`` (flat arrays, one payload buffer) instead of a ``LeaseBatch`` of items."""
+    """``lease ... binary``: the reply is one ``LEASEDB`` block (a column table and one
+    payload buffer, docs/protocol.md section 11) instead of a ``LEASED`` line per item; the
+    client codec parses it (or an old server's text reply) into one ``LeaseColumns``."""
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ thousands per line (reference spark.md §2.6 asks for at least 64 KiB).
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Callable
 from typing import Final, TypeVar, cast
 
@@ -442,13 +443,20 @@ def _ids(tokens: list[bytes]) -> tuple[str, ...]:
     return tuple(t.decode("latin-1") for t in tokens)
 
 
+_LEASE_USAGE: Final = "lease <queue> <max_items> <wait_ms> <lease_ms> [binary]"
+
+
 def _lease(tokens: list[bytes]) -> Lease:
-    _args(tokens, 4, "lease <queue> <max_items> <wait_ms> <lease_ms>")
+    _args(tokens, 4, _LEASE_USAGE)
+    binary = len(tokens) == 6 and tokens[5] == b"binary"
+    if len(tokens) > 5 and not binary:
+        raise ProtocolError(f"usage: {_LEASE_USAGE}")
     return Lease(
         _queue(tokens[1]),
         _count(tokens[2], "max_items"),
         _count(tokens[3], "wait_ms"),
         _count(tokens[4], "lease_ms"),
+        binary,
     )
 
 
@@ -548,6 +556,56 @@ def leased(
         expiry_ms,
         size,
     )
+
+
+LEASED_BINARY_MAX: Final = 0x7FFFFFFF
+"""The most payload bytes one ``LEASEDB`` reply carries (its offsets are int32, as Arrow's)."""
+_LEASEDB_TAIL: Final = b"\r\nEND\r\n"
+
+
+def leased_binary(
+    prefix: bytes,
+    numbers: list[int],
+    *,
+    item_ids: list[int],
+    deliveries: list[int],
+    add_ms: list[int],
+    expiry_ms: list[int],
+    payloads: list[bytes],
+) -> list[bytes]:
+    """A lease batch as one ``LEASEDB`` reply (docs/protocol.md section 11), its parts in order:
+
+    ``LEASEDB <n> <prefix> <payload bytes>\r\n``, then the column table, little-endian:
+    ``item_id``, ``add_ms``, ``expiry_ms``, lease ``number`` (n int64 each), ``deliveries`` (n
+    int32), payload offsets (n + 1 int32, from 0), then the payloads back to back and
+    ``\r\nEND\r\n``. Item ``k``'s lease id is ``<prefix>-<number in hex>``, as in a ``LEASED``
+    line. The payloads must total at most :data:`LEASED_BINARY_MAX` bytes; no items at all is
+    a bare ``END``."""
+    n = len(numbers)
+    if n == 0:
+        return [END]
+    offsets = [0] * (n + 1)
+    total = 0
+    for k in range(n):
+        total += len(payloads[k])
+        offsets[k + 1] = total
+    head = b"LEASEDB %d %b %d\r\n" % (n, prefix, total)
+    q = f"<{n}q"
+    table = b"".join(
+        (
+            _pack(q, item_ids),
+            _pack(q, add_ms),
+            _pack(q, expiry_ms),
+            _pack(q, numbers),
+            _pack(f"<{n}i", deliveries),
+            _pack(f"<{n + 1}i", offsets),
+        )
+    )
+    return [head, table, b"".join(payloads), _LEASEDB_TAIL]
+
+
+def _pack(fmt: str, values: list[int]) -> bytes:
+    return struct.pack(fmt, *values)
 
 
 def counted(word: bytes, n: int) -> bytes:

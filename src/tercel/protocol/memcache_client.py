@@ -11,6 +11,7 @@ lost and the connection must be dropped. No I/O, no clock (the client owns both)
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -140,6 +141,12 @@ class ErrorReply:
 Reply = Value | Line | Listing | Blocks | LeaseBatch | LeaseColumns | Values | ErrorReply
 
 _ERRORS: Final = (b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")
+_LEASEDB: Final = b"LEASEDB "
+_LEASEDB_ROW: Final = 4 * 8 + 4 + 4
+"""Column-table bytes per item of a ``LEASEDB`` reply (four int64, deliveries, an offset)."""
+_LEASEDB_TAIL: Final = b"\r\nEND\r\n"
+_INT32_MAX: Final = 0x7FFFFFFF
+_BIG_ENDIAN: Final = sys.byteorder == "big"
 _LISTINGS: Final = {"stats": b"STAT", "features": b"FEATURE"}
 _NO_REPLY: Final = frozenset(("quit", "shutdown"))
 
@@ -244,8 +251,9 @@ class MemcacheClientCodec:
                 return b"status%b\r\n" % tail, line
             case Lease():
                 args = (_word(cmd.queue), cmd.max_items, cmd.wait_ms, cmd.lease_ms)
-                reader = self._lease_columns if cmd.columns else self._lease
-                return b"lease %b %d %d %d\r\n" % args, reader
+                if cmd.columns:
+                    return b"lease %b %d %d %d binary\r\n" % args, self._lease_columns
+                return b"lease %b %d %d %d\r\n" % args, self._lease
             case Ack() | Release():
                 verb = b"ack" if isinstance(cmd, Ack) else b"release"
                 return b" ".join((verb, _word(cmd.queue), *_id_bytes(cmd.ids))) + b"\r\n", line
@@ -406,6 +414,66 @@ class MemcacheClientCodec:
         return None
 
     def _lease_columns(self) -> Reply | None:
+        """A ``LEASEDB`` reply (:meth:`_lease_binary`), or the ``LEASED`` lines of a server
+        that ignored ``binary`` (:meth:`_lease_text_columns`), as one :class:`LeaseColumns`."""
+        if not self._partial:
+            head = bytes(self._buf[self._pos : self._pos + len(_LEASEDB)])
+            if head == _LEASEDB:
+                return self._lease_binary()
+            if _LEASEDB.startswith(head):
+                return None  # not yet known which form comes
+        return self._lease_text_columns()
+
+    def _lease_binary(self) -> Reply | None:
+        """``LEASEDB <n> <prefix> <bytes>``, the column table, the payloads, ``\r\nEND\r\n``
+        (docs/protocol.md section 11) into one :class:`LeaseColumns`: the columns are copied
+        out of the receive buffer whole (no per-item parsing but the lease id strings)."""
+        got = self._peek_line()
+        if got is None:
+            return None
+        line, start = got
+        tokens = line.split()
+        if len(tokens) != 4:
+            raise BadReply(f"bad LEASEDB line {line[:80]!r}")
+        n, size = _ints([tokens[1], tokens[3]], line)
+        if n < 0 or size < 0 or size > _INT32_MAX:
+            raise BadReply(f"bad LEASEDB line {line[:80]!r}")
+        table = _LEASEDB_ROW * n + 4
+        end = start + table + size
+        buf = self._buf
+        if len(buf) < end + len(_LEASEDB_TAIL):
+            return None
+        if buf[end : end + len(_LEASEDB_TAIL)] != _LEASEDB_TAIL:
+            raise BadReply("a LEASEDB block not followed by END")
+        cols = LeaseColumns()
+        numbers = array("q")
+        with memoryview(buf) as view:
+            at = start
+            for column, width in (
+                (cols.item_ids, 8 * n),
+                (cols.add_ms, 8 * n),
+                (cols.expiry_ms, 8 * n),
+                (numbers, 8 * n),
+                (cols.deliveries, 4 * n),
+            ):
+                column.frombytes(view[at : at + width])
+                at += width
+            offsets = array("i")
+            offsets.frombytes(view[at : at + 4 * (n + 1)])
+            cols.data = bytearray(view[at + 4 * (n + 1) : end])
+        if _BIG_ENDIAN:
+            for column in (cols.item_ids, cols.add_ms, cols.expiry_ms, numbers):
+                column.byteswap()
+            cols.deliveries.byteswap()
+            offsets.byteswap()
+        if offsets[0] != 0 or offsets[n] != size or offsets.tolist() != sorted(offsets):
+            raise BadReply("LEASEDB payload offsets out of order")
+        cols.offsets = offsets
+        cols.lease_ids = list(map((tokens[2].decode("latin-1") + "-%x").__mod__, numbers))
+        self._pos = end + len(_LEASEDB_TAIL)
+        return cols
+
+    def _lease_text_columns(self) -> Reply | None:
         """``_lease`` into one :class:`LeaseColumns` (kept in ``_partial`` until ``END``)."""
         if not self._partial:
             self._partial.append(LeaseColumns())

@@ -28,11 +28,23 @@ from tercel.session import PendingRead
 
 log = logging.getLogger(__name__)
 
-FEATURES = [("lease", 1), ("item-id", 1), ("dead-letter", 1), ("monitor", 1)]
+FEATURES = [
+    ("lease", 1),
+    ("item-id", 1),
+    ("dead-letter", 1),
+    ("monitor", 1),
+    ("lease-binary", 1),
+]
 """What ``features`` announces: one ``FEATURE <name> <version>`` line each."""
 
 
-def _leased_reply(out: list[bytes], table: ReservationTable, leases: list[Reservation]) -> None:
+def _leased_reply(
+    out: list[bytes], table: ReservationTable, leases: list[Reservation], binary: bool
+) -> None:
+    """The reply to a lease batch: ``LEASED`` lines, or one ``LEASEDB`` block for ``binary``."""
+    if binary:
+        _leased_binary(out, table, leases)
+        return
     prefix = table.prefix_bytes
     for lease in leases:
         item = lease.item
@@ -48,6 +60,29 @@ def _leased_reply(out: list[bytes], table: ReservationTable, leases: list[Reserv
         )
         out += (head, data, b"\r\n")
     out.append(mc.END)
+
+
+def _leased_binary(out: list[bytes], table: ReservationTable, leases: list[Reservation]) -> None:
+    """``mc.leased_binary`` of ``leases``; leases whose payloads would pass
+    ``mc.LEASED_BINARY_MAX`` bytes (int32 offsets) are given back to the head of their queue
+    unsent (a client cannot ack what it never saw)."""
+    total = 0
+    for k, lease in enumerate(leases):
+        total += len(lease.item.data)
+        if total > mc.LEASED_BINARY_MAX:
+            table.abort(leases[k:])
+            leases = leases[:k]
+            break
+    items = [lease.item for lease in leases]
+    out += mc.leased_binary(
+        table.prefix_bytes,
+        [table.lease_number(lease) for lease in leases],
+        item_ids=[item.id for item in items],
+        deliveries=[item.deliveries for item in items],
+        add_ms=[item.add_time for item in items],
+        expiry_ms=[item.expiry for item in items],
+        payloads=[item.data for item in items],
+    )
 
 
 # ---- lease ------------------------------------------------------------------------------------
@@ -77,7 +112,7 @@ def handle_lease(conn: Connection, cmd: LeaseCmd) -> None:
     leases = table.take_leases(queue, cmd.max_items, cmd.lease_ms, ctx.clock.now_ms())
     if leases or not cmd.wait_ms:
         service.arm()
-        _leased_reply(conn.out, table, leases)
+        _leased_reply(conn.out, table, leases, cmd.columns)
         return
 
     def delivered(xid: int, item: QItem | None) -> None:
@@ -124,7 +159,7 @@ def _finish_lease(
         except TercelError:
             log.exception("could not lease more of %s; replying with one item", cmd.queue)
     service.arm()
-    _leased_reply(conn.out, table, leases)
+    _leased_reply(conn.out, table, leases, cmd.columns)
     conn.resume()
 
 
