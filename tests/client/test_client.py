@@ -25,6 +25,7 @@ from tercel.errors import (
     ServerReplyError,
     TransportError,
 )
+from tercel.protocol.memcache_client import LeaseColumns
 from tercel.testing import ServerProcess
 
 
@@ -233,6 +234,38 @@ def test_async_client(server: ServerProcess, qname: str) -> None:
         async with AsyncClient(dead_address()) as dead:
             with pytest.raises(TransportError):
                 await dead.get("q")
+
+    asyncio.run(main())
+
+
+def test_lease_columns_and_ack_ids_sync_and_async(server: ServerProcess, qname: str) -> None:
+    """The bulk lease (binary reply, as columns) and the ack by id list, in both clients."""
+    with Client(server.address) as c:
+        assert c.lease_columns(qname, 5) == ("", LeaseColumns())
+        c.put_many(qname, [b"a", b"", b"ccc"])
+        where, cols = c.lease_columns(qname, 2, lease_time=30)
+        assert (where, len(cols), bytes(cols.data), list(cols.offsets)) == (
+            server.address,
+            2,
+            b"a",
+            [0, 1, 1],
+        )
+        assert list(cols.deliveries) == [1, 1]
+        assert c.ack_ids(where, qname, [*cols.lease_ids, "bogus-1"]) == 2
+
+    async def main() -> None:
+        async with AsyncClient(server.address) as ac:
+            where, cols = await ac.lease_columns(qname, 5, lease_time=30)
+            assert (where, bytes(cols.data)) == (server.address, b"ccc")
+            assert await ac.ack_ids(where, qname, cols.lease_ids) == 1
+            assert await ac.ack_ids(where, qname, cols.lease_ids) == 0
+            waiter = asyncio.create_task(ac.lease_columns(qname, 5, wait=10, lease_time=30))
+            await asyncio.sleep(0)  # let the blocked lease be sent first
+            await ac.put(qname, b"woken")
+            where, cols = await waiter
+            assert bytes(cols.data) == b"woken"
+            assert await ac.ack_ids(where, qname, cols.lease_ids) == 1
+            assert await ac.lease_columns(qname, 5, wait=0.05) == ("", LeaseColumns())
 
     asyncio.run(main())
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TypeVar
 
@@ -19,7 +19,7 @@ from tercel.client._base import Leased, Op, ServerState
 from tercel.errors import ClientTimeout, NotStored, TransportError
 from tercel.protocol.commands import Command
 from tercel.protocol.memcache import NEED_DATA
-from tercel.protocol.memcache_client import MemcacheClientCodec, Reply
+from tercel.protocol.memcache_client import LeaseColumns, MemcacheClientCodec, Reply
 
 T = TypeVar("T")
 
@@ -261,6 +261,20 @@ class AsyncClient(b.ClientBase[_Connection]):
             return got or None  # an empty batch counts as a miss, so the rotation goes on
 
         return await self._rotate(attempt, wait) or []
+
+    async def lease_columns(
+        self, queue: str, max_items: int, wait: float | None = None, lease_time: float | None = 30.0
+    ) -> tuple[str, LeaseColumns]:
+        async def attempt(server: ServerState, part: float) -> tuple[str, LeaseColumns] | None:
+            got = await self._run(b.lease_columns_op(queue, max_items, part, lease_time), server)
+            return (server.address, got) if len(got) else None
+
+        found = await self._rotate(attempt, wait)
+        return found if found is not None else ("", LeaseColumns())
+
+    async def ack_ids(self, server: str, queue: str, lease_ids: Sequence[str]) -> int:
+        op = b.lease_end_op("ack", queue, list(lease_ids))
+        return await self._run(op, self.cluster.server(server))
 
     async def _lease_end(self, verb: str, items: Iterable[Leased], lease_time: float | None) -> int:
         n = 0
