@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,6 +47,7 @@ from tercel.spark._staging import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class AllServersDown(RuntimeError):
@@ -244,10 +247,11 @@ class Fetcher:
                 by_server: dict[str, list[LeaseReply]] = {}
                 for reply in leased:
                     by_server.setdefault(reply.server, []).append(reply)
-                for server, replies in by_server.items():
+                sent = self._each_server(partial(self._send_acks, by_server), list(by_server))
+                for (server, replies), counts in zip(by_server.items(), sent, strict=True):
                     acked = [
-                        self._ack(server, r.queue, r.cols.lease_ids, r.cols.item_ids)
-                        for r in replies
+                        self._acked(server, r.queue, r.cols.item_ids, n, ms)
+                        for r, (n, ms) in zip(replies, counts, strict=True)
                     ]
                     if all(acked):
                         self._clear({k for k in dropped if k[0] == server})
@@ -281,18 +285,24 @@ class Fetcher:
         started = self.clock()
         self._turn += 1
         servers = [a for a in self.clients if self._queues.get(a)]
-        if len(servers) > 1:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(len(self.clients), "tercel-lease")
-            replies = list(self._pool.map(lambda a: self._lease_on(a, ask, wait), servers))
-        else:
-            replies = [self._lease_on(a, ask, wait) for a in servers]
+        replies = self._each_server(lambda a: self._lease_on(a, ask, wait), servers)
         leased = [r for got, _ in replies if got is not None for r in got]
         full = any(filled for _, filled in replies)
         self.metrics.lease_ms += (self.clock() - started) * 1000
         self.metrics.leased += sum(len(r.cols) for r in leased)
         self._health(sum(got is not None for got, _ in replies) + (not servers))
         return leased, full
+
+    def _each_server(self, work: Callable[[str], T], servers: list[str]) -> list[T]:
+        """``work`` for each server, in its order: a thread each when there are several, so
+        that the servers work at the same time and one reply is parsed while the others are
+        prepared. ``work`` must change no state of the fetcher (it runs off the query's
+        thread); its results are applied afterwards, on the caller's thread."""
+        if len(servers) <= 1:
+            return [work(a) for a in servers]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(len(self.clients), "tercel-fetch")
+        return list(self._pool.map(work, servers))
 
     def _lease_on(
         self, address: str, ask: int, wait: float | None
@@ -371,27 +381,47 @@ class Fetcher:
     def _ack(
         self, server: str, queue: str, lease_ids: Sequence[str], item_ids: Sequence[int]
     ) -> bool:
-        """Ack staged (or dropped) items of ``queue``; whether every one was acked. Otherwise
-        they may come back (the server could not be reached, or some leases ran out first:
-        ``ACKED`` counts fewer, and which ones the reply does not say), so all become
-        suspects."""
+        """Ack staged (or dropped) items of ``queue``; whether every one was acked
+        (:meth:`_send_ack`, then :meth:`_acked`)."""
+        acked, ms = self._send_ack(server, queue, lease_ids)
+        return self._acked(server, queue, item_ids, acked, ms)
+
+    def _send_ack(self, server: str, queue: str, lease_ids: Sequence[str]) -> tuple[int, float]:
+        """``ack`` on ``server``; (how many it acked, -1 when it could not be reached; the
+        milliseconds it took). Changes nothing: safe on any thread (:meth:`_each_server`)."""
         started = self.clock()
         try:
             acked = self.clients[server].ack_ids(server, queue, lease_ids)
-            self.metrics.acked += acked
-            self.metrics.ack_ms += (self.clock() - started) * 1000
         except ClientError as exc:
             log.warning(
                 "tercel source: ack of %d item(s) on %s failed: %s", len(lease_ids), server, exc
             )
             acked = -1
-        if acked >= len(lease_ids):
+        return acked, (self.clock() - started) * 1000
+
+    def _send_acks(
+        self, by_server: dict[str, list[LeaseReply]], server: str
+    ) -> list[tuple[int, float]]:
+        """:meth:`_send_ack` for each reply of ``server`` (thread-safe, like it)."""
+        return [self._send_ack(server, r.queue, r.cols.lease_ids) for r in by_server[server]]
+
+    def _acked(
+        self, server: str, queue: str, item_ids: Sequence[int], acked: int, ms: float
+    ) -> bool:
+        """Apply the outcome of :meth:`_send_ack` for ``item_ids``; whether every one was
+        acked. Otherwise they may come back (the server could not be reached, or some leases
+        ran out first: ``ACKED`` counts fewer, and which ones the reply does not say), so all
+        become suspects."""
+        if acked >= 0:
+            self.metrics.acked += acked
+            self.metrics.ack_ms += ms
+        if acked >= len(item_ids):
             return True
         if acked >= 0:
             log.warning(
                 "tercel source: %d of %d lease(s) on %s ran out before the ack",
-                len(lease_ids) - acked,
-                len(lease_ids),
+                len(item_ids) - acked,
+                len(item_ids),
                 server,
             )
         self._suspect({(server, queue, i) for i in item_ids})
