@@ -5,7 +5,8 @@ One server (``tercel.testing.ServerProcess``, default config) holds ``--items`` 
 other for every lease batch of ``--batch`` items, on one connection:
 
 1. ``lease``: the request and the whole reply on a bare socket (the server's work and the
-   loopback transfer; nothing parsed),
+   loopback transfer; nothing parsed); the binary ``LEASEDB`` reply, or with ``--text`` the
+   ``LEASED`` lines,
 2. ``parse``: those reply bytes through the client codec into ``LeaseColumns``,
 3. ``to_batch``: the columns as the staged Arrow record batch,
 4. ``stage``: the batch appended to a staging segment, flush + fsync,
@@ -16,7 +17,7 @@ and, once everything is staged, 6. ``read back``: every staged row as the execut
 seconds and microseconds per item, the server's CPU seconds (``/proc``) during the lease and
 ack stages, and the load average.
 
-    .venv/bin/python bench/spark_stages.py [--items 200000] [--size 200] [--batch 5000]
+    .venv/bin/python bench/spark_stages.py [--items 200000] [--size 200] [--batch 5000] [--text]
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ _TICK = os.sysconf("SC_CLK_TCK")
 STAGES = ("lease", "parse", "to_batch", "stage", "ack", "read back")
 
 
-def raw_lease(sock: socket.socket, queue: str, n: int) -> bytes:
-    """One ``lease`` request and its whole reply, unparsed."""
-    sock.sendall(b"lease %b %d 0 30000\r\n" % (queue.encode(), n))
+def raw_lease(sock: socket.socket, queue: str, n: int, binary: bool) -> bytes:
+    """One ``lease`` request (``binary``: the ``LEASEDB`` reply) and its whole reply, unparsed."""
+    tail = b" binary" if binary else b""
+    sock.sendall(b"lease %b %d 0 30000%b\r\n" % (queue.encode(), n, tail))
     chunks = [sock.recv(1 << 20)]
     while not chunks[-1].endswith(b"END\r\n") and chunks[-1]:  # the events never end so
         chunks.append(sock.recv(1 << 20))
@@ -66,6 +68,9 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--batch", type=int, default=5000)
+    parser.add_argument(
+        "--text", action="store_true", help="the LEASED text reply (before lease-binary)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tercel-spark-stages-"))
     spent = {stage: [0.0, 0.0, 0.0] for stage in STAGES}
@@ -82,7 +87,7 @@ def main() -> None:
         load_before = os.getloadavg()[0]
         while got < args.items:
             marks = [_now(pid)]
-            reply = raw_lease(sock, "events", args.batch)
+            reply = raw_lease(sock, "events", args.batch, not args.text)
             marks.append(_now(pid))
             cols = parse(reply, args.batch)
             marks.append(_now(pid))
@@ -112,6 +117,7 @@ def main() -> None:
                 "items": args.items,
                 "size": args.size,
                 "batch": args.batch,
+                "reply": "text" if args.text else "binary",
                 "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "us_per_item [wall, client cpu, server cpu]": per_item,
                 "cpu_us_per_item": round(sum(sum(v[1:]) for v in per_item.values()), 2),
