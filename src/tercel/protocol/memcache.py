@@ -575,10 +575,10 @@ def leased_binary(
 ) -> list[bytes]:
     """A lease batch as one ``LEASEDB`` reply (docs/protocol.md section 11), its parts in order:
 
-    ``LEASEDB <n> <prefix> <payload bytes>\r\n``, then the column table, little-endian:
+    ``LEASEDB <n> <prefix> <payload bytes>\\r\\n``, then the column table, little-endian:
     ``item_id``, ``add_ms``, ``expiry_ms``, lease ``number`` (n int64 each), ``deliveries`` (n
     int32), payload offsets (n + 1 int32, from 0), then the payloads back to back and
-    ``\r\nEND\r\n``. Item ``k``'s lease id is ``<prefix>-<number in hex>``, as in a ``LEASED``
+    ``\\r\\nEND\\r\\n``. Item ``k``'s lease id is ``<prefix>-<number in hex>``, as in a ``LEASED``
     line. The payloads must total at most :data:`LEASED_BINARY_MAX` bytes; no items at all is
     a bare ``END``."""
     n = len(numbers)

@@ -425,7 +425,7 @@ class MemcacheClientCodec:
         return self._lease_text_columns()
 
     def _lease_binary(self) -> Reply | None:
-        """``LEASEDB <n> <prefix> <bytes>``, the column table, the payloads, ``\r\nEND\r\n``
+        """``LEASEDB <n> <prefix> <bytes>``, the column table, the payloads, ``\\r\\nEND\\r\\n``
         (docs/protocol.md section 11) into one :class:`LeaseColumns`: the columns are copied
         out of the receive buffer whole (no per-item parsing but the lease id strings)."""
         got = self._peek_line()
