@@ -174,6 +174,33 @@ def test_a_new_queue_survives_a_power_loss_right_after_its_first_set(
         assert _drain(conn, "on") == [b"first"]
 
 
+def test_the_lost_page_of_the_last_fsync_is_cut_not_refused(data_dir: Path, tmp_path: Path) -> None:
+    """The page holding the end of what was fsynced (at a clean stop) lost, later pages
+    written: start-up used to refuse it (exit 3, docs/reliability.md §5); it cuts there now,
+    and every item fsynced before is back."""
+    shadow = tmp_path / "shadow"
+    env = {"TERCEL_POWER_LOSS_SHADOW": str(shadow)}
+    config = "[queues.off]\nsync_journal = false\n"
+    with ServerProcess(data_dir, config, launcher=LAUNCHER, env=env) as srv:
+        conn = Raw(srv.connect())
+        synced = [b"synced %d" % i for i in range(7)]
+        conn.call(b"".join(set_cmd("off", d) for d in synced), b"STORED\r\n" * 7)
+        conn.close()
+        assert srv.stop() == 0  # the close fsyncs: 7 items, the file ends inside a page
+        srv.start()
+        conn = Raw(srv.connect())
+        late = [b"late %d|" % i + b"x" * 500 for i in range(40)]  # pages past that one
+        conn.call(b"".join(set_cmd("off", d) for d in late), b"STORED\r\n" * 40)
+        srv.kill()
+        done = power_loss(str(data_dir), str(shadow), random.Random(0), "page")
+        assert done["holes_with_synced_bytes"] == 1
+        srv.start()  # used to exit 3: "zero bytes where a record starts, data after"
+        conn = Raw(srv.connect())
+        assert stats(conn)["journal_torn_tails"] == "1"
+        assert _drain(conn, "off") == synced
+    assert [p.name for p in data_dir.glob("off.cut-*")]  # the cut bytes kept
+
+
 class Beanstalk:
     """A raw beanstalkd connection (CRLF lines, byte-exact)."""
 

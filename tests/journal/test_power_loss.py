@@ -5,7 +5,8 @@ a run of zeros (a page never written back) followed by pages that were. Every by
 last successful fsync is in that tail, and an fsync covers all of a file's dirty pages, so
 nothing before such a hole is missing and nothing after it was ever fsynced. Start-up used to
 refuse (a bad record followed by valid data is "damage"); it now cuts the tail at the hole, as
-a torn tail, and keeps the cut bytes in ``<name>.cut-<offset>`` (issue 21, item 7).
+a torn tail, and keeps the cut bytes in ``<name>.cut-<offset>`` (issue 21, item 7). The same
+holds when the lost page is the one holding the end of the synced bytes (session 12).
 """
 
 from __future__ import annotations
@@ -68,6 +69,73 @@ def test_a_hole_of_zeros_in_the_unsynced_tail_is_cut_and_the_cut_kept(tmp_path: 
     items2, j2, _ = replayed(tmp_path)
     assert items2 == [*items, b"after"]
     j2.close()
+
+
+def lose_the_page_of_the_synced_end(tmp_path: Path) -> int:
+    """10 records fsynced, 300 more written, not fsynced; then the page holding the end of
+    the synced bytes reads as it was at the fsync (records, zeros to its end) while later
+    pages were written. Returns the synced size."""
+    synced, _ = write_then_lose_a_page(tmp_path, None)
+    page = synced // PAGE * PAGE
+    assert synced % PAGE  # the page holds synced bytes and unsynced ones
+    with open(tmp_path / "q", "r+b") as fh:
+        fh.seek(synced)
+        fh.write(bytes(page + PAGE - synced))
+    return synced
+
+
+def test_the_lost_page_of_the_synced_end_is_cut_and_the_cut_kept(tmp_path: Path) -> None:
+    """The shape start-up refused until session 12 (docs/reliability.md §5): synced records,
+    zeros to the end of their page, data after. The data after was written after the last
+    fsync (an fsync writes every dirty page, this one included), so the cut loses nothing
+    synced; the cut bytes are kept, and the cut is logged and counted as a torn tail."""
+    synced = lose_the_page_of_the_synced_end(tmp_path)
+    size = os.path.getsize(tmp_path / "q")
+    items, j, report = replayed(tmp_path)
+    assert [d[:10] for d in items] == [b"synced %03d" % i for i in range(10)]
+    cut = report.truncations  # type: ignore[attr-defined]
+    assert [t.offset for t in cut] == [synced]
+    assert "zeros to the end of the page" in cut[0].reason
+    assert f"kept in {tmp_path / f'q.cut-{synced}'}" in cut[0].reason
+    kept = (tmp_path / f"q.cut-{synced}").read_bytes()
+    assert len(kept) == size - synced and kept.count(b"unsynced") > 200
+    j.add(999, 1, 0, b"after")
+    j.close()
+    items2, j2, _ = replayed(tmp_path)
+    assert items2 == [*items, b"after"]
+    j2.close()
+
+
+def test_a_second_cut_at_the_same_offset_keeps_the_first_cut(tmp_path: Path) -> None:
+    """Kept bytes are never overwritten: a later cut at the same offset gets its own file."""
+    synced = lose_the_page_of_the_synced_end(tmp_path)
+    first = tmp_path / f"q.cut-{synced}"
+    first.write_bytes(b"an operator's evidence")
+    _, j, report = replayed(tmp_path)
+    j.close()
+    assert first.read_bytes() == b"an operator's evidence"
+    again = tmp_path / f"q.cut-{synced}.1"
+    assert again.read_bytes().count(b"unsynced") > 200
+    assert str(again) in report.truncations[0].reason  # type: ignore[attr-defined]
+
+
+def test_a_zeroed_sector_inside_synced_data_is_still_damage(tmp_path: Path) -> None:
+    """Zeros inside synced data that do not reach the end of a page from where a record
+    starts are not a power-loss shape: start-up stops (exit 3 in the server), nothing cut."""
+    j = FileJournal(str(tmp_path), "q", on_dirty=lambda _: None)
+    j.replay(Recorder())
+    for i in range(200):
+        j.add(i + 1, 1, 0, b"synced %03d" % i + b"." * 90)
+    j.close()
+    before = (tmp_path / "q").read_bytes()
+    for start in (512, 2 * PAGE - 512):  # inside a page; the last sector of a page
+        damaged = bytearray(before)
+        damaged[start : start + 512] = bytes(512)
+        (tmp_path / "q").write_bytes(damaged)
+        with pytest.raises(JournalCorrupt):
+            replayed(tmp_path)
+        assert (tmp_path / "q").read_bytes() == damaged
+        assert not list(tmp_path.glob("q.cut-*"))
 
 
 def test_damage_that_is_not_a_hole_still_stops_start_up(tmp_path: Path) -> None:

@@ -185,16 +185,36 @@ def test_a_torn_record_before_the_zeros_is_a_torn_tail(tmp_path: Path) -> None:
 
 
 def test_zeros_with_data_after_them_are_damage(tmp_path: Path) -> None:
+    """Zeros where a record starts, data after, the zeros not reaching a page end: no power
+    loss leaves that (a lost page reads as zeros to its end), so it is damage, a zeroed
+    sector say; start-up stops and nothing is cut."""
     late = bytearray()
     rec.encode_add(late, 3, 3, 0, b"late")
-    image = _with_zeros_after(tmp_path, bytes(4096) + late)
+    image = _with_zeros_after(tmp_path, bytes(512) + late)
     end = image.stat().st_size - append.PREALLOCATE_FIRST
+    assert end + 512 < 4096
     before = image.read_bytes()
     with pytest.raises(JournalCorrupt) as info:
         replay(image.parent)
     assert (info.value.offset, image.read_bytes()) == (end, before)
     out = _check(image.parent)
     assert f"BAD at offset {end}" in out
+
+
+def test_zeros_to_a_page_end_with_data_after_them_are_a_lost_page(tmp_path: Path) -> None:
+    """The same, the zeros reaching the end of their page: the page holding the end of the
+    records was lost in a power loss (it reads as it was at the last fsync) while a later
+    page was written. Cut there (docs/journal_format.md §6), the cut bytes kept."""
+    late = bytearray()
+    rec.encode_add(late, 3, 3, 0, b"late")
+    image = _with_zeros_after(tmp_path, bytes(4096) + late)
+    end = image.stat().st_size - append.PREALLOCATE_FIRST
+    cut = image.read_bytes()[end:]
+    events, report = replay(image.parent)
+    assert payloads(events) == [b"a", b"b"]
+    assert [t.offset for t in report.truncations] == [end]
+    assert "zeros to the end of the page" in report.truncations[0].reason
+    assert (image.parent / f"q.cut-{end}").read_bytes() == cut
 
 
 def _check(data_dir: Path) -> str:

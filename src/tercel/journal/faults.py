@@ -420,10 +420,12 @@ class PowerLossFiles:
         return self.inner.scandir(path)
 
 
-TAILS: Final = ("drop", "cut", "hole")
+TAILS: Final = ("drop", "cut", "hole", "page")
 """What :func:`power_loss` does with each file's unsynced bytes: drop them all; keep them up to
 a random byte (the file's size got there, its data too); keep them all but a random run of
-whole pages, which read as they were at the last fsync (zeros where the file was shorter)."""
+whole pages, which read as they were at the last fsync (zeros where the file was shorter);
+keep them all but the page holding the first of them, which reads as at the last fsync (when it
+also holds synced bytes: those, then zeros to its end)."""
 
 PAGE: Final = 4096
 """The page size of the model: the kernel writes dirty pages back whole, in any order."""
@@ -507,18 +509,29 @@ def _with_tail(
         cut = rng.randint(start, len(now))
         done["tails_cut"] += 1
         return now[:cut] + synced[cut:]
+    if tail == "page":  # the page holding the first unsynced byte not written back
+        a = start // PAGE * PAGE
+        return _lose(synced, now, a, min(len(now), a + PAGE), start=start, done=done)
     if tail == "hole":  # whole pages not written back: they read as before (zeros if new)
-        # Not the page holding the first unsynced byte when it also holds synced bytes: that
-        # page lost while later ones were written leaves zeros up to a page end, data after,
-        # which start-up still refuses (docs/reliability.md §5, not decided yet).
-        first = -(-start // PAGE)
+        # From the page holding the first unsynced byte on: when that page also holds synced
+        # bytes and is lost, it reads as synced records, then zeros to its end (journal_
+        # format.md §6 cuts there since session 12).
+        first = start // PAGE
         last = (len(now) - 1) // PAGE
         if first > last:
             done["tails_kept"] += 1
             return now
         a = rng.randint(first, last) * PAGE
         b = min(len(now), rng.randint(a // PAGE + 1, last + 1) * PAGE)
-        old = synced[a:b]
-        done["tails_holed"] += 1
-        return now[:a] + old + bytes(b - a - len(old)) + now[b:]
+        return _lose(synced, now, a, b, start=start, done=done)
     raise ValueError(f"unknown tail {tail!r}")
+
+
+def _lose(synced: bytes, now: bytes, a: int, b: int, *, start: int, done: Counter[str]) -> bytes:
+    """``now`` with the pages from ``a`` to ``b`` as they were at the last fsync (``synced``,
+    zeros past its end); ``start`` is the first unsynced byte."""
+    old = synced[a:b]
+    done["tails_holed"] += 1
+    if a < start:
+        done["holes_with_synced_bytes"] += 1  # the lost page also held synced bytes
+    return now[:a] + old + bytes(b - a - len(old)) + now[b:]

@@ -399,9 +399,9 @@ class FileJournal(AppendLog):
             self._current_version = rec.header_version(head)
         torn: Truncation | None = None
         if hole:  # the header's page never reached the disk: nothing in the file was fsynced
-            if size > HOLE:
-                self._keep_cut(path, 0, size)
             reason = "a hole of zeros where the file header was, power loss in the unsynced tail"
+            if size > HOLE:
+                reason += f"; kept in {self._keep_cut(path, 0, size)}"
             torn = Truncation(path, 0, size, reason)
         elif not good:
             torn = Truncation(path, 0, size, "torn file header")
@@ -421,10 +421,11 @@ class FileJournal(AppendLog):
                 if not newest:
                     raise JournalCorrupt(reason, path, bad.offset) from None
                 if _valid_data_after(path, bad.offset):
-                    if not _hole_after(path, bad.offset):
+                    shape = _hole_after(path, bad.offset)
+                    if not shape:
                         raise JournalCorrupt(reason, path, bad.offset) from None
-                    reason = f"{reason}: a hole of zeros, power loss in the unsynced tail"
-                    self._keep_cut(path, bad.offset, size)
+                    kept = self._keep_cut(path, bad.offset, size)
+                    reason = f"{reason}: {shape}, power loss in the unsynced tail; kept in {kept}"
                 torn = Truncation(path, bad.offset, size - bad.offset, reason)
                 good = bad.offset
             finally:
@@ -451,14 +452,23 @@ class FileJournal(AppendLog):
             finally:
                 self._ops.close(fd)
 
-    def _keep_cut(self, path: str, offset: int, size: int) -> None:
+    def _keep_cut(self, path: str, offset: int, size: int) -> str:
         """Copy the bytes from ``offset`` to the end of ``path`` to ``<path>.cut-<offset>``
-        (never replayed: not a journal file name) before a hole cuts them off."""
+        (never replayed: not a journal file name) before a hole cuts them off; the copy's name.
+        A name already taken (an earlier cut at the same offset) gets ``.<n>`` added: kept
+        bytes are never overwritten."""
         ops = self._ops
         src = self._dir.open(path, os.O_RDONLY)
         dst = -1
         try:
-            dst = self._dir.open(f"{path}.cut-{offset}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            kept = f"{path}.cut-{offset}"
+            n = 1
+            while dst < 0:
+                try:
+                    dst = self._dir.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                except FileExistsError:
+                    kept = f"{path}.cut-{offset}.{n}"
+                    n += 1
             pos = offset
             while pos < size:
                 data = ops.pread(src, min(1 << 20, size - pos), pos)
@@ -472,6 +482,7 @@ class FileJournal(AppendLog):
             if dst >= 0:
                 ops.close(dst)
         self._dir.sync()
+        return kept
 
     def _replay_records(
         self,
@@ -1358,22 +1369,32 @@ def _zero_first_page(path: str, size: int) -> bool:
     return first.count(0) == len(first)
 
 
-def _hole_after(path: str, bad: int) -> bool:
-    """True when the bad record at ``bad`` is cut by a hole: a whole aligned :data:`HOLE` of
-    zero bytes at the first page boundary at or after ``bad``, reached by the bad record
-    (its claimed length runs into it, or only zeros lie between them). A power loss leaves
-    such holes in the unsynced tail of a file (pages written back out of order); other damage
-    rarely looks like one."""
+def _hole_after(path: str, bad: int) -> str:
+    """What power-loss hole cuts the bad record at ``bad`` ("" when none does). Two shapes,
+    both left by dirty pages written back out of order (journal_format.md §6):
+
+    - a whole aligned :data:`HOLE` of zero bytes at the first page boundary at or after
+      ``bad``, reached by the bad record (its claimed length runs into it, or only zeros lie
+      between them): a page of the unsynced tail never written back;
+    - zeros from ``bad``, not on a page boundary, to the end of its page, data after: the page
+      holding the last synced bytes, whose later write was lost (it reads as at the last
+      fsync: records, then the zeros written ahead or nothing, which reads as zeros).
+
+    Other damage rarely looks like either: a zeroed sector inside synced data matches only
+    if it starts where a record starts and ends on a page boundary."""
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         page = -(-bad // HOLE) * HOLE
+        to_page_end = buf[bad:page].count(0) == page - bad
+        if bad % HOLE and page < len(buf) and to_page_end:
+            return "zeros to the end of the page holding the last good record"
         if page + HOLE > len(buf) or buf[page : page + HOLE].count(0) != HOLE:
-            return False
-        if buf[bad:page].count(0) == page - bad:
-            return True  # zeros from the bad record on
+            return ""
+        if to_page_end:
+            return "a hole of zeros"  # zeros from the bad record on
         if bad + rec.PREFIX_SIZE > page:
-            return False  # the length field itself is cut: nothing tells its span
+            return ""  # the length field itself is cut: nothing tells its span
         length = int.from_bytes(buf[bad : bad + 4], "little")
-        return bad + rec.PREFIX_SIZE + length > page
+        return "a hole of zeros" if bad + rec.PREFIX_SIZE + length > page else ""
 
 
 def _records_up_to(buf: mmap.mmap, pos: int, end: int) -> bool:
