@@ -30,6 +30,7 @@ import contextlib
 import logging
 import mmap
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -70,6 +71,33 @@ item's record, and the queue's pass over the items in memory."""
 MARK_EVERY = 1 << 20
 """The journal notes the position and id of an ADD at least once per this many bytes of a file
 (and the first of each file): where to start looking for the head item's record."""
+
+
+PRESYNC = 256 << 10
+"""Rotation fdatasyncs the file it closes before renaming it (an older file never has an
+unsynced tail). When more than this many bytes were written since that file's last sync (a
+queue that never fsyncs while running: up to ``max_journal_size``), :meth:`FileJournal.rotate`
+first has them synced on the background worker and returns False; the owner calls again, and
+the fdatasync left on the owner's thread covers only what was written meanwhile."""
+
+_SWITCH_LOCK: Final = threading.Lock()
+"""Held by a compaction's switch-over on the worker thread, and by :meth:`FileJournal.erase`
+of a journal that is compacting: an erased journal's snapshot is never renamed into place."""
+
+
+class _Discarded(Exception):
+    """A compaction's switch-over found its journal erased or closed: its snapshot file was
+    removed, nothing else changed."""
+
+
+class _Renamed(Exception):
+    """A compaction's switch-over failed after its rename: ``steps`` of its three later steps
+    (directory fsync, unlinks, directory fsync) were done; ``error`` stopped the next."""
+
+    def __init__(self, steps: int, error: OSError) -> None:
+        super().__init__(str(error))
+        self.steps = steps
+        self.error = error
 
 
 class ItemLike(Protocol):
@@ -261,6 +289,7 @@ class FileJournal(AppendLog):
         self._appended = 0  # bytes appended since the start
         self._checkpoint_at = 0  # _appended when a checkpoint was last due
         self._owner_syncs = False  # a sync ran: the owner makes records durable
+        self._synced_at = 0  # bytes of the current file covered by its last sync (PRESYNC)
         self._name_unsynced = False
         """The current file was created (a new queue, a rotation) and the directory not
         fsynced since: the next sync fsyncs it too (:meth:`_sync_name`), so the file's name is
@@ -373,7 +402,7 @@ class FileJournal(AppendLog):
         if size >= rec.HEADER_SIZE and self._current_version == rec.VERSION:
             # Ready for appends; the file is opened on first use (an idle queue holds no
             # descriptor, and a start with many queues opens each file once, not twice).
-            self._written = self._allocated = size
+            self._written = self._allocated = self._synced_at = size
             self.closed = False
         elif self._open() != rec.VERSION:  # older versions are read, never appended to
             self.rotate()
@@ -598,6 +627,7 @@ class FileJournal(AppendLog):
         self.closed = False
         self._dir.use(self)
         self._start_file(size)
+        self._synced_at = size
         return version
 
     def _fd_now(self) -> int:
@@ -717,6 +747,7 @@ class FileJournal(AppendLog):
 
     def _mark_synced(self) -> None:
         self._owner_syncs = True
+        self._synced_at = self._written
         super()._mark_synced()
 
     def begin_sync(self) -> int:
@@ -937,6 +968,10 @@ class FileJournal(AppendLog):
         if self.closed or self.syncing or self._failed is not None:
             return False
         self.write_out()
+        if self._written - self._synced_at > PRESYNC and self._background is not run_inline:
+            self._presync()
+            if self.syncing or self._failed is not None:
+                return False  # the owner calls again once the worker synced (see PRESYNC)
         ops = self._ops
         try:
             self._cut_ahead()
@@ -956,6 +991,35 @@ class FileJournal(AppendLog):
             self._fail("rotation", exc)
         self.rotations += 1
         return True
+
+    def _presync(self) -> None:
+        """fdatasync what was written of the current file on the background worker, ahead of
+        a rotation (:data:`PRESYNC`). The descriptor stays open meanwhile (:attr:`syncing`:
+        the pool does not park it, close and rotation wait). A failure fails the journal, as
+        a failed fsync does: the kernel may have dropped the pages, so a later fdatasync could
+        succeed without them."""
+        try:
+            fd = self._fd_now()
+        except OSError as exc:
+            self._fail("rotation", exc)
+        self.syncing = True
+        written = self._written
+        fdatasync = self._ops.fdatasync
+
+        def done(exc: BaseException | None) -> None:
+            if exc is None:
+                self._synced_at = max(self._synced_at, written)
+            elif self._failed is None:
+                error = exc if isinstance(exc, OSError) else OSError(str(exc))
+                self._mark_failed("fsync", error)
+            self.sync_done()
+            if self._unsynced and not self.closed:
+                # Written during the sync: a periodic sync timer that fired meanwhile found
+                # the journal syncing and was not armed again; this arms it (and retries
+                # nothing else: the owner rotates at its next write).
+                self._on_dirty(self)
+
+        self._background(lambda: fdatasync(fd), done)
 
     def compact(
         self,
@@ -987,55 +1051,101 @@ class FileJournal(AppendLog):
         tmp = f"{self.path}~~{target}"
         self.compacting = True
 
-        def work() -> None:
-            _write_snapshot(
-                tmp,
-                ops=self._ops,
-                next_id=next_id,
-                xid=xid,
-                open_items=open_items,
-                items=items,
-                cursor=cursor,
-                taken=taken,
-            )
+        def work() -> None:  # on the worker thread: the snapshot, then the switch-over
+            try:
+                _write_snapshot(
+                    tmp,
+                    ops=self._ops,
+                    next_id=next_id,
+                    xid=xid,
+                    open_items=open_items,
+                    items=items,
+                    cursor=cursor,
+                    taken=taken,
+                )
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self._ops.unlink(tmp)
+                raise
+            self._switch_files(tmp, target, obsolete)
 
-        self._background(work, lambda exc: self._switch_over(tmp, target, obsolete, exc))
+        self._background(work, lambda exc: self._switched(target, obsolete, taken[0], exc))
         return True
 
-    def _switch_over(
-        self, tmp: str, target: int, obsolete: list[int], exc: BaseException | None
-    ) -> None:
-        self.compacting = False
+    def _switch_files(self, tmp: str, target: int, obsolete: list[int]) -> None:
+        """The switch-over's file work, on the worker thread after the snapshot was written:
+        rename it over ``<name>.<target>``, fsync the directory, unlink the other obsolete
+        files, fsync the directory (the order every crash window of journal_format.md §13
+        relies on). Raises the rename's OSError (nothing changed, the snapshot removed),
+        :class:`_Renamed` for a later failure, :class:`_Discarded` when the journal was
+        erased (or closed) meanwhile. The directory is opened outside the descriptor pool
+        (the loop's): EMFILE there ends the worker's part, and the loop does the rest."""
         ops = self._ops
-        if exc is not None or self.closed or self._erased:
-            if isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS:
-                log.warning("journal %s: compaction put off: %s", self.path, exc)
-            elif exc is not None:
-                log.error("journal %s: compaction failed: %s", self.path, exc)
-            with contextlib.suppress(FileNotFoundError):
-                ops.unlink(tmp)
-            return
+        with _SWITCH_LOCK:
+            if self._erased or self.closed:
+                with contextlib.suppress(OSError):
+                    ops.unlink(tmp)
+                raise _Discarded
+            try:
+                ops.rename(tmp, f"{self.path}.{target}")
+            except OSError:
+                with contextlib.suppress(OSError):
+                    ops.unlink(tmp)
+                raise
+            self._finish_switch(target, obsolete, 0, lambda: fsync_dir(self.data_dir, ops))
+
+    def _finish_switch(
+        self, target: int, obsolete: list[int], steps: int, sync_dir: Callable[[], None]
+    ) -> None:
+        """The switch-over's steps after the rename, from step ``steps`` on (0: the first
+        directory fsync, 1: the unlinks, 2: the last directory fsync); raises
+        :class:`_Renamed` with the steps done."""
         try:
-            ops.rename(tmp, f"{self.path}.{target}")
-        except OSError as error:  # nothing changed: the older files stay as they were
-            log.error("journal %s: compaction failed: %s", self.path, error)
-            with contextlib.suppress(OSError):
-                ops.unlink(tmp)
-            return
-        try:
-            self._dir.sync()
-            self._name_unsynced = False  # that fsync covered the current file's name too
-            for seq in obsolete:
-                if seq != target:
-                    ops.unlink(f"{self.path}.{seq}")
-                    del self._older[seq]
-            self._dir.sync()
+            if steps == 0:
+                sync_dir()
+                steps = 1
+            if steps == 1:
+                for seq in obsolete:
+                    if seq != target:
+                        with contextlib.suppress(FileNotFoundError):
+                            self._ops.unlink(f"{self.path}.{seq}")
+                steps = 2
+            if steps == 2:
+                sync_dir()
         except OSError as error:
+            raise _Renamed(steps, error) from error
+
+    def _switched(
+        self, target: int, obsolete: list[int], seq: int, exc: BaseException | None
+    ) -> None:
+        """On the owner's thread when the compaction's work ended: take the new files into
+        account, or report why not. ``seq`` was the current file's when it started."""
+        self.compacting = False
+        if isinstance(exc, _Renamed) and exc.error.errno in OUT_OF_DESCRIPTORS:
+            try:  # the loop has the pool: it frees a descriptor for the directory
+                self._finish_switch(target, obsolete, exc.steps, self._dir.sync)
+                exc = None
+            except _Renamed as again:
+                exc = again
+        if isinstance(exc, _Renamed):
             # Renamed, not all of it durable or deleted: what is on disk is a state replay
             # resumes (journal_format.md §13); until a restart this journal takes no more.
-            self._mark_failed("compaction", error)
+            self._mark_failed("compaction", exc.error)
             return
+        if isinstance(exc, _Discarded):
+            return
+        if exc is not None:  # the snapshot or its rename failed: nothing changed
+            if isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS:
+                log.warning("journal %s: compaction put off: %s", self.path, exc)
+            else:
+                log.error("journal %s: compaction failed: %s", self.path, exc)
+            return
+        if seq == self._seq:
+            self._name_unsynced = False  # the directory fsyncs covered the current file's name
         gone = set(obsolete)
+        for s in obsolete:
+            if s != target:
+                self._older.pop(s, None)
         self._marks = [n for m in self._mark_list() if m[1] not in gone for n in m]
         self._older[target] = os.path.getsize(f"{self.path}.{target}")
         self._older_total = sum(self._older.values())
@@ -1085,23 +1195,51 @@ class FileJournal(AppendLog):
 
     def erase(self) -> None:
         """Close and delete every file of this journal (a compaction still running is thrown
-        away when it ends, not switched over)."""
+        away when it ends, not switched over).
+
+        The files are renamed to temporary names here (``<name>~~gone.<seq>``, which replay
+        removes: a crash leaves no queue behind) and unlinked on the background worker (an
+        unlink frees the file's blocks: milliseconds for a large file); the names are free at
+        once for a new queue of the same name."""
+        if self.compacting:  # a switch-over may be renaming on the worker right now
+            with _SWITCH_LOCK:
+                self._erased = True
         self._erased = True
         self._parts = None
         self._pending = 0
         self._unsynced = False  # nothing of it is worth an fsync any more
         self._allocated = self._written
         self.close()
+        ops = self._ops
         # The checkpoint first: one left without its files (a crash half way) would be taken
         # by the next queue of this name once its files reach the checkpoint's end.
         with contextlib.suppress(FileNotFoundError):
-            self._ops.unlink(self.checkpoint_path)
-        for path in [f"{self.path}.{seq}" for seq in sorted(self._older)] + [self.path]:
-            with contextlib.suppress(FileNotFoundError):
-                self._ops.unlink(path)  # the journal knows its files: no directory listing
+            ops.unlink(self.checkpoint_path)
+        gone: list[str] = []
+        for seq in [*sorted(self._older), self._seq]:  # no directory listing: it knows them
+            temp = f"{self.path}~~gone.{seq}"
+            try:
+                ops.rename(self._path(seq), temp)
+            except FileNotFoundError:
+                continue
+            gone.append(temp)
         self._marks.clear()
         self._older.clear()
         self._older_total = self._written = 0
+        if gone:
+            self._background(lambda: _unlink_all(ops, gone), _unlinked)
+
+
+def _unlink_all(ops: FileOps, paths: list[str]) -> None:
+    """Unlink every file of ``paths`` that is there (the worker's part of an erase)."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            ops.unlink(path)
+
+
+def _unlinked(exc: BaseException | None) -> None:
+    if exc is not None:  # left under a temporary name: the next start removes it
+        log.error("deleting journal files failed: %s", exc)
 
 
 def _write_snapshot(
