@@ -13,8 +13,16 @@ A real server (``python -m tercel serve``) gets three kinds of file work at once
 A probe connection sends ``get probe`` (an empty queue: ``END``) every millisecond and times
 each reply: a reply late by more than the probe's own noise is a loop stall. The script runs
 the server from each ``--src`` tree in turn (``PYTHONPATH``), ``--rounds`` times alternating,
-and prints one JSON line per run: probe replies, p50/p99/p99.9/max milliseconds, and how many
-took over 5 and 20 ms. Compare trees within one invocation: the host is shared.
+and prints one JSON line per run: the loader's rounds (how much work the server did), probe
+replies, p50/p99/p99.9/max milliseconds, and how many took over 5 and 20 ms. Compare trees
+within one invocation: the host is shared.
+
+``--calls`` measures the same three things in-process instead, per tree (a child process with
+that tree on ``PYTHONPATH``): the time the owner's thread spends in ``rotate()`` of a journal
+holding ``--mb`` MB unsynced (every call until it rotates), in ``erase()`` of a journal of three
+such files, and in ``compact()`` of three such files, each with the ``done`` callbacks of its
+background work (which runs on a worker thread, as in the server; not counted). Prints one
+JSON line per tree and round, milliseconds.
 
 Usage: ``PYTHONPATH=src python bench/loop_stall.py --src /path/to/main/src --src src [--rounds 3]
 [--seconds 8] [--size 65536]``.
@@ -26,6 +34,8 @@ import argparse
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -53,8 +63,9 @@ def _read_until(sock: socket.socket, buf: bytearray, end: bytes, count: int = 1)
         buf += chunk
 
 
-def _load(port: int, size: int, stop: threading.Event) -> None:
-    """Sets to bulk, set+get pairs on churn, and a queue filled and deleted every round."""
+def _load(port: int, size: int, stop: threading.Event, rounds: list[int]) -> None:
+    """Sets to bulk, set+get pairs on churn, and a queue filled and deleted every 8th round
+    (``rounds[0]``: the rounds done)."""
     payload = b"x" * size
     sock = socket.create_connection(("127.0.0.1", port))
     buf = bytearray()
@@ -67,6 +78,7 @@ def _load(port: int, size: int, stop: threading.Event) -> None:
         _read_until(sock, buf, b"END\r\n", 8)
         buf.clear()
         n += 1
+        rounds[0] = n
         if n % 8 == 0:
             doomed = f"doomed{n}"
             sock.sendall(_set(doomed, payload) * 128)
@@ -101,7 +113,8 @@ def run(src: str, seconds: float, size: int) -> dict[str, object]:
         srv.start()
         try:
             stop = threading.Event()
-            loader = threading.Thread(target=_load, args=(srv.port, size, stop))
+            rounds = [0]
+            loader = threading.Thread(target=_load, args=(srv.port, size, stop, rounds))
             loader.start()
             time.sleep(0.5)
             lat = sorted(_probe(srv.port, seconds))
@@ -115,6 +128,7 @@ def run(src: str, seconds: float, size: int) -> dict[str, object]:
 
     return {
         "src": src,
+        "load_rounds": rounds[0],
         "probes": len(lat),
         "p50_ms": pct(0.5),
         "p99_ms": pct(0.99),
@@ -125,16 +139,96 @@ def run(src: str, seconds: float, size: int) -> dict[str, object]:
     }
 
 
+def _calls(mb: int) -> dict[str, float]:
+    """The owner's-thread milliseconds of rotate, erase and a compaction's done callback."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+    from typing import Any
+
+    from tercel.journal import FileJournal
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    pending: list[tuple[Future[None], Any]] = []
+
+    def background(work: Any, done: Any) -> None:  # as server/app.py runs it
+        pending.append((pool.submit(work), done))
+
+    def settle() -> float:
+        """Wait for the worker; run the done callbacks as the loop would: their time."""
+        spent = 0.0
+        while pending:
+            fut, done = pending.pop(0)
+            error = fut.exception()
+            t0 = time.perf_counter()
+            done(error)
+            spent += (time.perf_counter() - t0) * 1000
+        return spent
+
+    payload = b"x" * 65536
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="loop-stall-") as data_dir:
+        j: Any = FileJournal(data_dir, "q", on_dirty=lambda _: None, background=background)
+        j.replay(_Sink())
+
+        def fill() -> None:
+            for i in range(mb * 16):
+                j.add(i + 1, 1, 0, payload)
+            j.write_out()
+
+        def rotate() -> float:
+            spent = 0.0
+            while True:
+                t0 = time.perf_counter()
+                ok = j.rotate()
+                spent += (time.perf_counter() - t0) * 1000
+                spent += settle()
+                if ok:
+                    return spent
+
+        fill()
+        out["rotate_ms"] = round(rotate(), 2)
+        for _ in range(2):
+            fill()
+            rotate()
+        t0 = time.perf_counter()
+        assert j.compact(1, 0, [], [], None)  # (it rotates first: nothing unsynced)
+        spent = (time.perf_counter() - t0) * 1000
+        out["compaction_ms"] = round(spent + settle(), 2)
+        for _ in range(3):
+            fill()
+            rotate()
+        t0 = time.perf_counter()
+        j.erase()
+        out["erase_ms"] = round((time.perf_counter() - t0) * 1000 + settle(), 2)
+        pool.shutdown(wait=True)
+    return out
+
+
+class _Sink:
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kw: None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", action="append", required=True, help="a tree's src directory")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--size", type=int, default=65536)
+    ap.add_argument("--calls", action="store_true", help="in-process: time the calls")
+    ap.add_argument("--mb", type=int, default=8, help="--calls: MB per file")
     args = ap.parse_args()
     for _ in range(args.rounds):
-        for src in args.src:
-            print(json.dumps(run(os.path.abspath(src), args.seconds, args.size)), flush=True)
+        for tree in args.src:
+            src = os.path.abspath(tree)
+            if args.calls:
+                code = f"import json, loop_stall; print(json.dumps(loop_stall._calls({args.mb})))"
+                env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{Path(__file__).parent}")
+                got = subprocess.run(
+                    [sys.executable, "-c", code], env=env, check=True, capture_output=True
+                )
+                print(json.dumps({"src": src, **json.loads(got.stdout)}), flush=True)
+            else:
+                print(json.dumps(run(src, args.seconds, args.size)), flush=True)
 
 
 if __name__ == "__main__":
