@@ -203,8 +203,18 @@ def test_a_crash_before_the_worker_unlinked_leaves_no_queue(tmp_path: Path, side
     deferred = Deferred(sides)
     j = rotated_files(tmp_path, sides, deferred)
     j.erase()  # and the worker never runs: the process died
-    assert items(tmp_path) == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]  # the temporaries removed
+    listing = DataDir(str(tmp_path))
+    assert listing.queue_names() == []  # no queue comes back
+    assert listing.remove_orphans() == 4  # what a server's start does
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_queue_of_that_name_removes_them_too(tmp_path: Path, sides: Sides) -> None:
+    deferred = Deferred(sides)
+    j = rotated_files(tmp_path, sides, deferred)
+    j.erase()
+    assert items(tmp_path) == []  # a new queue "q": its replay removes q~~ temporaries
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
 
 
 def compacted(tmp_path: Path, sides: Sides, deferred: Deferred) -> tuple[FileJournal, list[bytes]]:

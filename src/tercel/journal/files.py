@@ -220,6 +220,24 @@ class DataDir:
         """Names of the queues with journal files (a current or an older file), sorted."""
         return sorted(n for n, f in self._list().items() if f.current or f.older)
 
+    def remove_orphans(self) -> int:
+        """Unlink the temporary files (``<name>~~...``) of names that have no journal file:
+        a deleted queue's files, renamed for a worker to unlink, that a crash left behind (a
+        queue's replay removes its own temporaries; a deleted queue is never replayed).
+        Returns how many were removed. For the data dir's owner only (a server at start)."""
+        removed = 0
+        for files in self._list().values():
+            if files.current or files.older:
+                continue
+            for entry in files.temps:
+                try:
+                    self.ops.unlink(os.path.join(self.path, entry))
+                except FileNotFoundError:
+                    continue
+                removed += 1
+            files.temps.clear()
+        return removed
+
     def take(self, name: str) -> QueueFiles:
         """``name``'s files as listed, handed over to its journal (which keeps track of them
         from now on): a second call for the same name returns no files."""

@@ -282,6 +282,8 @@ class Server:
         self.ctx.journal_files = self.files.stats
         log.info("open-file limit %d; at most %d journal files open at once", soft, pool)
         names = self.files.queue_names()  # the one listing of the data dir
+        if orphans := self.files.remove_orphans():
+            log.info("removed %d file(s) of deleted queues left by a crash", orphans)
         self.collection.defer(names)
         if names:
             log.info("replaying %d queue(s) from %s in the background", len(names), self.data_dir)
