@@ -205,20 +205,25 @@ class QueueCollection:
 
     # ---- writes ---------------------------------------------------------------------------
 
-    def add(self, name: str, data: bytes, expiry: int | None, now: int) -> bool:
+    def add(
+        self, name: str, data: bytes, expiry: int | None, now: int, maintain: bool = True
+    ) -> bool:
         """Add an item to a queue or alias (with fanout); see the module docstring.
+        ``maintain`` False: no log maintenance (one item of a batch; :meth:`Queue.add`).
 
         Raises :class:`BadQueueName`, :class:`~tercel.errors.ItemTooLarge`, or a journal error.
         """
         q = self._plain.get(name)
         if q is None:
-            return self._add_routed(name, data, expiry, now)
-        if q.add(data, expiry, now):
+            return self._add_routed(name, data, expiry, now, maintain)
+        if q.add(data, expiry, now, maintain):
             self.stats.total_items += 1
             return True
         return False
 
-    def _add_routed(self, name: str, data: bytes, expiry: int | None, now: int) -> bool:
+    def _add_routed(
+        self, name: str, data: bytes, expiry: int | None, now: int, maintain: bool
+    ) -> bool:
         if self._pending_children:
             self._replay_children(name)
         dests = self.config.aliases.get(name)
@@ -228,7 +233,7 @@ class QueueCollection:
             puts[1] += len(data)
             ok = True
             for dest in dests:
-                ok = self._add_quietly(dest, data, expiry, now) and ok
+                ok = self._add_quietly(dest, data, expiry, now, maintain) and ok
             return ok
         q = self._queues.get(name)
         if q is None:
@@ -237,20 +242,22 @@ class QueueCollection:
         if children:
             # A child that is full or has a smaller max_item_size just misses the item.
             for child in list(children):
-                self._add_quietly(child, data, expiry, now)
+                self._add_quietly(child, data, expiry, now, maintain)
         elif not q.config.fanout_only:
             self._plain[name] = q
         if q.config.fanout_only and "+" not in name:
             return True
-        if q.add(data, expiry, now):
+        if q.add(data, expiry, now, maintain):
             self.stats.total_items += 1
             return True
         return False
 
-    def _add_quietly(self, name: str, data: bytes, expiry: int | None, now: int) -> bool:
+    def _add_quietly(
+        self, name: str, data: bytes, expiry: int | None, now: int, maintain: bool
+    ) -> bool:
         """:meth:`add` for one destination of an alias or fanout: too large is False."""
         try:
-            return self.add(name, data, expiry, now)
+            return self.add(name, data, expiry, now, maintain)
         except ItemTooLarge:
             return False
 

@@ -248,12 +248,22 @@ class PersistentQueue(ReservationSource):
 
     # ---- writes ---------------------------------------------------------------------------
 
-    def add(self, data: builtins.bytes, expiry: int | None = None, now: int | None = None) -> bool:
+    def add(
+        self,
+        data: builtins.bytes,
+        expiry: int | None = None,
+        now: int | None = None,
+        maintain: bool = True,
+    ) -> bool:
         """Append an item; False when the queue is full (and may not discard) or closed.
 
         ``expiry`` is absolute epoch ms (None or 0: none), capped by ``max_age``, and clamped
         to 1 (already expired) .. :data:`~tercel.clock.MAX_TIME_MS` (never, in practice). Raises
         :class:`ItemTooLarge` above ``max_item_size``, and the log's error when it cannot write.
+        ``maintain`` False skips the log's maintenance (:meth:`maintain_log`, which may rotate
+        and so write the records buffered so far): the items of one batch put then reach the
+        journal in the one write of the pass, all or none (the next add or removal, or the
+        sweep, maintains).
         """
         cfg = self.config
         if self.closed:
@@ -299,7 +309,7 @@ class PersistentQueue(ReservationSource):
         if self._waiters:
             self._serve_waiters(now)
         self._ops += 1
-        if not self._ops & MAINTAIN_EVERY:
+        if not self._ops & MAINTAIN_EVERY and maintain:
             self.maintain_log()
         return True
 

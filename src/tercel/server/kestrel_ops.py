@@ -20,7 +20,9 @@ def put_items(
     never); the number added. An item refused (queue full, larger than ``max_item_size``) is
     not counted; with ``stop_at_refusal`` the items after it are not tried (Thrift's ``put``),
     without it they are (the text ``put``). The reply must go through the connection's pump,
-    which holds it until every record is journaled.
+    which holds it until every record is journaled. No log maintenance runs inside the batch
+    (a rotation would write the items added so far): each queue's journal gets the batch in
+    the pass's one write, so a write failure keeps none of it (docs/protocol.md).
 
     The caller checks the status first (``ctx.check(WRITES)``). Raises BadQueueName or a
     journal error.
@@ -32,7 +34,7 @@ def put_items(
     n = 0
     for data in items:
         try:
-            stored = coll.add(queue, data, expiry, now)
+            stored = coll.add(queue, data, expiry, now, maintain=False)
         except ItemTooLarge:
             stored = False
         if stored:
