@@ -39,18 +39,23 @@ class Deferred:
         self.jobs.append((work, done))
 
     def run(self) -> None:
+        """Run the work queued, each ``done`` right after its work."""
         while self.jobs:
-            work, done = self.jobs.pop(0)
-            self.sides.worker = True
-            try:
-                work()
-            except Exception as exc:
-                error: BaseException | None = exc
-            else:
-                error = None
-            finally:
-                self.sides.worker = False
-            done(error)
+            self.run_work()()
+
+    def run_work(self) -> Callable[[], None]:
+        """Run the next work; return its ``done`` call, for the caller to make."""
+        work, done = self.jobs.pop(0)
+        self.sides.worker = True
+        try:
+            work()
+        except Exception as exc:
+            error: BaseException | None = exc
+        else:
+            error = None
+        finally:
+            self.sides.worker = False
+        return lambda: done(error)
 
 
 class Sides(FaultyFiles):
@@ -264,6 +269,17 @@ def test_an_erase_during_a_compaction_never_renames_its_snapshot(
     assert sides.ran("rename", "worker") == []
     assert list(tmp_path.iterdir()) == []
     assert items(tmp_path) == []
+
+
+def test_an_erase_after_the_switch_over_before_its_done_call(tmp_path: Path, sides: Sides) -> None:
+    deferred = Deferred(sides)
+    j, _ = compacted(tmp_path, sides, deferred)
+    done = deferred.run_work()  # switched over on the worker
+    j.erase()  # before the loop heard of it
+    done()
+    deferred.run()  # the erase's unlinks
+    assert j.compactions == 0 and not j.compacting and not j.failed
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_out_of_descriptors_in_the_worker_the_loop_finishes_the_switch_over(

@@ -1121,6 +1121,8 @@ class FileJournal(AppendLog):
         """On the owner's thread when the compaction's work ended: take the new files into
         account, or report why not. ``seq`` was the current file's when it started."""
         self.compacting = False
+        if self._erased:  # deleted once the worker was done: its files are going anyway
+            return
         if isinstance(exc, _Renamed) and exc.error.errno in OUT_OF_DESCRIPTORS:
             try:  # the loop has the pool: it frees a descriptor for the directory
                 self._finish_switch(target, obsolete, exc.steps, self._dir.sync)
