@@ -2,31 +2,31 @@
 
 Flags override the config file, which overrides the built-in defaults (127.0.0.1, memcache
 port 22133, data in ``./tercel-data``).
+
+Start-up order of ``tercel serve``: this module imports nothing but :mod:`tercel.readahead`;
+:func:`main` starts reading the server's modules ahead (:func:`readahead.start`), then imports
+what reading the options and the config needs, binds the listening sockets
+(:func:`tercel.listening.bind_tcp`: clients connect from then on), and only then imports
+asyncio and the server.
 """
 
 from __future__ import annotations
 
-import logging
-import signal
-import socket
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
-from tercel import __version__, exit_codes
-from tercel.config import ServerConfig, load_config
-from tercel.errors import ConfigError, JournalCorrupt
-from tercel.listening import bind_tcp
+from tercel import __version__, readahead
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see the module docstring
 if TYPE_CHECKING:
     import argparse
+    import logging
+    from collections.abc import Sequence
 
-log = logging.getLogger("tercel")
+    from tercel.config import ServerConfig
 
 LISTENERS = ("text", "thrift", "beanstalk")
 """The front ends that are off unless their ``--<name>-port`` is given (memcache and admin
 have default ports)."""
-EARLY_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SERVE_OPTIONS: tuple[tuple[str, type, str], ...] = (
     ("config", str, "TOML config file"),
     ("data-dir", str, "where journals live (default ./tercel-data)"),
@@ -121,8 +121,11 @@ def _build_parser(tools: bool = True) -> argparse.ArgumentParser:
 
 
 def _config_from(args: argparse.Namespace | ServeArgs) -> ServerConfig:
+    from tercel.config import ServerConfig, load_config
+    from tercel.errors import ConfigError
+
     config = load_config(args.config) if args.config else ServerConfig()
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, object] = {}
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir
     if args.host is not None:
@@ -142,6 +145,14 @@ def _config_from(args: argparse.Namespace | ServeArgs) -> ServerConfig:
 
 def serve(args: argparse.Namespace | ServeArgs) -> int:
     """Run the server until SIGTERM/SIGINT/``shutdown``; the process exit code."""
+    import signal
+    import socket
+
+    from tercel import exit_codes
+    from tercel.errors import ConfigError, JournalCorrupt
+    from tercel.listening import bind_tcp
+
+    log = _log()
     try:
         config = _config_from(args)
     except ConfigError as exc:
@@ -151,7 +162,7 @@ def serve(args: argparse.Namespace | ServeArgs) -> int:
     # A signal from here until the loop's handlers are in is noted and acted on then (a stop
     # or a reload), never a kill by the signal (the loop's handlers replace these).
     early: list[int] = []
-    for sig in EARLY_SIGNALS:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: early.append(signum))
     sockets: dict[str, socket.socket] = {}
     for name in ("memcache", *LISTENERS, "admin"):
@@ -189,7 +200,15 @@ def serve(args: argparse.Namespace | ServeArgs) -> int:
     return exit_codes.OK
 
 
+def _log() -> logging.Logger:
+    import logging
+
+    return logging.getLogger("tercel")
+
+
 def _set_up_logging(level: str) -> None:
+    import logging
+
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -204,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tercel import beanstalkd_cli
 
         return beanstalkd_cli.main(rest[1:])
+    if rest[:1] == ["serve"]:
+        readahead.start(readahead.SERVE_MODULES)
     fast = parse_serve(rest[1:]) if rest[:1] == ["serve"] else None
     if fast is not None:
         _set_up_logging(fast.log_level)
@@ -220,4 +241,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tercel import journal_tool
 
         return journal_tool.run(args)
+    from tercel import exit_codes
+
     return exit_codes.USAGE  # pragma: no cover - argparse rejects unknown commands
