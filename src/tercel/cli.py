@@ -144,43 +144,55 @@ def _config_from(args: argparse.Namespace | ServeArgs) -> ServerConfig:
 
 
 def serve(args: argparse.Namespace | ServeArgs) -> int:
-    """Run the server until SIGTERM/SIGINT/``shutdown``; the process exit code."""
-    import signal
-    import socket
+    """Run the server until SIGTERM/SIGINT/``shutdown``; the process exit code.
 
-    from tercel import exit_codes
-    from tercel.errors import ConfigError, JournalCorrupt
-    from tercel.listening import bind_tcp
+    The cyclic garbage collector is off until the server's modules are imported: they make
+    no garbage, and ~50 collections walked their young objects (the imports' CPU time: 82
+    -> 71 ms, medians of 6); what they made is then frozen (``gc.freeze``), out of every
+    later collection."""
+    import gc
 
-    log = _log()
+    gc.disable()
     try:
-        config = _config_from(args)
-    except ConfigError as exc:
-        log.error("bad configuration: %s", exc)
-        return exit_codes.USAGE
-    srv = config.server
-    # A signal from here until the loop's handlers are in is noted and acted on then (a stop
-    # or a reload), never a kill by the signal (the loop's handlers replace these).
-    early: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: early.append(signum))
-    sockets: dict[str, socket.socket] = {}
-    for name in ("memcache", *LISTENERS, "admin"):
-        port = getattr(srv, f"{name}_port")
-        if port is None:
-            continue
+        _set_up_logging(args.log_level)
+        import signal
+        import socket
+
+        from tercel import exit_codes
+        from tercel.errors import ConfigError, JournalCorrupt
+        from tercel.listening import bind_tcp
+
+        log = _log()
         try:
-            sockets[name] = bind_tcp(srv.host, port)
-        except OSError as exc:
-            log.error("cannot listen on %s:%s: %s", srv.host, port, exc)
-            for sock in sockets.values():
-                sock.close()
-            return exit_codes.FAILED
-    import asyncio
+            config = _config_from(args)
+        except ConfigError as exc:
+            log.error("bad configuration: %s", exc)
+            return exit_codes.USAGE
+        srv = config.server
+        # A signal from here until the loop's handlers are in is noted and acted on then (a
+        # stop or a reload), never a kill by the signal (the loop's handlers replace these).
+        early: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda signum, _frame: early.append(signum))
+        sockets: dict[str, socket.socket] = {}
+        for name in ("memcache", *LISTENERS, "admin"):
+            port = getattr(srv, f"{name}_port")
+            if port is None:
+                continue
+            try:
+                sockets[name] = bind_tcp(srv.host, port)
+            except OSError as exc:
+                log.error("cannot listen on %s:%s: %s", srv.host, port, exc)
+                for sock in sockets.values():
+                    sock.close()
+                return exit_codes.FAILED
+        import asyncio
 
-    from tercel.server.app import run_server
-    from tercel.server.loop import new_loop
-
+        from tercel.server.app import run_server
+        from tercel.server.loop import new_loop
+    finally:
+        gc.freeze()
+        gc.enable()
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:
             runner.run(run_server(config, args.ports_file, sockets=sockets, early_signals=early))
@@ -227,12 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         readahead.start(readahead.SERVE_MODULES)
     fast = parse_serve(rest[1:]) if rest[:1] == ["serve"] else None
     if fast is not None:
-        _set_up_logging(fast.log_level)
         return serve(fast)
     args = _build_parser(tools=rest[:1] != ["serve"]).parse_args(rest)
-    _set_up_logging(getattr(args, "log_level", "info"))
     if args.command == "serve":
         return serve(args)
+    _set_up_logging(getattr(args, "log_level", "info"))
     from tercel import cli_client
 
     if args.command in cli_client.COMMANDS:
