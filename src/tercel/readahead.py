@@ -26,11 +26,11 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
 _SERVE = """
-tercel tercel.errors __future__ tercel.cli tercel.readahead logging re enum re._compiler _sre
-re._parser re._constants re._casefix copyreg traceback collections.abc linecache tokenize token
-textwrap weakref _weakrefset string _string threading atexit signal socket _socket selectors
-math select errno array tercel.exit_codes typing _typing tercel.listening tercel.config
-tercel_native__mypyc dataclasses copy inspect ast _ast dis opcode _opcode tomllib
+tercel tercel.errors __future__ tercel.cli tercel.readahead gc logging re enum re._compiler
+_sre re._parser re._constants re._casefix copyreg traceback collections.abc linecache tokenize
+token textwrap weakref _weakrefset string _string threading atexit signal socket _socket
+selectors math select errno array tercel.exit_codes typing _typing tercel.listening
+tercel.config tercel_native__mypyc dataclasses copy inspect ast _ast dis opcode _opcode tomllib
 tomllib._parser tomllib._re datetime _datetime tomllib._types tercel.names asyncio
 asyncio.base_events concurrent concurrent.futures concurrent.futures._base heapq _heapq
 subprocess locale _locale fcntl _posixsubprocess ssl _ssl base64 struct _struct binascii
@@ -40,17 +40,17 @@ asyncio.futures asyncio.protocols asyncio.sslproto asyncio.transports asyncio.lo
 asyncio.staggered asyncio.locks asyncio.mixins asyncio.tasks asyncio.trsock asyncio.runners
 asyncio.queues asyncio.streams asyncio.subprocess asyncio.taskgroups asyncio.timeouts
 asyncio.threads asyncio.unix_events asyncio.base_subprocess asyncio.selector_events
-tercel.server tercel.server.app concurrent.futures.thread queue _queue tercel.storage
-tercel.clock tercel.core tercel.core.log tercel.core.queue tercel.core.items mypy_extensions
-tercel.core.source tercel.journal tercel.journal.journal mmap tercel.journal.checkpoint
-tercel.journal.records zlib_ng zlib_ng._version zlib_ng.zlib_ng gzip zlib _compression
-tercel.journal.append tercel.journal.files resource tercel.journal.reader tercel.journal.memory
-tercel.core.collection tercel.core.stats tercel.server.admin_rules ipaddress
-tercel.server.commit tercel.server.aio tercel.server.metrics tercel.server.connection
-tercel.server.context tercel.server.deadlines tercel.core.reservations tercel.server.status
-tercel.session tercel.server.memcache tercel.server.memcache.connection tercel.protocol
-tercel.protocol.memcache tercel.protocol.commands tercel.server.stats
-tercel.server.memcache.leases tercel.server.loop uvloop uvloop.includes gc uvloop.loop
+tercel.server tercel.server.app tercel.storage tercel.clock tercel.core tercel.core.log
+tercel.core.queue tercel.core.items mypy_extensions tercel.core.source tercel.journal
+tercel.journal.journal mmap tercel.journal.checkpoint tercel.journal.records zlib_ng
+zlib_ng._version zlib_ng.zlib_ng gzip zlib _compression tercel.journal.append
+tercel.journal.files resource tercel.journal.reader tercel.journal.memory
+tercel.core.collection tercel.core.stats tercel.server.admin_rules tercel.server.commit
+concurrent.futures.thread queue _queue tercel.server.aio tercel.server.metrics
+tercel.server.connection tercel.server.context tercel.server.deadlines tercel.core.reservations
+tercel.server.status tercel.session tercel.server.memcache tercel.server.memcache.connection
+tercel.protocol tercel.protocol.memcache tercel.protocol.commands tercel.server.stats
+tercel.server.memcache.leases tercel.server.loop uvloop uvloop.includes uvloop.loop
 uvloop._noop uvloop._version
 """
 SERVE_MODULES: tuple[str, ...] = tuple(_SERVE.split())

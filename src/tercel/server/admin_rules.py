@@ -8,16 +8,20 @@ one rule the admin listener has about its settings lives here.
 
 from __future__ import annotations
 
-import ipaddress
-
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
+
+LOOPBACK_NAMES = frozenset(("localhost", "127.0.0.1", "::1"))
+"""Loopback without parsing the address (``ipaddress`` is imported for any other host only:
+the default host is checked before the first command is served)."""
 
 
 def is_loopback(host: str) -> bool:
     """True for ``localhost`` and loopback IP literals."""
-    if host.lower() == "localhost":
+    if host.lower().strip("[]") in LOOPBACK_NAMES:
         return True
+    import ipaddress
+
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:

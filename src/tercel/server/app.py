@@ -18,7 +18,6 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, cast
@@ -37,6 +36,8 @@ from tercel.server.memcache.connection import MemcacheConnection
 from tercel.server.status import Status
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from tercel.server.admin import AdminServer
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,8 @@ class FrontEnd:
     load: Callable[[], ConnectionFactory] | None
     """Imports its connection class and returns the factory of each accepted socket's
     connection; None: this front end is not built yet. Called by :meth:`Server.start` for the
-    configured front ends only, on a thread while the journals replay: an import that fails
-    stops the start before anything listens, never a live server at its first connection."""
+    configured front ends only, before anything listens: an import that fails stops the
+    start, never a live server at its first connection."""
 
 
 def _memcache_connection() -> ConnectionFactory:
@@ -151,8 +152,8 @@ class Server:
         """Listening sockets bound early by the command line, by front-end name."""
         self.clock: Clock = clock or SystemClock()
         self.loop = asyncio.get_running_loop()
-        # One thread: compactions run one at a time, never beside each other's disk writes.
-        self._compactor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tercel-compact")
+        self._compactor: ThreadPoolExecutor | None = None
+        """The thread of :meth:`_background` (made at its first use: not before serving)."""
         # The collection opens no journal before start(), so the committer can come second.
         self.collection = QueueCollection(config, self._open_log, self.clock)
         self.files = storage.DataDir(config.server.data_dir)
@@ -210,6 +211,11 @@ class Server:
         def finished(fut: Future[None]) -> None:
             self.loop.call_soon_threadsafe(done, fut.exception())
 
+        if self._compactor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            # One thread: compactions run one at a time, never beside each other's writes.
+            self._compactor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tercel-compact")
         self._compactor.submit(work).add_done_callback(finished)
 
     # ---- start and stop -------------------------------------------------------------------
@@ -230,8 +236,10 @@ class Server:
         self._lock_data_dir()
         if srv.admin_port is not None:
             check_admin_settings(srv)  # a ConfigError now, not once the others serve
-        # The configured front ends' modules (thriftpy2 and its IDL for Thrift), on a thread.
-        factories = [self.loop.run_in_executor(None, _load, fe) for fe, _ in table]
+        # The configured front ends' modules (thriftpy2 and its IDL for Thrift). Not on a
+        # thread: nothing else runs meanwhile (the journals replay after serving), and a thread
+        # and its pool's imports cost the memcache-only start ~2 ms.
+        loaded = [_load(fe) for fe, _ in table]
         ctx = self.ctx
         ctx.status.load()
         ctx.status_changed()
@@ -242,7 +250,6 @@ class Server:
             from tercel.server.beanstalk.service import start_in_server
 
             start_in_server(ctx, self.data_dir, self.config.defaults)
-        loaded = [await factory for factory in factories]
         servers = [
             await self._listen(fe, port, factory)
             for (fe, port), factory in zip(table, loaded, strict=True)
@@ -411,7 +418,8 @@ class Server:
         for conn in list(ctx.connections):
             conn.close()
         # Let a running compaction finish writing (off the loop), then switch over.
-        await self.loop.run_in_executor(None, self._compactor.shutdown)
+        if self._compactor is not None:
+            await self.loop.run_in_executor(None, self._compactor.shutdown)
         await asyncio.sleep(0)
         self.collection.close()
         self.committer.close()
