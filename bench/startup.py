@@ -6,8 +6,11 @@ alternating per round): copies that data dir, drops the page cache (``--drop-cac
 only), starts ``python -m tercel serve`` on it the way bench/servers.py starts tercel-50ms
 (``--admin-port 0``, ``sync_journal = "50ms"``, pinned to CPU 1 when there are two), and
 measures from ``exec`` the seconds until the memcache port accepts and until the first
-``get q`` returns an item, which must be item 0; then SIGKILLs it. Prints one line per
-start and the median [range] per tree, and the paired ratio per round.
+``get q`` returns an item, which must be item 0; then stops it with SIGTERM (a clean stop,
+which writes a checkpoint), drops the page cache again, restarts it and times the first item
+once more (not item 0, taken before), as bench/replay.py does; then SIGKILLs it. Prints
+one line per start and the median [range] per tree, and the paired ratio per round, for the
+restart after kill -9 and the one after SIGTERM.
 
 Usage: ``.venv/bin/python bench/startup.py --tree new=src --tree old=/tmp/old/src
 [--drop-caches] [--rounds 6]`` (a tree is a directory put first on PYTHONPATH; build it with
@@ -40,6 +43,29 @@ def _start(python: str, tree: str, data: Path, port: int, cfg: Path) -> subproce
     argv += ["--memcache-port", str(port), "--admin-port", "0", "--config", str(cfg)]
     env = dict(os.environ, PYTHONPATH=tree)
     return subprocess.Popen([*argv, "--log-level", "warning"], env=env)
+
+
+def _drop_caches() -> None:
+    subprocess.run(["sync"], check=False)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def _timed_start(
+    python: str, tree: str, data: Path, port: int, cfg: Path, *, drop: bool
+) -> tuple[subprocess.Popen[bytes], float, float, bytes]:
+    """Start a server (after dropping the page cache when asked) and get its first item:
+    (the server, seconds from exec to accepting, to the item, the item's head)."""
+    if drop:
+        _drop_caches()
+    t0 = time.monotonic()
+    proc = _start(python, tree, data, port, cfg)
+    try:
+        accepted, head = _first_item(port, t0 + 60)
+    except BaseException:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc, accepted - t0, time.monotonic() - t0, head
 
 
 def _first_item(port: int, deadline: float) -> tuple[float, bytes]:
@@ -96,7 +122,10 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    kinds = ("kill -9", "SIGTERM")
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {
+        (kind, name): [] for kind in kinds for name in trees
+    }
     try:
         for r in range(a.rounds):
             order = list(trees.items()) if r % 2 == 0 else list(trees.items())[::-1]
@@ -104,41 +133,47 @@ def main() -> None:
                 data = work / "data"
                 shutil.rmtree(data, ignore_errors=True)
                 shutil.copytree(template, data)
-                if a.drop_caches:
-                    subprocess.run(["sync"], check=False)
-                    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-                t0 = time.monotonic()
-                proc = _start(python, tree, data, port, cfg)
-                try:
-                    accepted, head = _first_item(port, t0 + 60)
-                    first = time.monotonic()
-                finally:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait()
-                assert head == b"%012d" % 0, f"first item {head!r}, not item 0"
-                times[name].append((accepted - t0, first - t0))
-                print(
-                    f"round {r} {name}: accepting {accepted - t0:.3f} s, first item "
-                    f"{first - t0:.3f} s",
-                    flush=True,
-                )
+                for kind in kinds:
+                    proc, accepted, first, head = _timed_start(
+                        python, tree, data, port, cfg, drop=a.drop_caches
+                    )
+                    if kind == "kill -9":  # then a clean stop, for the next start
+                        proc.send_signal(signal.SIGTERM)
+                        proc.wait()
+                    else:
+                        proc.send_signal(signal.SIGKILL)
+                        proc.wait()
+                    # After SIGTERM: not item 0, taken before (the fill's connections
+                    # interleave, so which item is next is not known; bench/replay.py).
+                    item0 = head == b"%012d" % 0
+                    assert item0 == (kind == "kill -9"), f"after {kind}: first item {head!r}"
+                    times[kind, name].append((accepted, first))
+                    print(
+                        f"round {r} {name}, after {kind}: accepting {accepted:.3f} s, "
+                        f"first item {first:.3f} s",
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for name, ts in times.items():
-        firsts = sorted(t[1] for t in ts)
-        acc = statistics.median(t[0] for t in ts)
-        print(
-            f"{name}: first item {statistics.median(firsts):.3f} s "
-            f"[{firsts[0]:.3f}-{firsts[-1]:.3f}], accepting {acc:.3f} s"
-        )
     names = list(trees)
-    for other in names[1:]:
-        ratios = [times[names[0]][i][1] / times[other][i][1] for i in range(a.rounds)]
-        print(
-            f"{names[0]} / {other} per round: "
-            + " ".join(f"{x:.2f}" for x in ratios)
-            + f" (median {statistics.median(ratios):.2f})"
-        )
+    for kind in kinds:
+        print(f"after {kind}:")
+        for name in names:
+            ts = times[kind, name]
+            firsts = sorted(t[1] for t in ts)
+            acc = statistics.median(t[0] for t in ts)
+            print(
+                f"  {name}: first item {statistics.median(firsts):.3f} s "
+                f"[{firsts[0]:.3f}-{firsts[-1]:.3f}], accepting {acc:.3f} s"
+            )
+        for other in names[1:]:
+            ratios = sorted(
+                times[kind, names[0]][i][1] / times[kind, other][i][1] for i in range(a.rounds)
+            )
+            print(
+                f"  {names[0]} / {other}, paired per round: median "
+                f"{statistics.median(ratios):.2f} [{ratios[0]:.2f}-{ratios[-1]:.2f}]"
+            )
 
 
 if __name__ == "__main__":
