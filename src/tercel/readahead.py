@@ -1,7 +1,7 @@
 """Read-ahead of the modules ``tercel serve`` imports before it answers its first command.
 
 After a reboot, or whenever the page cache no longer holds Python's files, a start is mostly
-waiting for the disk: the interpreter imports about 170 modules one after another (asyncio,
+waiting for the disk: the interpreter imports about 150 modules one after another (asyncio,
 uvloop, logging, the compiled hot path...), and each import waits for its own small read.
 :func:`start` asks the kernel, from a thread started first thing, to read all their files
 ahead (``posix_fadvise(WILLNEED)``), so the reads overlap each other and the imports' CPU work
@@ -11,8 +11,8 @@ imported as usual.
 
 :data:`SERVE_MODULES` is the list of those modules, in the order a start imports them (as
 :func:`record_launcher` records them); ``tests/test_readahead.py`` fails when a start imports
-other modules, and prints the new list. Imports only what the interpreter has loaded before
-any tercel code runs (``os``, ``sys``, ``_thread``, ``importlib.machinery``'s frozen parts).
+other modules, and prints the new list. Imports nothing a start does not import anyway, and
+nothing on the thread (an import there would race the main thread's).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import sys
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing is one of the modules read ahead
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
+    from importlib.machinery import PathFinder
 
 _SERVE = """
 tercel tercel.errors __future__ tercel.cli tercel.readahead gc logging re enum re._compiler
@@ -66,28 +67,34 @@ def start(modules: Iterable[str] = SERVE_MODULES) -> None:
     """Start reading ``modules``' files ahead on a thread (a hint; never raises)."""
     if not hasattr(os, "posix_fadvise"):  # (not on macOS)
         return
+    from importlib.machinery import PathFinder  # (here: no import on the thread)
+
     try:
-        _thread.start_new_thread(_read_ahead, (tuple(modules),))
+        _thread.start_new_thread(_read_ahead, (tuple(modules), PathFinder))
     except RuntimeError:  # no thread to spare: the imports read as usual
         return
 
 
-def _read_ahead(modules: tuple[str, ...]) -> None:
+def _read_ahead(modules: tuple[str, ...], finder: type[PathFinder]) -> None:
     """The thread: ask the kernel to read each of :func:`files` ahead. Errors end it quietly
     (it is only a hint)."""
     try:
-        for path in files(modules):
+        for path in files(modules, finder):
             _advise(path)
     except BaseException:  # nothing may escape from a bare thread
         return
 
 
-def files(modules: Iterable[str]) -> Iterator[str]:
+def files(modules: Iterable[str], finder: type[PathFinder] | None = None) -> Iterator[str]:
     """The file each of ``modules`` not imported yet would be loaded from, found as the import
     system finds it (the ``.pyc`` when it exists, else the source or the extension module),
     in order; a module that is not found, or whose package is neither imported nor found
-    earlier in ``modules``, is left out. Lists directories as imports do, nothing else."""
-    from importlib.machinery import PathFinder  # (frozen: loaded at interpreter start)
+    earlier in ``modules``, is left out. Lists directories as imports do, nothing else.
+    ``finder``: ``importlib.machinery.PathFinder`` (imported here when not given)."""
+    if finder is None:
+        from importlib.machinery import PathFinder
+
+        finder = PathFinder
 
     search: dict[str, list[str] | None] = {}
     """Each package's ``__path__`` as found so far (None: not found, or not a package)."""
@@ -105,7 +112,7 @@ def files(modules: Iterable[str]) -> Iterator[str]:
         if mod is not None:  # imported already (or being imported): nothing to gain
             search[name] = getattr(mod, "__path__", None)
             continue
-        spec = PathFinder.find_spec(name, path)
+        spec = finder.find_spec(name, path)
         if spec is None:
             continue
         search[name] = spec.submodule_search_locations
