@@ -106,9 +106,15 @@ class ReservationTable:
         self._open: dict[int, Reservation] = {}
         self._detached: dict[ReservationSource, int] = {}  # leases open per source
         self._owned: dict[object, dict[int, Reservation]] = {}
-        # Distinct deadlines (a heap) and the ids due at each, in the order they were set: a
-        # lease batch shares one deadline, so one heap entry serves the whole batch. Ids of
-        # reservations that ended or moved are skipped lazily.
+        # Deadlines, two ways (ids of reservations that ended or moved are skipped lazily, each
+        # looked at once). Most are set in time order (one TTR or lease time, a monotonic
+        # clock): those go to the end of a FIFO, parallel lists from ``_head`` on, an append
+        # each. One earlier than the FIFO's last goes to a heap of distinct deadlines with the
+        # ids due at each, in the order they were set (a lease batch shares one entry).
+        self._fifo_at: list[int] = []
+        self._fifo_rid: list[int] = []
+        self._head = 0
+        self._fifo_last = 0  # the deadline last appended (0: the FIFO is empty)
         self._deadlines: list[int] = []
         self._due: dict[int, list[int]] = {}
         self.expired = 0
@@ -321,6 +327,11 @@ class ReservationTable:
 
     def _set_deadline(self, res: Reservation, deadline: int) -> None:
         res.deadline = deadline
+        if deadline >= self._fifo_last:  # the common case: in time order
+            self._fifo_last = deadline
+            self._fifo_at.append(deadline)
+            self._fifo_rid.append(res.id)
+            return
         ids = self._due.get(deadline)
         if ids is None:
             self._due[deadline] = [res.id]
@@ -333,8 +344,32 @@ class ReservationTable:
         res = self._open.get(rid)
         return res if res is not None and res.deadline == deadline else None
 
-    def next_deadline(self) -> int | None:
-        """The earliest deadline of an open reservation (``deadline_clock`` ms), or None."""
+    def _fifo_next(self, start: int) -> int:
+        """Skip the FIFO's ended or moved entries from index ``start`` on; the deadline of
+        the first live one (0: none left). Keeps the lists short: what was skipped goes once
+        it is half of them, and all of it when nothing is left."""
+        at, rids = self._fifo_at, self._fifo_rid
+        n = len(at)
+        i = start
+        while i < n and self._live(rids[i], at[i]) is None:
+            i += 1
+        if i == n:
+            if n:
+                at.clear()
+                rids.clear()
+            self._head = 0
+            self._fifo_last = 0
+            return 0
+        if i >= 1024 and 2 * i >= n:
+            del at[:i]
+            del rids[:i]
+            i = 0
+        self._head = i
+        return at[i]
+
+    def _heap_next(self) -> int:
+        """The earliest deadline of the heap that an open reservation is still due at
+        (0: none); pops the entries no reservation is due at any more."""
         heap = self._deadlines
         while heap:
             deadline = heap[0]
@@ -343,11 +378,20 @@ class ReservationTable:
             while stale < len(ids) and self._live(ids[stale], deadline) is None:
                 stale += 1
             if stale < len(ids):
-                del ids[:stale]  # each stale id is looked at once
+                if stale:
+                    del ids[:stale]  # each stale id is looked at once
                 return deadline
             heapq.heappop(heap)
             del self._due[deadline]
-        return None
+        return 0
+
+    def next_deadline(self) -> int | None:
+        """The earliest deadline of an open reservation (``deadline_clock`` ms), or None."""
+        first = self._fifo_next(self._head) if self._fifo_at else 0
+        other = self._heap_next() if self._deadlines else 0
+        if first and (not other or first <= other):
+            return first
+        return other or None
 
     def expire(self, now: int | None = None) -> int:
         """Return every reservation due by ``now`` (``deadline_clock`` ms; None: read it) to
@@ -355,6 +399,15 @@ class ReservationTable:
         if now is None:
             now = self.deadline_clock()
         due: dict[int, Reservation] = {}
+        at, rids = self._fifo_at, self._fifo_rid
+        i = self._head
+        while i < len(at) and at[i] <= now:
+            res = self._live(rids[i], at[i])
+            if res is not None:
+                due[res.id] = res
+            i += 1
+        if at:
+            self._fifo_next(i)
         heap = self._deadlines
         while heap and heap[0] <= now:
             deadline = heapq.heappop(heap)
