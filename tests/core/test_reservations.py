@@ -131,6 +131,11 @@ def test_deadlines_out_of_time_order_expire_in_deadline_order(w: World) -> None:
     assert w.table.expire(T0 + 400) == 1
     assert w.table.next_deadline() is None
     assert w.drain("a") == [b"0", b"1", b"2", b"4"]
+    w.fill("a", b"5", b"6")
+    late = w.table.take(q, T0, owner=conn, ttl_ms=1000)
+    early = w.table.take(q, T0, owner=conn, ttl_ms=600)
+    assert late and early and w.table.next_deadline() == T0 + 600
+    assert w.table.expire(T0 + 600) == 1 and w.table.next_deadline() == T0 + 1000
 
 
 def test_reserve_and_end_one_at_a_time_keeps_the_next_deadline_exact(w: World) -> None:

@@ -114,7 +114,7 @@ class ReservationTable:
         self._fifo_at: list[int] = []
         self._fifo_rid: list[int] = []
         self._head = 0
-        self._fifo_last = 0  # the deadline last appended (0: the FIFO is empty)
+        self._fifo_last = 0  # the deadline last appended (0: nothing live in the FIFO)
         self._deadlines: list[int] = []
         self._due: dict[int, list[int]] = {}
         self.expired = 0
@@ -346,25 +346,26 @@ class ReservationTable:
 
     def _fifo_next(self, start: int) -> int:
         """Skip the FIFO's ended or moved entries from index ``start`` on; the deadline of
-        the first live one (0: none left). Keeps the lists short: what was skipped goes once
-        it is half of them, and all of it when nothing is left."""
+        the first live one (0: none left, and the next deadline may be any). What was skipped
+        is cut once it is 1024 entries and half of the lists."""
         at, rids = self._fifo_at, self._fifo_rid
+        opened = self._open
         n = len(at)
         i = start
-        while i < n and self._live(rids[i], at[i]) is None:
+        while i < n:
+            res = opened.get(rids[i])
+            if res is not None and res.deadline == at[i]:
+                break
             i += 1
-        if i == n:
-            if n:
-                at.clear()
-                rids.clear()
-            self._head = 0
-            self._fifo_last = 0
-            return 0
         if i >= 1024 and 2 * i >= n:
             del at[:i]
             del rids[:i]
+            n -= i
             i = 0
         self._head = i
+        if i == n:
+            self._fifo_last = 0  # nothing live from the head on: any deadline may follow
+            return 0
         return at[i]
 
     def _heap_next(self) -> int:
@@ -387,7 +388,7 @@ class ReservationTable:
 
     def next_deadline(self) -> int | None:
         """The earliest deadline of an open reservation (``deadline_clock`` ms), or None."""
-        first = self._fifo_next(self._head) if self._fifo_at else 0
+        first = self._fifo_next(self._head) if self._head < len(self._fifo_at) else 0
         other = self._heap_next() if self._deadlines else 0
         if first and (not other or first <= other):
             return first
@@ -406,8 +407,7 @@ class ReservationTable:
             if res is not None:
                 due[res.id] = res
             i += 1
-        if at:
-            self._fifo_next(i)
+        self._fifo_next(i)
         heap = self._deadlines
         while heap and heap[0] <= now:
             deadline = heapq.heappop(heap)
