@@ -112,6 +112,46 @@ def test_a_lease_batch_shares_one_deadline_until_its_leases_end_or_move(w: World
     assert w.drain("a") == [b"4", b"5"]  # the expired ones, back at the head in order
 
 
+def test_deadlines_out_of_time_order_expire_in_deadline_order(w: World) -> None:
+    """Deadlines set in time order (one TTR) take the table's FIFO; an earlier one set after a
+    later one (a shorter TTR) its heap: the two together still give the earliest deadline, and
+    expire returns exactly the reservations due."""
+    q = w.fill("a", *(b"%d" % i for i in range(5)))
+    conn = object()
+    ttls = [300, 100, 400, 200, 100]  # 100 after 300: out of order
+    res = [w.table.take(q, T0, owner=conn, ttl_ms=t) for t in ttls]
+    assert all(res)
+    assert w.table.next_deadline() == T0 + 100
+    assert w.table.expire(T0 + 100) == 2
+    assert w.table.next_deadline() == T0 + 200
+    assert w.table.forget([r for r in res if r and r.deadline == T0 + 200]) is None
+    assert w.table.next_deadline() == T0 + 300
+    assert w.table.expire(T0 + 399) == 1
+    assert w.table.next_deadline() == T0 + 400
+    assert w.table.expire(T0 + 400) == 1
+    assert w.table.next_deadline() is None
+    assert w.drain("a") == [b"0", b"1", b"2", b"4"]
+    w.fill("a", b"5", b"6")
+    late = w.table.take(q, T0, owner=conn, ttl_ms=1000)
+    early = w.table.take(q, T0, owner=conn, ttl_ms=600)
+    assert late and early and w.table.next_deadline() == T0 + 600
+    assert w.table.expire(T0 + 600) == 1 and w.table.next_deadline() == T0 + 1000
+
+
+def test_reserve_and_end_one_at_a_time_keeps_the_next_deadline_exact(w: World) -> None:
+    """A worker that reserves and deletes one job at a time under one TTR leaves nothing
+    behind in the deadline structures once the timer looks (``next_deadline``)."""
+    q = w.fill("a", *(b"%d" % i for i in range(3000)))
+    conn = object()
+    for _ in range(3000):
+        r = w.table.take(q, T0, owner=conn, ttl_ms=1000)
+        assert r is not None and w.table.next_deadline() == w.clock.monotonic_ms() + 1000
+        assert w.table.confirm([r]) == 1
+        w.clock.advance(1)
+    assert w.table.next_deadline() is None
+    assert w.table.expire(w.clock.monotonic_ms() + 10_000) == 0
+
+
 def test_ids_address_reservations_from_anywhere_and_only_of_the_named_queue(w: World) -> None:
     qa, qb = w.fill("a", b"x"), w.fill("b", b"y")
     ra = w.table.take(qa, T0, owner=object(), ttl_ms=1000)  # Thrift: owned, auto-abort

@@ -161,23 +161,16 @@ def test_a_queue_that_cannot_get_a_descriptor_is_refused_cleanly(tmp_path: Path)
 def test_a_slow_disk_delays_a_periodic_sync_without_stopping_appends(tmp_path: Path) -> None:
     """A periodic fsync runs in a worker thread: while the disk is slow, the loop goes on
     appending and writing; the fsync ends, and close waits for it."""
-    faults = FaultyFiles()
     started = threading.Event()
     release = threading.Event()
 
-    class Gate:  # the slow disk: the fsync waits until the test lets it go
-        def __init__(self) -> None:
-            self.inner = faults
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(self.inner, name)
-
+    class Gate(FaultyFiles):  # the slow disk: the fsync waits until the test lets it go
         def fdatasync(self, fd: int) -> None:
             started.set()
             release.wait(10)
-            self.inner.fdatasync(fd)
+            super().fdatasync(fd)
 
-    files = DataDir(str(tmp_path), ops=Gate())  # type: ignore[arg-type]
+    files = DataDir(str(tmp_path), ops=Gate())
     passes_while_syncing = []
 
     async def main() -> None:

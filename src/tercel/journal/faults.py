@@ -66,7 +66,7 @@ class Rule:
         return op == self.op and (self.path is None or self.path in path)
 
 
-class FaultyFiles:
+class FaultyFiles(FileOps):
     """A :class:`FileOps` that injects the faults its rules describe (module docstring)."""
 
     def __init__(self, inner: FileOps | None = None) -> None:
@@ -257,7 +257,7 @@ def _parent(rel: str) -> str:
     return os.path.dirname(rel) or "."
 
 
-class PowerLossFiles:
+class PowerLossFiles(FileOps):
     """A :class:`FileOps` that records what a power cut would leave of one data directory.
 
     A kill -9 keeps everything the process wrote (the page cache survives); a power loss keeps

@@ -137,6 +137,9 @@ class Committer:
         """Microseconds per fsync that succeeded: a group's (on the loop or through AIO, from
         its start to its last completion) and each periodic one (on the worker thread)."""
         self._group_started = 0  # perf_counter_ns() when the AIO group was submitted
+        # Made once, not per pass: the loop callback (no arguments to parse) and call_soon.
+        self._pass_cb: Callable[[], None] = self._pass
+        self._call_soon: Callable[[Callable[[], None]], object] = loop.call_soon
 
     def set_sync_mode(self, name: str, mode: int | None) -> None:
         """Give the journal ``name``, which belongs to no queue (the beanstalkd job log), its
@@ -160,14 +163,18 @@ class Committer:
         self.dirty.append(journal)
         if not self._scheduled:
             self._scheduled = True
-            self._loop.call_soon(self.run)
+            self._call_soon(self._pass_cb)
 
     def hold(self, conn: Holder, data: bytes) -> None:
         """Keep ``data`` until what it acknowledges is written (and synced if configured)."""
         self._held.append((conn, data))
         if not self._scheduled:
             self._scheduled = True
-            self._loop.call_soon(self.run)
+            self._call_soon(self._pass_cb)
+
+    def _pass(self) -> None:
+        """The callback queued for the next loop pass."""
+        self.run(False)
 
     def run(self, inline: bool = False) -> None:
         """Write every dirty journal; the replies held wait for the next group fsync of the
