@@ -149,9 +149,10 @@ def test_after_a_power_loss_every_fsynced_item_is_back(
             conn.close()
     finally:
         srv.kill()
-    # Which tails got bytes to cut or hole depends on where the periodic sync stood at each
-    # kill (timing); the cut and hole cases themselves are pinned in test_power_loss.py.
-    assert cut["unsynced_bytes"] > 0 and (cut["tails_cut"] or cut["tails_holed"])
+    # The cuts had unsynced bytes to take (the "off" queue never fsyncs). Whether a cut or a
+    # hole landed inside a record depends on where the periodic sync and the rotations stood
+    # at each kill (timing), so it is not asserted here: test_power_loss.py pins those cases.
+    assert cut["unsynced_bytes"] > 0
     acked = {q: len(led.acked) for q, led in ledgers.items()}
     print(
         "power loss:", dict(cut), "acked", acked, "recovered", {q: len(c) for q, c in seen.items()}
