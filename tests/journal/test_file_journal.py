@@ -20,6 +20,7 @@ from tercel.journal import FileJournal, MemoryJournal, NullJournal, list_queue_n
 from tercel.journal import journal as jmod
 from tercel.journal import records as rec
 from tercel.journal.append import IOV_MAX
+from tercel.journal.tail import TORN_SCAN
 
 
 def add(item_id: int, data: bytes = b"x") -> bytes:
@@ -341,7 +342,7 @@ def test_bad_checksum_in_the_middle_is_corrupt_and_untouched(tmp_path: Path) -> 
 def test_damage_inside_a_large_record_is_found_through_its_length(tmp_path: Path) -> None:
     # The next record starts beyond the torn-tail scan window; the damaged record's own
     # length still points at it, so this is damage, not a torn tail.
-    big = bytearray(add(2, b"z" * (jmod.TORN_SCAN * 3)))
+    big = bytearray(add(2, b"z" * (TORN_SCAN * 3)))
     big[len(big) // 2] ^= 1
     data = write(tmp_path / "q", add(1), bytes(big), add(3))
     with pytest.raises(JournalCorrupt):

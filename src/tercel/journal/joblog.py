@@ -47,6 +47,7 @@ from tercel.journal.append import IOV_MAX, AppendLog, write_all, write_parts
 from tercel.journal.files import FileOps, default_ops
 from tercel.journal.journal import fsync_dir
 from tercel.journal.records import FILE_HEADER, PREFIX, PREFIX_SIZE, VERSION, crc32, header_version
+from tercel.journal.tail import HOLE, Buffer, keep_cut, tail_cut, zero_first_page
 
 log = logging.getLogger("tercel.journal")
 
@@ -226,6 +227,39 @@ class _Torn(Exception):
         self.why = why
 
 
+_SIZES: Final = {OP_STATE: _STATE.size, OP_DELETE: _DELETE.size, OP_SNAPSHOT: _SNAPSHOT.size}
+"""The body size of each fixed-size record (a JOB record is at least ``_JOB.size``)."""
+
+
+def _check_record(data: Buffer, pos: int) -> int:
+    """The offset just after the valid record at ``pos`` (framing, checksum, an opcode of the
+    job log with its size); raises :class:`_Torn` when there is none."""
+    end = len(data)
+    if end - pos < PREFIX_SIZE:
+        raise _Torn(pos, "record header runs past the end of the file")
+    length, crc = PREFIX.unpack_from(data, pos)
+    start = pos + PREFIX_SIZE
+    stop = start + length
+    if length == 0 or length > MAX_BODY or stop > end:
+        raise _Torn(pos, "record runs past the end of the file")
+    body = data[start:stop]
+    if crc32(body) != crc:
+        raise _Torn(pos, "checksum mismatch")
+    op = body[0]
+    if length != _SIZES.get(op, -1) and not (op == OP_JOB and length >= _JOB.size):
+        raise _Torn(pos, f"bad record (opcode {op}, length {length})")
+    return int(stop)
+
+
+def _record_end(data: Buffer, pos: int) -> int:
+    """The job log's :data:`~tercel.journal.tail.RecordEnd`: :func:`_check_record`, -1 for
+    no record."""
+    try:
+        return _check_record(data, pos)
+    except _Torn:
+        return -1
+
+
 class JobJournal(AppendLog):
     """The job log in ``directory`` (see the module docstring). Every file operation goes
     through ``ops`` (the default :class:`~tercel.journal.files.FileOps` when None: the seam
@@ -334,6 +368,7 @@ class JobJournal(AppendLog):
         fd = ops.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             ops.ftruncate(fd, size)
+            ops.fsync(fd)
         finally:
             ops.close(fd)
 
@@ -347,12 +382,20 @@ class JobJournal(AppendLog):
         snapshot: bool = False,
     ) -> tuple[int, int, int]:
         """Apply one file; (next id seen, records, torn bytes cut off). Zeros written ahead
-        after the last record end the data (cut off the newest file, which is appended to)."""
+        after the last record end the data (cut off the newest file, which is appended to).
+        A bad record in the newest jobs file is cut only as the queue journals cut one
+        (:func:`~tercel.journal.tail.tail_cut`: a torn tail, or a power-loss hole whose bytes
+        are kept in ``<file>.cut-<offset>``); any other raises :class:`JournalCorrupt`."""
         data = self._read(path)
+        newest = newest and not snapshot
+        if newest and not data:
+            return 1, 0, 0
+        if newest and data and zero_first_page(data):  # the header's page never written back
+            why = "a hole of zeros where the file header was, power loss in the unsynced tail"
+            return self._cut(path, data, 0, why, len(data) > HOLE)
         if len(data) < HEADER_SIZE:
             if newest and HEADER.startswith(data):
-                self._truncate(path, 0)
-                return 1, 0, len(data)
+                return self._cut(path, data, 0, "torn file header", False)
             raise JournalCorrupt("not a tercel job log (bad file header)", path, 0)
         version = header_version(data[:HEADER_SIZE])
         if version is None or version < FIRST_VERSION:
@@ -360,16 +403,45 @@ class JobJournal(AppendLog):
         try:
             next_id, count, stop = self._apply(data, file, jobs, snapshot)
         except _Torn as torn:
-            if not newest or snapshot:
+            shape = tail_cut(data, torn.offset, _record_end) if newest else None
+            if shape is None:
                 raise JournalCorrupt(torn.why, path, torn.offset) from None
-            log.warning("job log %s: torn tail at %d (%s), cut off", path, torn.offset, torn.why)
-            self._truncate(path, torn.offset)
-            keep = data[: torn.offset]
-            next_id, count, _ = self._apply(keep, file, jobs, snapshot)
-            return next_id, count, len(data) - torn.offset
+            why = torn.why
+            if shape:
+                why = f"{why}: {shape}, power loss in the unsynced tail"
+            _, _, cut = self._cut(path, data, torn.offset, why, bool(shape))
+            next_id, count, _ = self._apply(data[: torn.offset], file, jobs, snapshot)
+            return next_id, count, cut
         if stop < len(data) and newest:  # zeros written ahead: not a torn tail
             self._truncate(path, stop)
         return next_id, count, 0
+
+    def _cut(
+        self, path: str, data: bytes, offset: int, why: str, keep: bool
+    ) -> tuple[int, int, int]:
+        """Cut ``path`` (read as ``data``) at ``offset``, first copying the cut bytes to
+        ``<path>.cut-<offset>`` when ``keep`` (a power-loss hole); logged as a torn tail.
+        (1, 0, bytes cut): what :meth:`_replay_file` returns for a file cut to nothing."""
+        if keep:
+            ops = self._ops
+            kept = keep_cut(
+                path,
+                offset,
+                len(data),
+                ops=ops,
+                open_file=lambda name, flags: ops.open(name, flags | os.O_CLOEXEC, 0o644),
+                sync_dir=lambda: fsync_dir(self.directory, ops),
+            )
+            why = f"{why}; kept in {kept}"
+        log.warning(
+            "job log %s: torn tail at offset %d (%s); cut %d bytes",
+            path,
+            offset,
+            why,
+            len(data) - offset,
+        )
+        self._truncate(path, offset)
+        return 1, 0, len(data) - offset
 
     @staticmethod
     def _apply(
@@ -383,18 +455,10 @@ class JobJournal(AppendLog):
         while pos < end:
             if data[pos] == 0 and data.count(0, pos) == end - pos:
                 return next_id, count, pos  # zeros written ahead of the records
-            if end - pos < PREFIX_SIZE:
-                raise _Torn(pos, "record header runs past the end of the file")
-            length, crc = PREFIX.unpack_from(data, pos)
-            start = pos + PREFIX_SIZE
-            stop = start + length
-            if length == 0 or length > MAX_BODY or stop > end:
-                raise _Torn(pos, "record runs past the end of the file")
-            body = data[start:stop]
-            if crc32(body) != crc:
-                raise _Torn(pos, "checksum mismatch")
+            stop = _check_record(data, pos)
+            body = data[pos + PREFIX_SIZE : stop]
             op = body[0]
-            if op == OP_JOB and length >= _JOB.size:
+            if op == OP_JOB:
                 f = _JOB.unpack_from(body)
                 tube_end = _JOB.size + f[13]
                 job = LoggedJob(
@@ -413,7 +477,7 @@ class JobJournal(AppendLog):
                 jobs.pop(job.job_id, None)
                 jobs[job.job_id] = job
                 next_id = max(next_id, job.job_id + 1)
-            elif op == OP_STATE and length == _STATE.size:
+            elif op == OP_STATE:
                 f = _STATE.unpack_from(body)
                 old = jobs.pop(f[1], None)
                 if old is not None:  # a state change keeps the bury order: move to the end
@@ -421,15 +485,15 @@ class JobJournal(AppendLog):
                     old.counters = (f[6], f[7], f[8], f[9], f[10])
                     jobs[old.job_id] = old
                 next_id = max(next_id, f[1] + 1)
-            elif op == OP_DELETE and length == _DELETE.size:
+            elif op == OP_DELETE:
                 _, job_id = _DELETE.unpack(body)
                 jobs.pop(job_id, None)
                 next_id = max(next_id, job_id + 1)
-            elif op == OP_SNAPSHOT and length == _SNAPSHOT.size and snapshot and count == 0:
+            elif snapshot and count == 0:  # OP_SNAPSHOT: only first in a snapshot file
                 _, snap_next, _ = _SNAPSHOT.unpack(body)
                 next_id = max(next_id, snap_next)
             else:
-                raise _Torn(pos, f"bad record (opcode {op}, length {length})")
+                raise _Torn(pos, f"bad record (opcode {op}, length {len(body)})")
             count += 1
             pos = stop
         return next_id, count, end

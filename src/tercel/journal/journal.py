@@ -41,17 +41,9 @@ from tercel.journal import records as rec
 from tercel.journal.append import AppendLog, write_all
 from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, default_ops
 from tercel.journal.reader import FOUND, MORE, ChunkReader, add_id, find_add, read_adds, skip_adds
+from tercel.journal.tail import HOLE, Buffer, keep_cut, tail_cut, zero_first_page
 
 log = logging.getLogger(__name__)
-
-TORN_SCAN = 1 << 20
-"""How much of a file after a bad record replay searches for a valid record before deciding
-the bad record is a torn tail (nothing valid after it) rather than damage (valid data after
-it, which must never be cut away). The whole rest of the file is searched when it is shorter;
-a longer rest is a torn tail only if the bad record claims to run past the end of the file
-(a large record cut short) and its first MiB holds nothing valid. After a record that claims to
-run past the end, "valid" means a run of records reaching the end of the data: the cut record's
-own payload may hold record bytes (a journal stored as an item)."""
 
 _NO_OLDER: Final[dict[int, int]] = {}
 """The older files of every journal that has none: one empty dict shared, never added to
@@ -422,7 +414,7 @@ class FileJournal(AppendLog):
         if size == 0:
             return
         head = _read_head(self._dir, path, rec.HEADER_SIZE)
-        hole = newest and _zero_first_page(path, size)
+        hole = newest and _first_page_zero(path)
         good = 0 if hole else self._check_header(head, path, newest)
         if path == self.path:
             self._current_version = rec.header_version(head)
@@ -449,10 +441,14 @@ class FileJournal(AppendLog):
                 reason = bad.reason
                 if not newest:
                     raise JournalCorrupt(reason, path, bad.offset) from None
-                if _valid_data_after(path, bad.offset):
-                    shape = _hole_after(path, bad.offset)
-                    if not shape:
-                        raise JournalCorrupt(reason, path, bad.offset) from None
+                with (
+                    open(path, "rb") as fh,
+                    mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf,
+                ):
+                    shape = tail_cut(buf, bad.offset, _record_end)
+                if shape is None:
+                    raise JournalCorrupt(reason, path, bad.offset) from None
+                if shape:
                     kept = self._keep_cut(path, bad.offset, size)
                     reason = f"{reason}: {shape}, power loss in the unsynced tail; kept in {kept}"
                 torn = Truncation(path, bad.offset, size - bad.offset, reason)
@@ -482,36 +478,10 @@ class FileJournal(AppendLog):
                 self._ops.close(fd)
 
     def _keep_cut(self, path: str, offset: int, size: int) -> str:
-        """Copy the bytes from ``offset`` to the end of ``path`` to ``<path>.cut-<offset>``
-        (never replayed: not a journal file name) before a hole cuts them off; the copy's name.
-        A name already taken (an earlier cut at the same offset) gets ``.<n>`` added: kept
-        bytes are never overwritten."""
-        ops = self._ops
-        src = self._dir.open(path, os.O_RDONLY)
-        dst = -1
-        try:
-            kept = f"{path}.cut-{offset}"
-            n = 1
-            while dst < 0:
-                try:
-                    dst = self._dir.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                except FileExistsError:
-                    kept = f"{path}.cut-{offset}.{n}"
-                    n += 1
-            pos = offset
-            while pos < size:
-                data = ops.pread(src, min(1 << 20, size - pos), pos)
-                if not data:
-                    break
-                write_all(ops, dst, data, pos - offset)
-                pos += len(data)
-            ops.fsync(dst)
-        finally:
-            ops.close(src)
-            if dst >= 0:
-                ops.close(dst)
-        self._dir.sync()
-        return kept
+        """:func:`~tercel.journal.tail.keep_cut`, opening through the data dir's pool."""
+        return keep_cut(
+            path, offset, size, ops=self._ops, open_file=self._dir.open, sync_dir=self._dir.sync
+        )
 
     def _replay_records(
         self,
@@ -1510,85 +1480,15 @@ def _add_mismatch(paths: dict[int, str], position: rec.Position, item_id: int) -
     return ""
 
 
-def _valid_data_after(path: str, bad: int) -> bool:
-    """True when the bytes after the bad record at ``bad`` hold a valid record (then the bad
-    record is damage, not a torn tail; see :data:`TORN_SCAN`)."""
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        end = _data_end(buf)  # zeros written ahead at the end are no data
-        claimed_end = end + 1
-        if bad + rec.PREFIX_SIZE <= end:
-            length = int.from_bytes(buf[bad : bad + 4], "little")
-            claimed_end = bad + rec.PREFIX_SIZE + length
-            if claimed_end < end and rec.looks_like_record(buf, claimed_end):
-                return True
-        if end - bad > TORN_SCAN and claimed_end <= end:
-            return True  # a long rest after a record that claims to fit: not a torn write
-        scan = range(bad + 1, min(end, bad + TORN_SCAN))
-        if claimed_end <= end:
-            return any(rec.looks_like_record(buf, pos) for pos in scan)
-        # The bad record claims to run past the data: a record cut short, whose own payload
-        # may hold record bytes (a journal stored as an item). Only a run of records that
-        # goes on to the end of the data shows damage before it.
-        return any(_records_up_to(buf, pos, end) for pos in scan)
-
-
-HOLE: Final = 4096
-"""The unit of a power-loss hole: a page (and the usual filesystem block)."""
-
-
-def _zero_first_page(path: str, size: int) -> bool:
-    """True when the first :data:`HOLE` bytes of the file (all of it, if shorter) are zeros:
-    its header's page was never written back (a power loss), so no fsync covered the file."""
+def _first_page_zero(path: str) -> bool:
+    """:func:`~tercel.journal.tail.zero_first_page` of the file at ``path``."""
     with open(path, "rb") as fh:
-        first = fh.read(min(size, HOLE))
-    return first.count(0) == len(first)
+        return zero_first_page(fh.read(HOLE))
 
 
-def _hole_after(path: str, bad: int) -> str:
-    """What power-loss hole cuts the bad record at ``bad`` ("" when none does). Two shapes,
-    both left by dirty pages written back out of order (journal_format.md §6):
-
-    - a whole aligned :data:`HOLE` of zero bytes at the first page boundary at or after
-      ``bad``, reached by the bad record (its claimed length runs into it, or only zeros lie
-      between them): a page of the unsynced tail never written back;
-    - zeros from ``bad``, not on a page boundary, to the end of its page, data after: the page
-      holding the last synced bytes, whose later write was lost (it reads as at the last
-      fsync: records, then the zeros written ahead or nothing, which reads as zeros).
-
-    Other damage rarely looks like either: a zeroed sector inside synced data matches only
-    if it starts where a record starts and ends on a page boundary."""
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        page = -(-bad // HOLE) * HOLE
-        to_page_end = buf[bad:page].count(0) == page - bad
-        if bad % HOLE and page < len(buf) and to_page_end:
-            return "zeros to the end of the page holding the last good record"
-        if page + HOLE > len(buf) or buf[page : page + HOLE].count(0) != HOLE:
-            return ""
-        if to_page_end:
-            return "a hole of zeros"  # zeros from the bad record on
-        if bad + rec.PREFIX_SIZE > page:
-            return ""  # the length field itself is cut: nothing tells its span
-        length = int.from_bytes(buf[bad : bad + 4], "little")
-        return "a hole of zeros" if bad + rec.PREFIX_SIZE + length > page else ""
-
-
-def _records_up_to(buf: mmap.mmap, pos: int, end: int) -> bool:
-    """True when valid records follow one another from ``pos`` to exactly ``end``."""
-    while pos < end:
-        try:
-            pos = rec.check_record(buf, pos)
-        except rec.BadRecord:
-            return False
-    return pos == end
-
-
-def _data_end(buf: mmap.mmap) -> int:
-    """The offset just past the last non-zero byte of ``buf`` (0 if there is none)."""
-    end = len(buf)
-    while end > 0:
-        start = max(0, end - TORN_SCAN)
-        kept = len(buf[start:end].rstrip(b"\0"))
-        if kept:
-            return start + kept
-        end = start
-    return 0
+def _record_end(buf: Buffer, pos: int) -> int:
+    """The queue journal's :data:`~tercel.journal.tail.RecordEnd`: §3's record check."""
+    try:
+        return rec.check_record(buf, pos)
+    except rec.BadRecord:
+        return -1
