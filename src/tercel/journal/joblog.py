@@ -19,8 +19,10 @@ every tercel journal (``u32 length | u32 crc32 | body``), with four opcodes: JOB
 job), STATE (a job's new state), DELETE and SNAPSHOT (first record of a snapshot file).
 Replay keeps the latest record of each id (later records override earlier ones), so a job
 that was reserved when the process died comes back as it was last logged: ready, delayed
-(with its wall-clock deadline) or buried. A bad record at the end of the newest ``jobs``
-file is a torn tail and is cut off; anywhere else it stops start-up (:class:`JournalCorrupt`).
+(with its wall-clock deadline) or buried. A bad record in the newest ``jobs`` file follows the
+queue journals' rule (:mod:`tercel.journal.tail`): a torn tail is cut, a power-loss hole is cut
+with its bytes kept in ``jobs.<n>.cut-<offset>``, anything else (valid records after it)
+stops start-up (:class:`JournalCorrupt`), as does a bad record in any other file.
 
 Writes are buffered and handed to the OS by :meth:`JobJournal.write_out` (the server's group
 commit calls it before any reply that depends on the records): :class:`JobJournal` is an
