@@ -292,14 +292,18 @@ def _before(a: Job, b: Job) -> bool:
 
 
 class Tube:
-    """A named set of jobs: a ready heap by ``(pri, id)``, a delayed heap by deadline, a
+    """A named set of jobs: the ready jobs by ``(pri, id)``, a delayed heap by deadline, a
     buried FIFO, and the counts ``stats-tube`` shows.
 
-    The ready heap holds :func:`ready_key` integers and deletes lazily: an entry stands for
-    the job of its id while that job is ready with that priority; any other entry is stale
-    and dropped when it reaches the top. (A job that leaves ready and comes back with the same
-    priority may have two entries; both stand for it only while it is ready, so it is still
-    reserved once.)"""
+    The ready jobs are :func:`ready_key` integers in two places: ``ready_run``, an ascending
+    run read from ``ready_at`` on (a key larger than the run's last is appended: every put of
+    a tube whose jobs share a priority, the usual case, costs an append and its reserve an
+    index step), and ``ready``, a heap for every other key (a released, kicked or promoted job,
+    a smaller priority). The smallest ready key is the smaller of the two heads. Both delete
+    lazily: an entry stands for the job of its id while that job is ready with that priority;
+    any other entry is stale and dropped when it reaches the head. (A job that leaves ready and
+    comes back with the same priority may have two entries; both stand for it only while it is
+    ready, so it is still reserved once.)"""
 
     __slots__ = (
         "all_jobs",
@@ -311,7 +315,9 @@ class Tube:
         "name",
         "pause",
         "ready",
+        "ready_at",
         "ready_count",
+        "ready_run",
         "reserved_count",
         "total_jobs",
         "unpause_at",
@@ -324,8 +330,10 @@ class Tube:
     def __init__(self, name: str, all_jobs: dict[int, Job]) -> None:
         self.name = name
         self.all_jobs = all_jobs
-        """The store's jobs by id (where a ready heap entry's job is found)."""
-        self.ready: list[int] = []  # ready_key(pri, id), lazy deletion
+        """The store's jobs by id (where a ready entry's job is found)."""
+        self.ready: list[int] = []  # heap of ready_key(pri, id), lazy deletion
+        self.ready_run: list[int] = []  # ascending ready_key(pri, id), lazy deletion
+        self.ready_at = 0  # the run's head
         self.delayed: list[tuple[float, int, int, Job]] = []  # (deadline, id, gen, job)
         self.buried: dict[int, Job] = {}  # insertion order is the FIFO
         self.ready_count = 0
@@ -349,17 +357,45 @@ class Tube:
     def jobs(self) -> int:
         return self.ready_count + self.delayed_count + self.reserved_count + len(self.buried)
 
+    def push_ready(self, key: int) -> None:
+        """Add a ready entry (:func:`ready_key`)."""
+        run = self.ready_run
+        if not run or key > run[-1]:
+            run.append(key)
+        else:
+            heappush(self.ready, key)
+
     def ready_head(self) -> Job | None:
         """The ready job with the smallest ``(pri, id)``, dropping stale entries on the way."""
-        heap = self.ready
         jobs = self.all_jobs
-        while heap:
-            key = heap[0]
-            job = jobs.get(key & _ID_BITS)
-            if job is not None and job.state == READY and job.pri == key >> 64:
+        heap = self.ready
+        while True:
+            run = self.ready_run
+            at = self.ready_at
+            if at < len(run):
+                key = run[at]
+                in_heap = bool(heap) and heap[0] < key
+                if in_heap:
+                    key = heap[0]
+            elif heap:
+                key = heap[0]
+                in_heap = True
+            else:
+                return None
+            pri = key >> 64
+            job = jobs.get(key & _ID_BITS if pri else key)
+            if job is not None and job.state == READY and job.pri == pri:
                 return job
-            heappop(heap)
-        return None
+            if in_heap:
+                heappop(heap)
+            elif at + 1 == len(run):
+                self.ready_run = []
+                self.ready_at = 0
+            elif at >= 64 and 2 * at >= len(run):  # the stale half goes: O(1) per entry
+                del run[: at + 1]
+                self.ready_at = 0
+            else:
+                self.ready_at = at + 1
 
     def delayed_head(self) -> Job | None:
         """The delayed job with the soonest deadline."""
@@ -523,7 +559,7 @@ class JobStore(ReservationSource):
         job.state = READY
         job.gen += 1
         tube = job.tube
-        heappush(tube.ready, ready_key(job.pri, job.id))
+        tube.push_ready(ready_key(job.pri, job.id))
         tube.ready_count += 1
         self.stats.ready += 1
         if job.pri < URGENT:
@@ -581,7 +617,7 @@ class JobStore(ReservationSource):
         job.reserver = worker
         job.reserves += 1
         # now is the table's deadline clock too (see the module docstring): no second read.
-        deadline = round(now * 1000) + job.ttr * 1000
+        deadline = int(now * 1000.0 + 0.5) + job.ttr * 1000  # round(), without a Python call
         job.res = self.reservations.adopt_until(self, job.id, NO_ITEM, worker, deadline)
         job.tube.reserved_count += 1
         self.stats.reserved += 1
