@@ -475,6 +475,10 @@ class JobStore(ReservationSource):
         """The size of the live jobs' records (bodies, tube names, fixed fields)."""
         self._until_check = COMPACT_EVERY
         self.compactions = 0
+        self.new_deadlines = False
+        """Set when a reservation got a TTR deadline (a reserve, a touch) that the table's
+        timer may not cover yet: whoever runs that timer re-arms it and clears this (a put, a
+        delete, a release only drop deadlines, and a timer that fires early costs nothing)."""
 
     # ------------------------------------------------------------------------ tubes, workers
 
@@ -619,6 +623,7 @@ class JobStore(ReservationSource):
         # now is the table's deadline clock too (see the module docstring): no second read.
         deadline = int(now * 1000.0 + 0.5) + job.ttr * 1000  # round(), without a Python call
         job.res = self.reservations.adopt_until(self, job.id, NO_ITEM, worker, deadline)
+        self.new_deadlines = True
         job.tube.reserved_count += 1
         self.stats.reserved += 1
         worker.reserved[job.id] = job
@@ -860,6 +865,7 @@ class JobStore(ReservationSource):
         if job is None or job.res is None:
             return False
         self.reservations.extend((job.res,), job.ttr * 1000)
+        self.new_deadlines = True
         return True
 
     def _kick(self, job: Job, now: float) -> None:
