@@ -124,7 +124,7 @@ class BeanstalkConnection(Connection):
                 code = req.code
                 self.op = req.op
                 if code < bp.COUNTED:  # counted before the command runs, as beanstalkd
-                    counts[code] += 1
+                    counts[code] = counts[code] + 1  # (compiled, ``+=`` is a Python call)
                 # The loop's own requests by direct (compiled) calls; the rest by the table.
                 if code == bp.PUT:
                     self._put(req)

@@ -22,11 +22,11 @@ import platform
 import resource
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from tercel import __version__
-from tercel.core.tubes import JobRecord, JobStore
+from tercel.core.tubes import JobRecord, JobStore, NativeJobLog
 from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, JobJournal
 from tercel.protocol.beanstalk import COUNTED, DEFAULT_MAX_JOB_SIZE, OPS, random_id
 from tercel.server.context import ServerContext
@@ -63,6 +63,51 @@ class SystemTubeClock:
         self.now_ms: Callable[[], int] = _now_ms
 
 
+class JournalLog(NativeJobLog):
+    """The job journal as the store's log. Both compiled and typed, so each of the store's
+    calls (a put, a delete) is a native call with unboxed arguments; the store wraps any other
+    log in :class:`~tercel.core.tubes.ProtocolLog`, whose calls go through Python (journal
+    may not import the core, so the journal itself cannot be a ``NativeJobLog``)."""
+
+    def __init__(self, journal: JobJournal) -> None:
+        self.journal = journal
+
+    def put(  # noqa: PLR0917 (as JobLog.put)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+    ) -> int:
+        return self.journal.put(job_id, state, pri, delay, deadline_ms, tube, ttr, created_ms, body)
+
+    def change(self, record: JobRecord) -> None:
+        self.journal.change(record)
+
+    def delete(self, job_id: int) -> None:
+        self.journal.delete(job_id)
+
+    @property
+    def size(self) -> int:
+        return self.journal.size
+
+    @property
+    def compact_floor(self) -> int:
+        return self.journal.compact_floor
+
+    @property
+    def current_file(self) -> int:
+        return self.journal.current_file
+
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+        return self.journal.compact(next_id, jobs)
+
+
 class BeanstalkService:
     """Everything the beanstalkd connections of one server share (see the module docstring).
 
@@ -92,7 +137,11 @@ class BeanstalkService:
             committer.set_sync_mode(JOBLOG_NAME, sync)
         # Reserved jobs are reservations of the server's one table (its timer ends a TTR):
         # SystemTubeClock's monotonic clock is the table's (CLOCK_MONOTONIC, in ms there).
-        self.store = JobStore(SystemTubeClock(), self.journal, ctx.reservations.table)
+        self.store = JobStore(
+            SystemTubeClock(),
+            None if self.journal is None else JournalLog(self.journal),
+            ctx.reservations.table,
+        )
         self.cmd_counts = [0] * COUNTED
         """The ``cmd-*`` counters, by command code (:data:`CMD_COUNTERS`' order)."""
         self.producers = 0
