@@ -705,7 +705,9 @@ class JobStore(ReservationSource):
     def _unreserve(self, job: Job) -> None:
         worker = job.reserver
         if worker is not None:
-            worker.reserved.pop(job.id, None)
+            held = worker.reserved
+            if job.id in held:  # (compiled, ``pop(key, None)`` is a Python method call)
+                del held[job.id]
         res = job.res
         if res is not None:
             job.res = None

@@ -284,7 +284,7 @@ def _number(line: bytes, at: int, limit: int) -> tuple[int, int]:
             break
         value = value * 10 + digit
         pos += 1
-    if pos == start or value > limit:
+    if pos == start or (pos - start > 9 and value > limit):  # 9 digits fit any limit
         raise _BadFormat
     return value, pos
 
@@ -348,14 +348,7 @@ def _parse_common(line: bytes) -> Request | PutLine | None:
     None sends anything else through the general parser, which gives the same answer."""
     n = len(line)
     try:
-        if line.startswith(b"put "):
-            pri, pos = _number(line, 4, U32_MAX)
-            delay, pos = _number(line, pos, U32_MAX)
-            ttr, pos = _number(line, pos, U32_MAX)
-            size, pos = _number(line, pos, U32_MAX)
-            if pos == n:
-                return PutLine(pri, delay, ttr, size, False)
-        elif line.startswith(b"delete "):
+        if line.startswith(b"delete "):
             job_id, pos = _number(line, 7, U64_MAX)
             if pos == n:
                 return Command("delete", job_id, code=DELETE)
@@ -369,6 +362,23 @@ def _parse_common(line: bytes) -> Request | PutLine | None:
     except _BadFormat:
         pass
     return None
+
+
+def _parse_put(line: bytes) -> tuple[Command | None, int]:
+    """A put line that is exactly well formed: its ``put`` request, the body still empty, and
+    the body's size; ``(None, 0)`` sends anything else through :func:`parse_line` (which
+    gives the same answer). The codec fills the body in when it arrives: no
+    :class:`PutLine` is built for the common put, and no second request object."""
+    try:
+        pri, pos = _number(line, 4, U32_MAX)
+        delay, pos = _number(line, pos, U32_MAX)
+        ttr, pos = _number(line, pos, U32_MAX)
+        size, pos = _number(line, pos, U32_MAX)
+        if pos == len(line):
+            return Command("put", pri=pri, delay=delay, ttr=ttr, code=PUT), size
+    except _BadFormat:
+        pass
+    return None, 0
 
 
 def _parse(op: str, line: bytes, at: int) -> Request | PutLine:
@@ -433,14 +443,15 @@ def _crlf(buf: bytes, start: int, end: int) -> int:
 class BeanstalkCodec:
     """Incremental parser for one connection (see the module docstring for the contract)."""
 
-    __slots__ = ("_buf", "_discarding", "_max_job_size", "_put", "_skip")
+    __slots__ = ("_buf", "_discarding", "_max_job_size", "_put", "_put_size", "_skip")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         self._buf = b""
         self._max_job_size = max_job_size
         self._discarding = False  # inside an over-long line, waiting for its CRLF
         self._skip = 0  # body bytes of a JOB_TOO_BIG put still to throw away
-        self._put: PutLine | None = None  # a put line whose body is due
+        self._put: Command | None = None  # a put whose body is due (filled in when it comes)
+        self._put_size = 0  # that body's size
 
     @property
     def buffered(self) -> int:
@@ -463,7 +474,7 @@ class BeanstalkCodec:
                 continue
             put = self._put
             if put is not None:
-                size = put.size
+                size = self._put_size
                 if n - pos < size + 2:
                     break
                 end = pos + size
@@ -471,12 +482,8 @@ class BeanstalkCodec:
                 if buf[end] != 0x0D or buf[end + 1] != 0x0A:
                     out.append(_INVALID_CRLF)
                 else:
-                    body = buf[pos:end]
-                    out.append(
-                        Command(
-                            "put", pri=put.pri, delay=put.delay, ttr=put.ttr, body=body, code=PUT
-                        )
-                    )
+                    put.body = buf[pos:end]
+                    out.append(put)
                 pos = end + 2
                 continue
             eol = _crlf(buf, pos, min(n, pos + MAX_LINE))
@@ -497,6 +504,15 @@ class BeanstalkCodec:
                 break
             line = buf[pos:eol]
             pos = eol + 2
+            if line.startswith(b"put "):
+                put, size = _parse_put(line)
+                if put is not None:
+                    if size > self._max_job_size:
+                        self._skip = size + 2
+                    else:
+                        self._put = put
+                        self._put_size = size
+                    continue
             parsed = parse_line(line)
             if isinstance(parsed, PutLine):
                 if parsed.size > self._max_job_size:
@@ -504,7 +520,10 @@ class BeanstalkCodec:
                 elif parsed.garbage:
                     out.append(_INVALID_PUT)
                 else:
-                    self._put = parsed
+                    self._put = Command(
+                        "put", pri=parsed.pri, delay=parsed.delay, ttr=parsed.ttr, code=PUT
+                    )
+                    self._put_size = parsed.size
                 continue
             out.append(parsed)
         self._buf = buf[pos:] if pos < n else b""
