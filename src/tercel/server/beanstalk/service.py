@@ -22,11 +22,11 @@ import platform
 import resource
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from tercel import __version__
-from tercel.core.tubes import JobRecord, JobStore, NativeJobLog
+from tercel.core.tubes import JobRecord, JobStore, NativeJobLog, NativeTubeClock
 from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, JobJournal
 from tercel.protocol.beanstalk import COUNTED, DEFAULT_MAX_JOB_SIZE, OPS, random_id
 from tercel.server.context import ServerContext
@@ -47,20 +47,6 @@ FRONT_END = "beanstalk"
 CMD_COUNTERS: Final = OPS[:COUNTED]
 """The ``cmd-*`` counters of ``stats``, in beanstalkd's order (reserve-job and kick-job have
 none in 1.12); ``BeanstalkService.cmd_counts[code]`` counts ``OPS[code]``."""
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class SystemTubeClock:
-    """The store's clocks: ``time.monotonic`` and the wall clock in epoch ms. Attributes
-    holding the functions rather than methods: the store calls them directly (``time.monotonic``
-    itself, no compiled method in between)."""
-
-    def __init__(self) -> None:
-        self.monotonic: Callable[[], float] = time.monotonic
-        self.now_ms: Callable[[], int] = _now_ms
 
 
 class JournalLog(NativeJobLog):
@@ -136,9 +122,9 @@ class BeanstalkService:
             )
             committer.set_sync_mode(JOBLOG_NAME, sync)
         # Reserved jobs are reservations of the server's one table (its timer ends a TTR):
-        # SystemTubeClock's monotonic clock is the table's (CLOCK_MONOTONIC, in ms there).
+        # The store's monotonic clock is the table's (CLOCK_MONOTONIC, in ms there).
         self.store = JobStore(
-            SystemTubeClock(),
+            NativeTubeClock(),
             None if self.journal is None else JournalLog(self.journal),
             ctx.reservations.table,
         )
