@@ -401,3 +401,39 @@ def test_aio_fdatasync_completes_on_the_eventfd(tmp_path: Path) -> None:
             if x >= 0:
                 os.close(x)
         aio.close()
+
+
+def test_a_period_that_ends_during_another_sync_of_the_journal_syncs_one_period_later(
+    tmp_path: Path,
+) -> None:
+    """A periodic queue whose timer fires while a sync of its file is already running (a
+    rotation's, on the worker) is still synced afterwards, with no further write to arm a
+    timer: the period bounds how long an acknowledged item stays unsynced."""
+
+    async def main() -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        committer = Committer(loop, {"p": 1}.__getitem__, 0)
+        journal = FileJournal(str(tmp_path), "p", on_dirty=committer.journal_dirty)
+        journal.replay(Recorder())
+        try:
+            journal.add(1, 0, 0, b"x")
+            journal.syncing = True  # another owner's sync of this file is running
+            committer.hold(Conn(journal), b"STORED\r\n")
+            while journal not in committer._periodic:  # the pass armed the period
+                await asyncio.sleep(0)
+            first = committer._periodic[journal]
+            while committer._periodic.get(journal) is first:  # it ends during that sync
+                await asyncio.sleep(0.001)
+            journal.sync_done()  # the other sync ends without covering this record
+            unsynced_after_other = journal.needs_sync
+            deadline = time.monotonic() + 10
+            while journal.needs_sync and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            return unsynced_after_other, journal.needs_sync
+        finally:
+            journal.close()
+            committer.close()
+
+    unsynced_after_other, still_unsynced = asyncio.run(main())
+    assert unsynced_after_other
+    assert not still_unsynced, "the record stayed unsynced with no further write"

@@ -211,7 +211,7 @@ class Committer:
                 self._group_bytes += size
             elif journal not in self._periodic:
                 self._periodic[journal] = self._loop.call_later(
-                    mode / 1000, self._periodic_sync, journal
+                    mode / 1000, self._periodic_sync, journal, mode
                 )
         if failed:  # also the replies that waited behind a group: their records were here
             waiting, self._waiting = self._waiting, []
@@ -318,9 +318,17 @@ class Committer:
         for conn, data in group:
             conn.release(data)
 
-    def _periodic_sync(self, journal: AppendLog) -> None:
+    def _periodic_sync(self, journal: AppendLog, mode: int) -> None:
+        """The period of ``journal`` (``mode`` ms) ran out: fdatasync it on the worker. If a
+        sync of it is already running (a rotation's), try again one period later: what was
+        written after that sync began must not wait for the next write to arm a timer."""
         del self._periodic[journal]
-        if not journal.needs_sync or journal.syncing:
+        if not journal.needs_sync:
+            return
+        if journal.syncing:
+            self._periodic[journal] = self._loop.call_later(
+                mode / 1000, self._periodic_sync, journal, mode
+            )
             return
         journal.syncing = True
         started = time.perf_counter_ns()
