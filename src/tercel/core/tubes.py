@@ -39,11 +39,13 @@ and touches are not logged: after a restart a reserved job is ready again.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Final, Protocol
 
+from librt.time import time as wall_time
 from mypy_extensions import mypyc_attr
 
 from tercel.core.reservations import NO_ITEM, Reservation, ReservationTable
@@ -90,6 +92,38 @@ class TubeClock(Protocol):
     def now_ms(self) -> int:
         """Wall-clock epoch milliseconds (for deadlines that outlive the process)."""
         ...
+
+
+_monotonic: Final = time.monotonic
+"""Bound once (compiled, ``time.monotonic`` looks the attribute up on every call: ~0.5k)."""
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class NativeTubeClock:
+    """The system's clocks as a compiled class: what the store calls (``time.monotonic``, and
+    the wall clock through librt's native ``time()``). Its calls from the store are native;
+    a :class:`TubeClock` that is not one (a test's fake clock) is wrapped in
+    :class:`ProtocolClock`. (Holding ``time.monotonic`` and a function for the wall clock as
+    attributes cost a Python call each, the wall clock's ~0.7k with its ``time_ns()``.)"""
+
+    def monotonic(self) -> float:
+        return _monotonic()
+
+    def now_ms(self) -> int:
+        return int(wall_time() * 1000.0)
+
+
+class ProtocolClock(NativeTubeClock):
+    """Any :class:`TubeClock`, called through the protocol."""
+
+    def __init__(self, clock: TubeClock) -> None:
+        self.clock = clock
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic()
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
 
 
 @dataclass(slots=True, init=False)
@@ -186,8 +220,13 @@ class JobLog(Protocol):
         ...
 
 
-class NullJobLog:
-    """No log: jobs live in memory only (``tercel beanstalkd`` without ``-b``)."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class NativeJobLog:
+    """A :class:`JobLog` as a compiled class: what the store calls. This one logs nothing
+    (``tercel beanstalkd`` without ``-b``); a subclass logs. A compiled subclass gets native
+    calls from the store with unboxed arguments (the server's adapter of its job journal), where
+    a call through the :class:`JobLog` protocol looks the method up and boxes every field
+    (~1k instructions per put); any other :class:`JobLog` is wrapped in :class:`ProtocolLog`."""
 
     def put(  # noqa: PLR0917 (called for every put: no record object, no keywords)
         self,
@@ -209,12 +248,66 @@ class NullJobLog:
     def delete(self, job_id: int) -> None:
         pass
 
-    size: int = 0
-    compact_floor: int = 0
-    current_file: int = 0
+    @property
+    def size(self) -> int:
+        return 0
+
+    @property
+    def compact_floor(self) -> int:
+        return 0
+
+    @property
+    def current_file(self) -> int:
+        return 0
 
     def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
         return 0
+
+
+class NullJobLog(NativeJobLog):
+    """No log: jobs live in memory only (``tercel beanstalkd`` without ``-b``)."""
+
+
+class ProtocolLog(NativeJobLog):
+    """Any :class:`JobLog` (one not compiled: a test's recorder), called through the protocol."""
+
+    def __init__(self, log: JobLog) -> None:
+        self.log = log
+
+    def put(  # noqa: PLR0917 (as JobLog.put)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+    ) -> int:
+        return self.log.put(job_id, state, pri, delay, deadline_ms, tube, ttr, created_ms, body)
+
+    def change(self, record: JobRecord) -> None:
+        self.log.change(record)
+
+    def delete(self, job_id: int) -> None:
+        self.log.delete(job_id)
+
+    @property
+    def size(self) -> int:
+        return self.log.size
+
+    @property
+    def compact_floor(self) -> int:
+        return self.log.compact_floor
+
+    @property
+    def current_file(self) -> int:
+        return self.log.current_file
+
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+        return self.log.compact(next_id, jobs)
 
 
 @mypyc_attr(acyclic=True)
@@ -279,8 +372,9 @@ class Job:
 
 def ready_key(pri: int, job_id: int) -> int:
     """A ready job's place in its tube's heap: ``(pri, id)`` as one integer, which the heap
-    compares faster than a tuple and keeps without one (``pri`` is u32, ids u64)."""
-    return pri << 64 | job_id
+    compares faster than a tuple and keeps without one (``pri`` is u32, ids u64). (Priority
+    0 is the id itself: compiled, a shift by 64 leaves the fast integer path even for 0.)"""
+    return pri << 64 | job_id if pri else job_id
 
 
 _ID_BITS: Final = (1 << 64) - 1
@@ -292,14 +386,18 @@ def _before(a: Job, b: Job) -> bool:
 
 
 class Tube:
-    """A named set of jobs: a ready heap by ``(pri, id)``, a delayed heap by deadline, a
+    """A named set of jobs: the ready jobs by ``(pri, id)``, a delayed heap by deadline, a
     buried FIFO, and the counts ``stats-tube`` shows.
 
-    The ready heap holds :func:`ready_key` integers and deletes lazily: an entry stands for
-    the job of its id while that job is ready with that priority; any other entry is stale
-    and dropped when it reaches the top. (A job that leaves ready and comes back with the same
-    priority may have two entries; both stand for it only while it is ready, so it is still
-    reserved once.)"""
+    The ready jobs are :func:`ready_key` integers in two places: ``ready_run``, an ascending
+    run read from ``ready_at`` on (a key larger than the run's last is appended: every put of
+    a tube whose jobs share a priority, the usual case, costs an append and its reserve an
+    index step), and ``ready``, a heap for every other key (a released, kicked or promoted job,
+    a smaller priority). The smallest ready key is the smaller of the two heads. Both delete
+    lazily: an entry stands for the job of its id while that job is ready with that priority;
+    any other entry is stale and dropped when it reaches the head. (A job that leaves ready and
+    comes back with the same priority may have two entries; both stand for it only while it is
+    ready, so it is still reserved once.)"""
 
     __slots__ = (
         "all_jobs",
@@ -311,7 +409,9 @@ class Tube:
         "name",
         "pause",
         "ready",
+        "ready_at",
         "ready_count",
+        "ready_run",
         "reserved_count",
         "total_jobs",
         "unpause_at",
@@ -324,8 +424,10 @@ class Tube:
     def __init__(self, name: str, all_jobs: dict[int, Job]) -> None:
         self.name = name
         self.all_jobs = all_jobs
-        """The store's jobs by id (where a ready heap entry's job is found)."""
-        self.ready: list[int] = []  # ready_key(pri, id), lazy deletion
+        """The store's jobs by id (where a ready entry's job is found)."""
+        self.ready: list[int] = []  # heap of ready_key(pri, id), lazy deletion
+        self.ready_run: list[int] = []  # ascending ready_key(pri, id), lazy deletion
+        self.ready_at = 0  # the run's head
         self.delayed: list[tuple[float, int, int, Job]] = []  # (deadline, id, gen, job)
         self.buried: dict[int, Job] = {}  # insertion order is the FIFO
         self.ready_count = 0
@@ -349,17 +451,45 @@ class Tube:
     def jobs(self) -> int:
         return self.ready_count + self.delayed_count + self.reserved_count + len(self.buried)
 
+    def push_ready(self, key: int) -> None:
+        """Add a ready entry (:func:`ready_key`)."""
+        run = self.ready_run
+        if not run or key > run[-1]:
+            run.append(key)
+        else:
+            heappush(self.ready, key)
+
     def ready_head(self) -> Job | None:
         """The ready job with the smallest ``(pri, id)``, dropping stale entries on the way."""
-        heap = self.ready
         jobs = self.all_jobs
-        while heap:
-            key = heap[0]
-            job = jobs.get(key & _ID_BITS)
-            if job is not None and job.state == READY and job.pri == key >> 64:
+        heap = self.ready
+        while True:
+            run = self.ready_run
+            at = self.ready_at
+            if at < len(run):
+                key = run[at]
+                in_heap = bool(heap) and heap[0] < key
+                if in_heap:
+                    key = heap[0]
+            elif heap:
+                key = heap[0]
+                in_heap = True
+            else:
+                return None
+            pri = key >> 64
+            job = jobs.get(key & _ID_BITS if pri else key)
+            if job is not None and job.state == READY and job.pri == pri:
                 return job
-            heappop(heap)
-        return None
+            if in_heap:
+                heappop(heap)
+            elif at + 1 == len(run):
+                self.ready_run = []
+                self.ready_at = 0
+            elif at >= 64 and 2 * at >= len(run):  # the stale half goes: O(1) per entry
+                del run[: at + 1]
+                self.ready_at = 0
+            else:
+                self.ready_at = at + 1
 
     def delayed_head(self) -> Job | None:
         """The delayed job with the soonest deadline."""
@@ -414,19 +544,23 @@ class JobStore(ReservationSource):
 
     def __init__(
         self,
-        clock: TubeClock,
-        log: JobLog | None = None,
+        clock: TubeClock | NativeTubeClock,
+        log: JobLog | NativeJobLog | None = None,
         reservations: ReservationTable | None = None,
     ) -> None:
-        self.clock = clock
-        # The two clock reads, looked up once: a call through the protocol finds the method
-        # on every call (about a thousand instructions, twice per put, compiled).
-        self._monotonic: Callable[[], float] = clock.monotonic
-        self._now_ms: Callable[[], int] = clock.now_ms
+        self.clock: NativeTubeClock = (
+            clock if isinstance(clock, NativeTubeClock) else ProtocolClock(clock)
+        )
         if reservations is None:
             reservations = ReservationTable(deadline_clock=lambda: round(clock.monotonic() * 1000))
         self.reservations = reservations
-        self.log: JobLog = log if log is not None else NullJobLog()
+        self.log: NativeJobLog = (
+            NullJobLog()
+            if log is None
+            else log
+            if isinstance(log, NativeJobLog)
+            else ProtocolLog(log)
+        )
         self.tubes: dict[str, Tube] = {}
         self.jobs: dict[int, Job] = {}
         self.next_id = 1
@@ -439,6 +573,10 @@ class JobStore(ReservationSource):
         """The size of the live jobs' records (bodies, tube names, fixed fields)."""
         self._until_check = COMPACT_EVERY
         self.compactions = 0
+        self.new_deadlines = False
+        """Set when a reservation got a TTR deadline (a reserve, a touch) that the table's
+        timer may not cover yet: whoever runs that timer re-arms it and clears this (a put, a
+        delete, a release only drop deadlines, and a timer that fires early costs nothing)."""
 
     # ------------------------------------------------------------------------ tubes, workers
 
@@ -501,7 +639,7 @@ class JobStore(ReservationSource):
     def disconnect(self, worker: Worker) -> None:
         """The client is gone: its jobs go back to ready now, its wait and tubes are dropped."""
         self._end_wait(worker)
-        now = self._monotonic()
+        now = self.clock.monotonic()
         self.reservations.release_owner(worker)  # -> return_reserved
         worker.reserved.clear()
         tubes = list(worker.watch.values())
@@ -523,7 +661,7 @@ class JobStore(ReservationSource):
         job.state = READY
         job.gen += 1
         tube = job.tube
-        heappush(tube.ready, ready_key(job.pri, job.id))
+        tube.push_ready(ready_key(job.pri, job.id))
         tube.ready_count += 1
         self.stats.ready += 1
         if job.pri < URGENT:
@@ -581,8 +719,9 @@ class JobStore(ReservationSource):
         job.reserver = worker
         job.reserves += 1
         # now is the table's deadline clock too (see the module docstring): no second read.
-        deadline = round(now * 1000) + job.ttr * 1000
+        deadline = int(now * 1000.0 + 0.5) + job.ttr * 1000  # round(), without a Python call
         job.res = self.reservations.adopt_until(self, job.id, NO_ITEM, worker, deadline)
+        self.new_deadlines = True
         job.tube.reserved_count += 1
         self.stats.reserved += 1
         worker.reserved[job.id] = job
@@ -598,7 +737,9 @@ class JobStore(ReservationSource):
     def _unreserve(self, job: Job) -> None:
         worker = job.reserver
         if worker is not None:
-            worker.reserved.pop(job.id, None)
+            held = worker.reserved
+            if job.id in held:  # (compiled, ``pop(key, None)`` is a Python method call)
+                del held[job.id]
         res = job.res
         if res is not None:
             job.res = None
@@ -611,7 +752,7 @@ class JobStore(ReservationSource):
     def _deadline_ms(self, job: Job, now: float) -> int:
         if job.state != DELAYED:
             return 0
-        return self._now_ms() + round((job.deadline - now) * 1000)
+        return self.clock.now_ms() + round((job.deadline - now) * 1000)
 
     def _log_change(self, job: Job, now: float) -> None:
         self.log.change(self.record(job, now, full=False))
@@ -629,7 +770,7 @@ class JobStore(ReservationSource):
         size = self.log.size
         if size < self.log.compact_floor or size < COMPACT_RATIO * self.live_bytes:
             return False
-        now = self._monotonic()
+        now = self.clock.monotonic()
         jobs = list(self.snapshot())
         file = self.log.compact(self.next_id, (self.record(j, now) for j in jobs))
         for job in jobs:
@@ -643,7 +784,7 @@ class JobStore(ReservationSource):
         deadline = self._deadline_ms(job, now)
         if not full:
             return JobRecord(job.id, state, job.pri, job.delay, deadline, job.counters)
-        created = self._now_ms() - round((now - job.created) * 1000)
+        created = self.clock.now_ms() - round((now - job.created) * 1000)
         return JobRecord(
             job.id,
             state,
@@ -661,11 +802,11 @@ class JobStore(ReservationSource):
 
     def put(self, worker: Worker, pri: int, delay: int, ttr: int, body: bytes) -> Job:
         """A new job in the worker's used tube (ttr 0 is raised to 1 s, as beanstalkd)."""
-        now = self._monotonic()
+        now = self.clock.monotonic()
         tube = worker.use
         assert tube is not None
         job = Job(self.next_id, tube, pri, delay, max(ttr, 1), body=body, now=now)
-        wall = self._now_ms()
+        wall = self.clock.now_ms()
         job.file = self.log.put(
             job.id,
             DELAYED if delay > 0 else READY,
@@ -696,7 +837,7 @@ class JobStore(ReservationSource):
         for tube in worker.watch.values():
             if tube.pause:
                 if now < 0:
-                    now = self._monotonic()
+                    now = self.clock.monotonic()
                 if tube.unpause_at > now:
                     continue
             job = tube.ready_head()
@@ -712,7 +853,7 @@ class JobStore(ReservationSource):
         """Reserve now if possible: ``(job, WAKE_JOB)``, ``(None, WAKE_DEADLINE_SOON)``,
         ``(None, WAKE_TIMED_OUT)`` (timeout 0 and nothing ready), or ``(None, -1)``: the
         worker now waits (timeout < 0: without limit) and ``wake`` will be called."""
-        now = self._monotonic()
+        now = self.clock.monotonic()
         job = self._ready_for(worker)
         if job is None and self.deadline_soon(worker, now):
             return None, WAKE_DEADLINE_SOON
@@ -756,7 +897,7 @@ class JobStore(ReservationSource):
         job = self.jobs.get(job_id)
         if job is None or job.state == RESERVED:
             return None
-        now = self._monotonic()
+        now = self.clock.monotonic()
         self._take(job)
         self._reserve(worker, job, now)
         return job
@@ -792,7 +933,7 @@ class JobStore(ReservationSource):
         job = self._held(worker, job_id)
         if job is None:
             return False
-        now = self._monotonic()
+        now = self.clock.monotonic()
         changed = pri != job.pri or delay > 0
         self._unreserve(job)
         job.pri = pri
@@ -811,7 +952,7 @@ class JobStore(ReservationSource):
         job = self._held(worker, job_id)
         if job is None:
             return False
-        now = self._monotonic()
+        now = self.clock.monotonic()
         self._unreserve(job)
         job.pri = pri
         job.buries += 1
@@ -824,6 +965,7 @@ class JobStore(ReservationSource):
         if job is None or job.res is None:
             return False
         self.reservations.extend((job.res,), job.ttr * 1000)
+        self.new_deadlines = True
         return True
 
     def _kick(self, job: Job, now: float) -> None:
@@ -839,7 +981,7 @@ class JobStore(ReservationSource):
         """Kick up to ``bound`` jobs of the used tube: buried ones if any, else delayed."""
         tube = worker.use
         assert tube is not None
-        now = self._monotonic()
+        now = self.clock.monotonic()
         count = 0
         if tube.buried:
             while tube.buried and count < bound:
@@ -860,7 +1002,7 @@ class JobStore(ReservationSource):
         job = self.jobs.get(job_id)
         if job is None or job.state not in (BURIED, DELAYED):
             return False
-        now = self._monotonic()
+        now = self.clock.monotonic()
         self._kick(job, now)
         self._dispatch(now)
         return True
@@ -872,7 +1014,7 @@ class JobStore(ReservationSource):
             return False
         delay = max(delay, 1)
         tube.pause = delay
-        tube.unpause_at = self._monotonic() + delay
+        tube.unpause_at = self.clock.monotonic() + delay
         tube.cmd_pause += 1
         self._timer(tube.unpause_at, _TIMER_PAUSE, 0, tube)
         return True
@@ -902,15 +1044,15 @@ class JobStore(ReservationSource):
             deadline = job.deadline
         else:
             return 0
-        return max(0, int(deadline - self._monotonic()))
+        return max(0, int(deadline - self.clock.monotonic()))
 
     def age(self, job: Job) -> int:
-        return int(self._monotonic() - job.created)
+        return int(self.clock.monotonic() - job.created)
 
     def pause_left(self, tube: Tube) -> int:
         if not tube.pause:
             return 0
-        return max(0, int(tube.unpause_at - self._monotonic()))
+        return max(0, int(tube.unpause_at - self.clock.monotonic()))
 
     # ------------------------------------------------------------------------------ timers
 
@@ -944,7 +1086,7 @@ class JobStore(ReservationSource):
         """Run every timer that is due: promote delayed jobs, end waits that time out or reach
         DEADLINE_SOON, unpause tubes; then return the reservations due (expired TTRs, as the
         table's own timer would) and serve waiting workers."""
-        now = self._monotonic()
+        now = self.clock.monotonic()
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, kind, gen, target = heappop(timers)
@@ -982,7 +1124,7 @@ class JobStore(ReservationSource):
             self._make_ready(job)
             n += 1
         if n:
-            self._dispatch(self._monotonic())
+            self._dispatch(self.clock.monotonic())
         return n
 
     def confirm_reserved(self, xid: int) -> bool:
@@ -1031,8 +1173,8 @@ class JobStore(ReservationSource):
         """Recreate a job read back from the log (state ready, delayed or buried; a job that
         was reserved is ready). Call before any client connects, buried jobs in the order
         they were buried."""
-        now = self._monotonic()
-        wall = self._now_ms()
+        now = self.clock.monotonic()
+        wall = self.clock.now_ms()
         r = record
         job = Job(r.job_id, self._tube(r.tube), r.pri, r.delay, r.ttr, body=r.body, now=now)
         job.created = now - max(0, wall - r.created_ms) / 1000
@@ -1065,4 +1207,4 @@ class JobStore(ReservationSource):
 
     def deadline_ms(self, job: Job) -> int:
         """The wall-clock deadline of a delayed job (0 for any other state)."""
-        return self._deadline_ms(job, self._monotonic())
+        return self._deadline_ms(job, self.clock.monotonic())

@@ -44,6 +44,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from librt.strings import BytesWriter, write_i32_le, write_i64_le
+from mypy_extensions import i32, i64
+
 from tercel.errors import JournalCorrupt
 from tercel.journal.append import IOV_MAX, AppendLog, write_all, write_parts
 from tercel.journal.files import FileOps, default_ops
@@ -68,12 +71,11 @@ OP_SNAPSHOT: Final = 19
 
 _JOB = struct.Struct("<BQBIIIqqIIIIIB")  # op id state pri delay ttr created deadline 5xctr len
 _STATE = struct.Struct("<BQBIIqIIIII")  # op id state pri delay deadline 5 counters
-_pack_job: Final = _JOB.pack  # bound once: a JOB record is encoded for every put
-_pack_prefix: Final = PREFIX.pack
 _DELETE = struct.Struct("<BQ")
 _SNAPSHOT = struct.Struct("<BQQ")  # op, next job id, last jobs file covered
 _U32: Final = 0xFFFF_FFFF
-_NO_COUNTERS: Final = (0, 0, 0, 0, 0)
+_ZERO_COUNTERS: Final = bytes(20)
+"""A new job's five u32 counters."""
 
 JOBS_PREFIX: Final = "jobs."
 SNAP_PREFIX: Final = "snapshot."
@@ -133,13 +135,44 @@ class JobReplay:
     records: int
 
 
-def _clamp(counters: tuple[int, int, int, int, int]) -> tuple[int, int, int, int, int]:
-    a, b, c, d, e = counters
-    return (min(a, _U32), min(b, _U32), min(c, _U32), min(d, _U32), min(e, _U32))
+# The encoders write the records' fixed fields with librt's BytesWriter: compiled, each
+# ``write_*`` is a C call on an unboxed integer, where ``struct.pack`` is a Python call that
+# boxes every field (a put's JOB record: ~6k instructions -> ~3k, docs/benchmarks.md). The
+# bytes are those of the ``struct`` formats above (``_JOB``, ``_STATE``, ``_DELETE``), which
+# replay decodes; tests/journal/test_joblog_encode.py holds the two to each other.
+
+
+def _u32(w: BytesWriter, value: int) -> None:
+    """``value`` (0 .. 2**32-1) as 4 little-endian bytes (as i32: the same bytes)."""
+    write_i32_le(w, i32(value - 0x1_0000_0000) if value > 0x7FFF_FFFF else i32(value))
+
+
+def _u64(w: BytesWriter, value: int) -> None:
+    """``value`` (0 .. 2**64-1) as 8 little-endian bytes (as i64: the same bytes). (Tested
+    with a shift: compiled, a comparison with a constant past 2**62 is a Python call.)"""
+    if value >> 62 == 0:
+        write_i64_le(w, i64(value))
+    else:
+        write_i64_le(w, i64(value - (1 << 64)) if value >> 63 else i64(value))
+
+
+def _counters(w: BytesWriter, counters: tuple[int, int, int, int, int]) -> None:
+    """The five u32 counters, each clamped to the field."""
+    for n in counters:
+        _u32(w, n if n < _U32 else _U32)
+
+
+def _head(length: int, crc: int, fields: bytes) -> bytes:
+    """A record's prefix (``u32 length | u32 crc32``) followed by ``fields``."""
+    w = BytesWriter()
+    _u32(w, length)
+    _u32(w, crc)
+    w.write(fields)
+    return w.getvalue()
 
 
 def _frame(body: bytes) -> bytes:
-    return _pack_prefix(len(body), crc32(body)) + body
+    return _head(len(body), crc32(body), body)
 
 
 def encode_job(job: JobFields) -> list[bytes]:
@@ -164,54 +197,51 @@ def encode_job_fields(  # noqa: PLR0917 (every field of the record, as encode_jo
     pri: int,
     delay: int,
     deadline_ms: int,
-    counters: tuple[int, int, int, int, int],
+    counters: tuple[int, int, int, int, int] | None,
     tube: str,
     ttr: int,
     created_ms: int,
     body: bytes,
 ) -> list[bytes]:
-    """:func:`encode_job` from the fields themselves (a put has no record object to read)."""
+    """:func:`encode_job` from the fields themselves (a put has no record object to read);
+    ``counters`` None: all zero (a new job)."""
     name = tube.encode("ascii")
-    reserves, timeouts, releases, buries, kicks = _clamp(counters)
-    fields = (
-        _pack_job(
-            OP_JOB,
-            job_id,
-            state,
-            pri,
-            delay,
-            ttr,
-            created_ms,
-            deadline_ms,
-            reserves,
-            timeouts,
-            releases,
-            buries,
-            kicks,
-            len(name),
-        )
-        + name
-    )
-    crc = crc32(body, crc32(fields))
-    return [_pack_prefix(len(fields) + len(body), crc) + fields, body]
+    w = BytesWriter()
+    w.append(OP_JOB)
+    _u64(w, job_id)
+    w.append(state)
+    _u32(w, pri)
+    _u32(w, delay)
+    _u32(w, ttr)
+    write_i64_le(w, i64(created_ms))
+    write_i64_le(w, i64(deadline_ms))
+    if counters is None:
+        w.write(_ZERO_COUNTERS)
+    else:
+        _counters(w, counters)
+    w.append(len(name))
+    w.write(name)
+    fields = w.getvalue()
+    return [_head(len(fields) + len(body), crc32(body, crc32(fields)), fields), body]
 
 
 def encode_state(job: JobFields) -> bytes:
-    return _frame(
-        _STATE.pack(
-            OP_STATE,
-            job.job_id,
-            job.state,
-            job.pri,
-            job.delay,
-            job.deadline_ms,
-            *_clamp(job.counters),
-        )
-    )
+    w = BytesWriter()
+    w.append(OP_STATE)
+    _u64(w, job.job_id)
+    w.append(job.state)
+    _u32(w, job.pri)
+    _u32(w, job.delay)
+    write_i64_le(w, i64(job.deadline_ms))
+    _counters(w, job.counters)
+    return _frame(w.getvalue())
 
 
 def encode_delete(job_id: int) -> bytes:
-    return _frame(_DELETE.pack(OP_DELETE, job_id))
+    w = BytesWriter()
+    w.append(OP_DELETE)
+    _u64(w, job_id)
+    return _frame(w.getvalue())
 
 
 def _seqs(names: list[str], prefix: str) -> list[int]:
@@ -536,7 +566,7 @@ class JobJournal(AppendLog):
         """A new job's JOB record (counters 0), from its fields (the store's ``JobLog``); the
         number of the file it is written to."""
         parts = encode_job_fields(  # [prefix and fields, body]: the body is not copied
-            job_id, state, pri, delay, deadline_ms, _NO_COUNTERS, tube, ttr, created_ms, body
+            job_id, state, pri, delay, deadline_ms, None, tube, ttr, created_ms, body
         )
         self._append_parts(parts, len(parts[0]) + len(parts[1]))
         self.records_written += 1

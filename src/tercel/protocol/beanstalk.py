@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from mypy_extensions import i64
+
 MAX_LINE: Final = 224
 """The longest command line, CRLF included (beanstalkd's LINE_BUF_SIZE)."""
 DEFAULT_MAX_JOB_SIZE: Final = 65535
@@ -52,6 +54,45 @@ TUBE_CHARS: Final = frozenset(
 _TUBE_RE: Final = re.compile(rb"[A-Za-z0-9+/;.$_()\-]+")
 
 
+OPS: Final = (
+    "put",
+    "peek",
+    "peek-ready",
+    "peek-delayed",
+    "peek-buried",
+    "reserve",
+    "reserve-with-timeout",
+    "delete",
+    "release",
+    "use",
+    "watch",
+    "ignore",
+    "bury",
+    "kick",
+    "touch",
+    "stats",
+    "stats-job",
+    "stats-tube",
+    "list-tubes",
+    "list-tube-used",
+    "list-tubes-watched",
+    "pause-tube",
+    "reserve-job",
+    "kick-job",
+    "quit",
+)
+"""Every command word; a request's ``code`` is its index here. The first :data:`COUNTED` have
+a ``cmd-*`` counter in ``stats``, in beanstalkd 1.12's order (reserve-job, kick-job and quit
+have none), so a server counts a request with a list index, not a dict lookup."""
+COUNTED: Final = 22
+OP_CODES: Final[dict[str, int]] = {op: i for i, op in enumerate(OPS)}
+PUT: Final = 0
+RESERVE: Final = 5
+RESERVE_WITH_TIMEOUT: Final = 6
+DELETE: Final = 7
+NO_CODE: Final = -1
+
+
 @dataclass(slots=True, init=False)
 class Command:
     """One well-formed request. ``op`` is the command word (``"put"``, ``"reserve"``...).
@@ -61,10 +102,12 @@ class Command:
     ``pri`` for ``bury``, ``tube`` for the tube commands, ``delay`` for ``pause-tube``,
     ``count`` for ``kick``, ``timeout`` (seconds, :data:`FOREVER` for none) for
     ``reserve`` and ``reserve-with-timeout``. A ``put`` with ``ttr`` 0 is passed on as 0; the
-    core raises it to 1 s.
+    core raises it to 1 s. ``code``: the index of ``op`` in :data:`OPS` (looked up when not
+    given).
     """
 
     op: str
+    code: int
     job_id: int
     pri: int
     delay: int
@@ -88,8 +131,10 @@ class Command:
         body: bytes = b"",
         count: int = 0,
         timeout: int = FOREVER,
+        code: int = NO_CODE,
     ) -> None:
         self.op = op
+        self.code = code if code != NO_CODE else OP_CODES[op]
         self.job_id = job_id
         self.pri = pri
         self.delay = delay
@@ -104,14 +149,16 @@ class Command:
 class Invalid:
     """A request beanstalkd rejects; ``reply`` is the exact bytes to send back. ``op`` is
     ``"put"`` for a rejected put (beanstalkd counts those in ``cmd-put``; no other rejected
-    command is counted), empty otherwise."""
+    command is counted), empty otherwise; ``code`` is ``op``'s (:data:`NO_CODE` for none)."""
 
     reply: bytes
     op: str
+    code: int
 
     def __init__(self, reply: bytes, op: str = "") -> None:
         self.reply = reply
         self.op = op
+        self.code = OP_CODES[op] if op else NO_CODE
 
 
 Request = Command | Invalid
@@ -133,6 +180,9 @@ class PutLine:
         self.ttr = ttr
         self.size = size
         self.garbage = garbage
+
+
+CRLF: Final = b"\r\n"
 
 
 def _reply(word: str) -> bytes:
@@ -219,9 +269,11 @@ def valid_tube(name: bytes) -> bool:
     )
 
 
-def _number(line: bytes, pos: int, limit: int) -> tuple[int, int]:
-    """beanstalkd's read_u32/read_u64: skip spaces, then digits; (value, position after)."""
-    n = len(line)
+def _number(line: bytes, at: int, limit: int) -> tuple[int, int]:
+    """beanstalkd's read_u32/read_u64: skip spaces, then digits; (value, position after).
+    (Positions are ``i64``: compiled, the scan is plain C, without tagged-integer checks.)"""
+    n: i64 = len(line)
+    pos: i64 = at
     while pos < n and line[pos] == 0x20:
         pos += 1
     start = pos
@@ -232,7 +284,7 @@ def _number(line: bytes, pos: int, limit: int) -> tuple[int, int]:
             break
         value = value * 10 + digit
         pos += 1
-    if pos == start or value > limit:
+    if pos == start or (pos - start > 9 and value > limit):  # 9 digits fit any limit
         raise _BadFormat
     return value, pos
 
@@ -296,26 +348,37 @@ def _parse_common(line: bytes) -> Request | PutLine | None:
     None sends anything else through the general parser, which gives the same answer."""
     n = len(line)
     try:
-        if line.startswith(b"put "):
-            pri, pos = _number(line, 4, U32_MAX)
-            delay, pos = _number(line, pos, U32_MAX)
-            ttr, pos = _number(line, pos, U32_MAX)
-            size, pos = _number(line, pos, U32_MAX)
-            if pos == n:
-                return PutLine(pri, delay, ttr, size, False)
-        elif line.startswith(b"delete "):
+        if line.startswith(b"delete "):
             job_id, pos = _number(line, 7, U64_MAX)
             if pos == n:
-                return Command("delete", job_id)
+                return Command("delete", job_id, code=DELETE)
         elif line.startswith(b"reserve-with-timeout "):
             # Digits only, few enough to stay within strtol's range: else the general path.
-            if n - 21 <= 18 and line[21:].isdigit():
-                return Command("reserve-with-timeout", timeout=int(line[21:]))
+            timeout, pos = _number(line, 21, LONG_MAX)
+            if pos == n and n - 21 <= 18:
+                return Command("reserve-with-timeout", timeout=timeout, code=RESERVE_WITH_TIMEOUT)
         elif line == b"reserve":
-            return Command("reserve")
+            return Command("reserve", code=RESERVE)
     except _BadFormat:
         pass
     return None
+
+
+def _parse_put(line: bytes) -> tuple[Command | None, int]:
+    """A put line that is exactly well formed: its ``put`` request, the body still empty, and
+    the body's size; ``(None, 0)`` sends anything else through :func:`parse_line` (which
+    gives the same answer). The codec fills the body in when it arrives: no
+    :class:`PutLine` is built for the common put, and no second request object."""
+    try:
+        pri, pos = _number(line, 4, U32_MAX)
+        delay, pos = _number(line, pos, U32_MAX)
+        ttr, pos = _number(line, pos, U32_MAX)
+        size, pos = _number(line, pos, U32_MAX)
+        if pos == len(line):
+            return Command("put", pri=pri, delay=delay, ttr=ttr, code=PUT), size
+    except _BadFormat:
+        pass
+    return None, 0
 
 
 def _parse(op: str, line: bytes, at: int) -> Request | PutLine:
@@ -367,9 +430,9 @@ def _parse(op: str, line: bytes, at: int) -> Request | PutLine:
 
 def _crlf(buf: bytes, start: int, end: int) -> int:
     """``buf.find(b"\\r\\n", start, end)``: a command line is short, and compiled, this loop
-    costs a fraction of the method call."""
-    i = start
-    last = end - 1
+    (on ``i64`` positions: plain C) costs a fraction of the method call."""
+    i: i64 = start
+    last: i64 = end - 1
     while i < last:
         if buf[i] == 0x0D and buf[i + 1] == 0x0A:
             return i
@@ -380,14 +443,15 @@ def _crlf(buf: bytes, start: int, end: int) -> int:
 class BeanstalkCodec:
     """Incremental parser for one connection (see the module docstring for the contract)."""
 
-    __slots__ = ("_buf", "_discarding", "_max_job_size", "_put", "_skip")
+    __slots__ = ("_buf", "_discarding", "_max_job_size", "_put", "_put_size", "_skip")
 
     def __init__(self, max_job_size: int = DEFAULT_MAX_JOB_SIZE) -> None:
         self._buf = b""
         self._max_job_size = max_job_size
         self._discarding = False  # inside an over-long line, waiting for its CRLF
         self._skip = 0  # body bytes of a JOB_TOO_BIG put still to throw away
-        self._put: PutLine | None = None  # a put line whose body is due
+        self._put: Command | None = None  # a put whose body is due (filled in when it comes)
+        self._put_size = 0  # that body's size
 
     @property
     def buffered(self) -> int:
@@ -410,7 +474,7 @@ class BeanstalkCodec:
                 continue
             put = self._put
             if put is not None:
-                size = put.size
+                size = self._put_size
                 if n - pos < size + 2:
                     break
                 end = pos + size
@@ -418,8 +482,8 @@ class BeanstalkCodec:
                 if buf[end] != 0x0D or buf[end + 1] != 0x0A:
                     out.append(_INVALID_CRLF)
                 else:
-                    body = buf[pos:end]
-                    out.append(Command("put", pri=put.pri, delay=put.delay, ttr=put.ttr, body=body))
+                    put.body = buf[pos:end]
+                    out.append(put)
                 pos = end + 2
                 continue
             eol = _crlf(buf, pos, min(n, pos + MAX_LINE))
@@ -440,6 +504,15 @@ class BeanstalkCodec:
                 break
             line = buf[pos:eol]
             pos = eol + 2
+            if line.startswith(b"put "):
+                put, size = _parse_put(line)
+                if put is not None:
+                    if size > self._max_job_size:
+                        self._skip = size + 2
+                    else:
+                        self._put = put
+                        self._put_size = size
+                    continue
             parsed = parse_line(line)
             if isinstance(parsed, PutLine):
                 if parsed.size > self._max_job_size:
@@ -447,7 +520,10 @@ class BeanstalkCodec:
                 elif parsed.garbage:
                     out.append(_INVALID_PUT)
                 else:
-                    self._put = parsed
+                    self._put = Command(
+                        "put", pri=parsed.pri, delay=parsed.delay, ttr=parsed.ttr, code=PUT
+                    )
+                    self._put_size = parsed.size
                 continue
             out.append(parsed)
         self._buf = buf[pos:] if pos < n else b""
@@ -459,7 +535,14 @@ class BeanstalkCodec:
 
 def job_reply(word: bytes, job_id: int, body: bytes) -> bytes:
     """``<WORD> <id> <bytes>\\r\\n<data>\\r\\n`` (``RESERVED``, ``FOUND``)."""
-    return b"%s %d %d\r\n%s\r\n" % (word, job_id, len(body), body)
+    return b"".join(job_reply_parts(word, job_id, body))
+
+
+def job_reply_parts(word: bytes, job_id: int, body: bytes) -> tuple[bytes, bytes, bytes]:
+    """:func:`job_reply` as its three pieces, the body not copied: a server that joins its
+    replies once per batch copies the body there and nowhere else (formatted in, it was
+    copied twice, and ``%`` over a 1 KiB body costs twice the header's formatting)."""
+    return b"%s %d %d\r\n" % (word, job_id, len(body)), body, CRLF
 
 
 def id_reply(word: bytes, job_id: int) -> bytes:

@@ -108,33 +108,32 @@ class BeanstalkConnection(Connection):
 
     def run(self) -> None:
         """Run the pending requests in order until one parks or the connection closes."""
-        counter = self.svc.cmd
+        counts = self.svc.cmd_counts
         handlers = self._handlers
         try:
             while self.next < len(self.pending) and self.parked is None and not self.closing:
                 req = self.pending[self.next]
                 self.next += 1
                 if isinstance(req, Invalid):
-                    if req.op:
-                        counter[req.op] += 1
+                    if req.code != bp.NO_CODE:
+                        counts[req.code] += 1
                     if req.reply == bp.EXPECTED_CRLF:
                         self.store.next_id += 1  # beanstalkd gave the rejected job an id too
                     self.out.append(req.reply)
                     continue
-                op = req.op
-                self.op = op
-                count = counter.get(op)
-                if count is not None:  # counted before the command runs, as beanstalkd
-                    counter[op] = count + 1
+                code = req.code
+                self.op = req.op
+                if code < bp.COUNTED:  # counted before the command runs, as beanstalkd
+                    counts[code] = counts[code] + 1  # (compiled, ``+=`` is a Python call)
                 # The loop's own requests by direct (compiled) calls; the rest by the table.
-                if op == "put":
+                if code == bp.PUT:
                     self._put(req)
-                elif op == "reserve-with-timeout" or op == "reserve":
+                elif code == bp.RESERVE_WITH_TIMEOUT or code == bp.RESERVE:
                     self._reserve(req)
-                elif op == "delete":
+                elif code == bp.DELETE:
                     self._delete(req)
                 else:
-                    handlers[op](req)
+                    handlers[req.op](req)
         finally:
             if self.next >= len(self.pending):  # drop what ran (bodies) now, not next read
                 self.pending = []
@@ -178,7 +177,7 @@ class BeanstalkConnection(Connection):
             return
         self.parked = None
         if why == WAKE_JOB and job is not None:
-            self.out.append(bp.job_reply(_RESERVED, job.id, job.body))
+            self.out.extend(bp.job_reply_parts(_RESERVED, job.id, job.body))
         else:
             self.out.append(_WAKE_REPLIES[why])
         self.resume_soon()
@@ -209,7 +208,7 @@ class BeanstalkConnection(Connection):
             return
         job, why = self.store.reserve(self.worker, timeout)
         if job is not None:
-            self.out.append(bp.job_reply(_RESERVED, job.id, job.body))
+            self.out.extend(bp.job_reply_parts(_RESERVED, job.id, job.body))
         elif why >= 0:
             self.out.append(_WAKE_REPLIES[why])
         else:
@@ -220,7 +219,7 @@ class BeanstalkConnection(Connection):
         if job is None:
             self.out.append(bp.NOT_FOUND)
         else:
-            self.out.append(bp.job_reply(_RESERVED, job.id, job.body))
+            self.out.extend(bp.job_reply_parts(_RESERVED, job.id, job.body))
 
     def _answer(self, ok: bool, reply: bytes) -> None:
         self.out.append(reply if ok else bp.NOT_FOUND)
@@ -248,7 +247,7 @@ class BeanstalkConnection(Connection):
         if job is None:
             self.out.append(bp.NOT_FOUND)
         else:
-            self.out.append(bp.job_reply(_FOUND, job.id, job.body))
+            self.out.extend(bp.job_reply_parts(_FOUND, job.id, job.body))
 
     def _peek(self, c: Command) -> None:
         self._found(self.store.peek(c.job_id))
