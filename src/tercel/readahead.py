@@ -45,7 +45,7 @@ tercel.server tercel.server.app tercel.storage tercel.clock tercel.core tercel.c
 tercel.core.queue tercel.core.items mypy_extensions tercel.core.source tercel.journal
 tercel.journal.journal mmap tercel.journal.checkpoint tercel.journal.records zlib_ng
 zlib_ng._version zlib_ng.zlib_ng gzip zlib _compression tercel.journal.append
-tercel.journal.files resource tercel.journal.reader tercel.journal.memory
+tercel.journal.files resource tercel.journal.reader tercel.journal.tail tercel.journal.memory
 tercel.core.collection tercel.core.stats tercel.server.admin_rules tercel.server.commit
 concurrent.futures.thread queue _queue tercel.server.aio tercel.server.metrics
 tercel.server.connection tercel.server.context tercel.server.deadlines tercel.core.reservations
