@@ -6,7 +6,9 @@ Run on the RAM twin and on the file journal: the collection only ever sees ``ope
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -231,6 +233,71 @@ def test_flush_all_replays_every_deferred_queue(logs: Logs) -> None:
     qc = deferred(w)
     qc.flush_all()
     assert qc.pending == 0 and w.items("a") == [] and w.items("b") == []
+    w.qc.close()
+
+
+def without_checkpoints(w: World) -> QueueCollection:
+    """:func:`deferred`, with every checkpoint removed (a data dir from before checkpoints:
+    each replay reads every record)."""
+    qc = deferred(w)
+    for path in w.logs.path.glob("*.checkpoint"):
+        path.unlink()
+    return qc
+
+
+def test_a_long_replay_runs_in_slices_between_other_work(tmp_path: Path) -> None:
+    """replay_slice stops after the step (about a MiB of journal) that reaches its time
+    limit, in the middle of a queue if need be; meanwhile other queues are served, the half
+    replayed one counts as pending, and the next call goes on where the last one stopped."""
+    w = World(Logs("file", tmp_path))
+    for i in range(3000):  # about 3 MiB of journal
+        w.add("big", b"%04d" % i + b"x" * 1000)
+    w.add("small", b"s")
+    qc = without_checkpoints(w)
+    ticks = itertools.count()
+    answers = []
+    while (answer := qc.replay_slice(lambda: float(next(ticks)), 0.0)) == "":
+        answers.append(answer)
+        half = qc.replaying
+        assert half is not None and half.name == "big" and qc.pending == 2
+        assert 0 < half.total_items < 3000  # its figures so far
+        assert w.add("fresh", b"f")  # another queue, new or replayed, is served meanwhile
+    assert len(answers) >= 2 and answer == "big" and qc.replaying is None
+    assert qc.replay_slice(time.monotonic, 0.0) == "small"
+    assert qc.replay_slice(time.monotonic, 0.0) is None
+    big = qc.queue("big")
+    assert big is not None and len(big) == 3000 and qc.pending == 0
+    assert [i.data[:4] for i in big._items][:2] == [b"0000", b"0001"]
+    w.qc.close()
+
+
+def test_a_reference_to_a_half_replayed_queue_finishes_its_replay(tmp_path: Path) -> None:
+    w = World(Logs("file", tmp_path))
+    for _ in range(2000):
+        w.add("big", b"x" * 1000)
+    qc = without_checkpoints(w)
+    assert qc.replay_slice(lambda: 1.0, 0.0) == ""
+    assert qc.replaying is not None
+    assert w.qc.stats.queue_creates == 0
+    big = qc.queue("big")  # the rest of the replay, now
+    assert big is not None and len(big) == 2000 and qc.pending == 0 and qc.replaying is None
+    assert qc.replay_slice(lambda: 1.0, 0.0) is None
+    assert w.qc.stats.queue_creates == 1
+    w.qc.close()
+
+
+def test_closing_in_the_middle_of_a_replay_leaves_the_queue_as_it_was(tmp_path: Path) -> None:
+    logs = Logs("file", tmp_path)
+    w = World(logs)
+    for _ in range(2000):
+        w.add("big", b"x" * 1000)
+    qc = without_checkpoints(w)
+    assert qc.replay_slice(lambda: 1.0, 0.0) == ""
+    qc.close()  # the half-built queue is dropped, its files untouched
+    w.qc = QueueCollection(w.qc.config, logs, w.clock)
+    w.qc.load(logs.names())
+    big = w.qc.queue("big")
+    assert big is not None and len(big) == 2000
     w.qc.close()
 
 
