@@ -258,11 +258,11 @@ def test_a_long_replay_runs_in_slices_between_other_work(tmp_path: Path) -> None
     answers = []
     while (answer := qc.replay_slice(lambda: float(next(ticks)), 0.0)) == "":
         answers.append(answer)
-        half = qc.replaying
-        assert half is not None and half.name == "big" and qc.pending == 2
+        half = qc.half_built().get("big")
+        assert half is not None and qc.pending == 2
         assert 0 < half.total_items < 3000  # its figures so far
         assert w.add("fresh", b"f")  # another queue, new or replayed, is served meanwhile
-    assert len(answers) >= 2 and answer == "big" and qc.replaying is None
+    assert len(answers) >= 2 and answer == "big" and not qc.half_built()
     assert qc.replay_slice(time.monotonic, 0.0) == "small"
     assert qc.replay_slice(time.monotonic, 0.0) is None
     big = qc.queue("big")
@@ -277,12 +277,51 @@ def test_a_reference_to_a_half_replayed_queue_finishes_its_replay(tmp_path: Path
         w.add("big", b"x" * 1000)
     qc = without_checkpoints(w)
     assert qc.replay_slice(lambda: 1.0, 0.0) == ""
-    assert qc.replaying is not None
+    assert list(qc.half_built()) == ["big"]
     assert w.qc.stats.queue_creates == 0
     big = qc.queue("big")  # the rest of the replay, now
-    assert big is not None and len(big) == 2000 and qc.pending == 0 and qc.replaying is None
+    assert big is not None and len(big) == 2000 and qc.pending == 0 and not qc.half_built()
     assert qc.replay_slice(lambda: 1.0, 0.0) is None
     assert w.qc.stats.queue_creates == 1
+    w.qc.close()
+
+
+def test_a_queue_commands_wait_for_is_replayed_first(tmp_path: Path) -> None:
+    """wait_for: the background replay turns to the queue a command waits for (leaving the
+    one it is in half built), calls back once it is ready, then goes on where it was."""
+    w = World(Logs("file", tmp_path))
+    for _ in range(3000):
+        w.add("a_big", b"x" * 1000)
+    w.add("b", b"1")
+    w.add("c", b"2")
+    qc = without_checkpoints(w)
+    qc.replaying_in_background = True
+    assert qc.replay_slice(lambda: 1.0, 0.0) == ""  # a_big half built
+    assert qc.must_wait("c") and not qc.must_wait("fresh")
+    woken: list[str] = []
+    qc.wait_for("c", lambda: woken.append("c"))
+    assert qc.replay_slice(lambda: 1.0, 0.0) == "c"
+    assert woken == ["c"] and list(qc.half_built()) == ["a_big"]
+    answers = []
+    while (answer := qc.replay_slice(lambda: 1.0, 0.0)) is not None:
+        answers.append(answer)
+    assert [a for a in answers if a] == ["a_big", "b"]
+    big = qc.queue("a_big")
+    assert big is not None and len(big) == 3000
+    w.qc.close()
+
+
+def test_the_end_of_the_background_replay_wakes_every_waiting_command(logs: Logs) -> None:
+    w = World(logs)
+    w.add("a", b"1")
+    qc = deferred(w)
+    qc.replaying_in_background = True
+    woken: list[int] = []
+    qc.wait_for("a", lambda: woken.append(1))
+    qc.wait_for("a", lambda: woken.append(2))
+    qc.stop_background()  # (stopped: no descriptor left, say)
+    assert woken == [1, 2] and not qc.must_wait("a") and qc.pending == 1
+    assert w.items("a") == [b"1"]  # the woken command replays its queue itself
     w.qc.close()
 
 

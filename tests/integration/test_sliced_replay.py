@@ -3,8 +3,8 @@
 A queue with a big journal and no checkpoint (a data dir from before checkpoints) replays in
 the background a step (a MiB of journal) at a time: between two steps the server answers
 ``stats`` and commands on other queues, ``stats`` lists the queue with ``replaying 1`` and
-the items read so far, a command on that queue finishes its replay first, and a kill -9 in
-the middle of it loses nothing.
+the items read so far, a command on that queue (memcache) waits for its replay while the
+other connections are served, and a kill -9 in the middle of it loses nothing.
 
 The replay is made slow through the journal's fault seam (every read of that queue's files
 waits), so that it is still going on while the test talks to the server; nothing here
@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 BIG = "backlog"
 N = 12_000
 """Items of 1 KiB: about 12 MiB of journal, a dozen steps of replay."""
-SLOW = [{"kind": "slow", "op": "pread", "seconds": 0.25, "path": f"/{BIG}"}]
-"""0.25 s per read of the big queue's files: its replay takes 3 s or more, far longer than
+SLOW = [{"kind": "slow", "op": "pread", "seconds": 0.4, "path": f"/{BIG}"}]
+"""0.4 s per read of the big queue's files: its replay takes 5 s or more, far longer than
 the test needs to ask its questions."""
 
 
@@ -36,9 +36,11 @@ def item(i: int) -> bytes:
 def slow_server(data_dir: Path) -> ServerProcess:
     return ServerProcess(
         data_dir,
+        "[server]\nadmin_port = false\n",  # it would listen only after about a second
         log_level="info",
         launcher=(sys.executable, str(REPO / "bench" / "faulty_serve.py")),
         env={"TERCEL_SOAK_FAULTS": json.dumps(SLOW)},
+        admin_port=None,
     )
 
 
@@ -105,17 +107,25 @@ def test_other_queues_are_served_in_the_middle_of_a_long_replay(data_dir: Path) 
         conn.close()
 
 
-def test_a_command_on_the_half_replayed_queue_finishes_its_replay(data_dir: Path) -> None:
+def test_a_command_on_the_half_replayed_queue_waits_for_it_alone(data_dir: Path) -> None:
     fill(data_dir)
     srv = slow_server(data_dir).start()
     try:
-        conn = Raw(srv.connect())
-        half_replayed(conn)
-        assert get(conn, BIG) == item(0)  # the rest of its replay first
-        st = stats(conn)
+        waiting, other = Raw(srv.connect()), Raw(srv.connect())
+        half_replayed(other)
+        waiting.send(f"get {BIG}\r\n".encode())  # waits for the rest of the replay...
+        assert get(other, "other") == b"o1"  # ... while other connections are served
+        st = stats(other)
+        assert st[f"queue_{BIG}_replaying"] == "1"  # (so the get above has no answer yet)
+        line = waiting.read_line()
+        assert line.startswith(f"VALUE {BIG} ".encode())
+        assert waiting.read_exact(int(line.split()[3])) == item(0)
+        waiting.expect(b"\r\nEND\r\n")
+        st = stats(other)
         assert st[f"queue_{BIG}_items"] == str(N - 1)
         assert f"queue_{BIG}_replaying" not in st
-        conn.close()
+        waiting.close()
+        other.close()
     except BaseException:
         srv.kill()
         raise

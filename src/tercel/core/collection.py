@@ -63,8 +63,13 @@ class QueueCollection:
         reference meanwhile are skipped). Not a fresh iteration of :attr:`_pending`: a dict
         iterates past the slots of every key deleted before, so taking its first key each
         time was quadratic (5.7 s of CPU for 100,000 queues)."""
-        self._partial: _Replay | None = None
-        """The queue whose replay :meth:`replay_slice` began (still in :attr:`_pending`)."""
+        self._begun: dict[str, _Replay] = {}
+        """The queues whose replay :meth:`replay_slice` began (still in :attr:`_pending`)."""
+        self._waiters: dict[str, list[Callable[[], None]]] = {}
+        """Pending queue -> what to call once it is replayed (:meth:`wait_for`)."""
+        self.replaying_in_background = False
+        """Set by the owner while it runs :meth:`replay_slice` until no queue is left: a
+        command on a pending queue may then wait for it (:meth:`must_wait`)."""
         # One bound method each for every queue, not one per queue (100,000 queues: 14 MB).
         self._on_expired: Callable[[PersistentQueue, QItem], None] = self._expired
         self._on_dead_letter: Callable[[PersistentQueue, QItem], bool] = self._dead_letter
@@ -129,10 +134,8 @@ class QueueCollection:
         background replay began it: :meth:`replay_slice`). Raises :class:`TooManyQueues`
         past ``max_queues`` (except for a queue on disk: every one is loaded), and
         :class:`TooManyOpenFiles` when no descriptor is left to open its log."""
-        partial = self._partial
-        if partial is not None and partial.q.name == name:
-            self._partial = None
-        else:
+        partial = self._begun.pop(name, None)
+        if partial is None:
             partial = self._begin(name)
         with _descriptors(name):
             report = finish(partial.steps)
@@ -165,6 +168,8 @@ class QueueCollection:
         if parent is not None:
             self._children.setdefault(parent, {})[name] = None
         log.debug("queue %s ready: %d items, %d bytes", name, len(q), q.bytes)
+        if self._waiters:
+            self._wake(name)
         return q
 
     def load(self, names: list[str]) -> None:
@@ -190,11 +195,10 @@ class QueueCollection:
 
     def replay_next(self) -> str | None:
         """Replay the next :attr:`pending` queue (parents before their fanout children), or
-        the rest of the one :meth:`replay_slice` began; its name, or None when none is left.
+        the rest of one :meth:`replay_slice` began; its name, or None when none is left.
         Raises what its replay raises (the queue stays pending)."""
-        partial = self._partial
-        if partial is not None:
-            return self._create(partial.q.name).name
+        if self._begun:
+            return self._create(next(iter(self._begun))).name
         name = self._next_name()
         if name is not None:
             self._create(name)  # if this raises, the name is the next one again
@@ -205,19 +209,24 @@ class QueueCollection:
         """Go on with the background replay until ``now()`` reaches ``until`` (checked
         after each step, about a MiB of one queue's log) or a queue is ready: the name of the
         queue made ready, ``""`` when the time ran out in the middle of a queue (which
-        stays :attr:`pending`, half replayed, until the next call or its first reference
+        stays :attr:`pending`, half replayed, until a later call or its first reference
         finishes it), None when no queue is left. Raises what a replay raises (the queue
         stays pending, its replay to be begun again).
 
-        This is how one queue's replay, however long, never holds the caller for more than
-        about one step past ``until``."""
-        partial = self._partial
-        if partial is None:
+        Which queue: one that commands wait for (:meth:`wait_for`), in the order they
+        asked, else one begun before, else the next in replay order. So one queue's replay,
+        however long, never holds the caller for more than about one step past ``until``,
+        nor the commands waiting for another queue for longer than that queue's replay."""
+        name = self._wanted_name()
+        if name is None and self._begun:
+            name = next(iter(self._begun))
+        if name is None:
             name = self._next_name()
             if name is None:
                 return None
-            partial = self._begin(name)
-            self._partial = partial
+        partial = self._begun.get(name)
+        if partial is None:
+            partial = self._begun[name] = self._begin(name)
         steps = partial.steps
         try:
             while True:
@@ -225,14 +234,48 @@ class QueueCollection:
                 if now() >= until:
                     return ""
         except StopIteration as stop:
-            self._partial = None
-            self._next_pending += 1
+            del self._begun[name]
             return self._register(partial.q, stop.value).name
         except BaseException as exc:
-            self._partial = None
+            del self._begun[name]
             if isinstance(exc, OSError):
-                _check_descriptors(partial.q.name, exc)
+                _check_descriptors(name, exc)
             raise
+
+    def _wanted_name(self) -> str | None:
+        """The first queue commands wait for that is still pending, or None."""
+        for name in self._waiters:
+            if name in self._pending:
+                return name
+        return None
+
+    # ---- waiting for a queue's replay -----------------------------------------------------
+
+    def must_wait(self, name: str) -> bool:
+        """True when a command on ``name`` should wait for the background replay
+        (:meth:`wait_for`) instead of replaying the queue itself: ``name`` is
+        :attr:`pending` and :attr:`replaying_in_background` is set."""
+        return self.replaying_in_background and name in self._pending
+
+    def wait_for(self, name: str, ready: Callable[[], None]) -> None:
+        """Call ``ready()`` once pending queue ``name`` is replayed (or the background replay
+        ends: :meth:`stop_background`); :meth:`replay_slice` works on it first meanwhile.
+        ``ready`` runs inside the collection: it must only schedule work, not use it."""
+        self._waiters.setdefault(name, []).append(ready)
+
+    def stop_background(self) -> None:
+        """The background replay is over (done, stopped): every command still waiting is
+        told to go on (it replays its queue itself, as a first reference)."""
+        self.replaying_in_background = False
+        for name in list(self._waiters):
+            self._wake(name)
+
+    def _wake(self, name: str) -> None:
+        for ready in self._waiters.pop(name, ()):
+            try:
+                ready()
+            except Exception:
+                log.exception("waking a command that waited for queue %s failed", name)
 
     def _next_name(self) -> str | None:
         """The next pending name in replay order (:attr:`_next_pending` points at it), or
@@ -247,12 +290,10 @@ class QueueCollection:
         self._next_pending = 0
         return None
 
-    @property
-    def replaying(self) -> PersistentQueue | None:
-        """The queue whose replay :meth:`replay_slice` began and has not finished (half
-        built: for its figures so far only)."""
-        partial = self._partial
-        return None if partial is None else partial.q
+    def half_built(self) -> dict[str, PersistentQueue]:
+        """The queues whose replay :meth:`replay_slice` began and has not finished (for
+        their figures so far only)."""
+        return {name: partial.q for name, partial in self._begun.items()}
 
     def pending_names(self) -> list[str]:
         """The names of the :attr:`pending` queues."""
@@ -440,8 +481,8 @@ class QueueCollection:
         """Close every queue's log (after which nothing may be written); a log that fails
         to close is logged and the others are still closed. A queue half replayed is left
         as it is on disk (its replay wrote nothing)."""
-        partial, self._partial = self._partial, None
-        if partial is not None:
+        begun, self._begun = self._begun, {}
+        for partial in begun.values():
             partial.steps.close()
         for q in self:
             try:

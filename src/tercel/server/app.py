@@ -311,6 +311,15 @@ class Server:
         total = coll.pending
         if not total:
             return
+        coll.replaying_in_background = True  # commands on pending queues wait for it
+        try:
+            await self._replay_all(total)
+        finally:
+            coll.stop_background()
+
+    async def _replay_all(self, total: int) -> None:
+        """The loop of :meth:`_replay_in_background` (``total`` queues pending)."""
+        coll = self.collection
         clock = time.monotonic
         t0 = last = yielded = started = clock()
         while not self.ctx.stopping:
@@ -350,7 +359,7 @@ class Server:
             if now - yielded >= REPLAY_SLICE_S:  # small queues: many per loop pass
                 await asyncio.sleep(0)
                 yielded = clock()
-                if coll.replaying is None:
+                if not coll.half_built():
                     started = yielded
         if not self.ctx.stopping:
             log.info(

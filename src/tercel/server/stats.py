@@ -233,18 +233,19 @@ def queue_stats(
 
 
 def pending_stats(ctx: ServerContext, now: int) -> list[QueueStats]:
-    """The figures of the queues on disk not replayed yet: the one being replayed as far as
-    its replay went, the others' all 0 (nothing is read for them: 100,000 queues would
+    """The figures of the queues on disk not replayed yet: those being replayed as far as
+    their replay went, the others' all 0 (nothing is read for them: 100,000 queues would
     be 100,000 file reads per ``stats``)."""
     coll = ctx.collection
     names = coll.pending_names()
     if not names:
         return []
-    half = coll.replaying
+    half = coll.half_built()
     out = []
     for name in names:
-        if half is not None and half.name == name:
-            out.append(queue_stats(ctx, half, now, replaying=True))
+        q = half.get(name)
+        if q is not None:
+            out.append(queue_stats(ctx, q, now, replaying=True))
             continue
         cfg = coll.config.queue_config(name)
         out.append(replace(_NOT_READ, name=name, max_items=cfg.max_items, max_bytes=cfg.max_size))
