@@ -15,32 +15,39 @@ from __future__ import annotations
 
 import json
 import sys
+import urllib.request
 from pathlib import Path
 
 from support import Raw, drain, set_cmd, stats
+from tercel.clock import SystemClock
+from tercel.config import ServerConfig
+from tercel.storage import open_queue
 from tercel.testing import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 BIG = "backlog"
 N = 12_000
 """Items of 1 KiB: about 12 MiB of journal, a dozen steps of replay."""
-SLOW = [{"kind": "slow", "op": "pread", "seconds": 0.4, "path": f"/{BIG}"}]
-"""0.4 s per read of the big queue's files: its replay takes 5 s or more, far longer than
-the test needs to ask its questions."""
+SLOW_READ_S = 0.4
+"""Seconds per read of the big queue's files: its replay takes 5 s or more, far longer than
+the test needs to ask its questions (more with the admin listener, which starts only once
+the replay is done or a second has passed)."""
 
 
 def item(i: int) -> bytes:
     return b"%05d" % i + b"x" * 1019
 
 
-def slow_server(data_dir: Path) -> ServerProcess:
+def slow_server(data_dir: Path, admin: bool = False) -> ServerProcess:
+    """The server with the big queue's reads slowed; without ``admin`` no admin listener."""
+    slow = [{"kind": "slow", "op": "pread", "seconds": SLOW_READ_S, "path": f"/{BIG}"}]
     return ServerProcess(
         data_dir,
-        "[server]\nadmin_port = false\n",  # it would listen only after about a second
+        None if admin else "[server]\nadmin_port = false\n",
         log_level="info",
         launcher=(sys.executable, str(REPO / "bench" / "faulty_serve.py")),
-        env={"TERCEL_SOAK_FAULTS": json.dumps(SLOW)},
-        admin_port=None,
+        env={"TERCEL_SOAK_FAULTS": json.dumps(slow)},
+        admin_port=0 if admin else None,
     )
 
 
@@ -134,3 +141,31 @@ def test_a_command_on_the_half_replayed_queue_waits_for_it_alone(data_dir: Path)
         conn = Raw(srv.connect())
         assert drain(conn, BIG) == [item(i) for i in range(1, N)]
         conn.close()
+
+
+def test_the_admin_port_lists_the_queue_being_replayed(data_dir: Path) -> None:
+    """The admin listener and each HTTP request take several loop passes, each after a step
+    of the replay: a bigger journal (written in-process) keeps it going long enough."""
+    items = 8 * N
+    data_dir.mkdir(parents=True, exist_ok=True)
+    q = open_queue(str(data_dir), BIG, ServerConfig().queue_config(BIG), SystemClock())
+    q.replay()
+    for i in range(items):
+        q.add(item(i))
+    q.close()
+    (data_dir / f"{BIG}.checkpoint").unlink()
+    srv = slow_server(data_dir, admin=True).start()
+    try:
+        conn = Raw(srv.connect())
+        half_replayed(conn)
+        with urllib.request.urlopen(srv.admin_url + "/stats.json", timeout=60) as resp:
+            gauges = json.load(resp)["gauges"]
+        with urllib.request.urlopen(srv.admin_url + "/metrics", timeout=60) as resp:
+            metrics = resp.read().decode()
+        assert stats(conn)[f"queue_{BIG}_replaying"] == "1"  # still, after both answers
+        assert gauges[f"q/{BIG}/replaying"] == 1
+        assert 0 < gauges[f"q/{BIG}/items"] < items
+        assert f'tercel_replaying{{queue="{BIG}"}} 1.0' in metrics
+        conn.close()
+    finally:
+        srv.kill()

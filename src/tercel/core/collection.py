@@ -471,10 +471,11 @@ class QueueCollection:
     # ---- configuration and shutdown -------------------------------------------------------
 
     def reload(self, config: ServerConfig) -> None:
-        """Apply a new configuration's queue settings and aliases to every live queue."""
+        """Apply a new configuration's queue settings and aliases to every live queue (and
+        to those half replayed)."""
         self.config = config
         self._plain.clear()
-        for q in self:
+        for q in [*self, *self.half_built().values()]:
             q.reconfigure(config.queue_config(q.name))
 
     def close(self) -> None:
