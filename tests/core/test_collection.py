@@ -21,6 +21,8 @@ from tercel.core.collection import QueueCollection
 from tercel.core.queue import PersistentQueue
 from tercel.errors import BadQueueName, TooManyQueues
 from tercel.journal import FileJournal, MemoryJournal, list_queue_names
+from tercel.journal.faults import FaultyFiles
+from tercel.journal.files import DataDir
 
 T0 = 1_700_000_000_000
 
@@ -323,6 +325,32 @@ def test_the_end_of_the_background_replay_wakes_every_waiting_command(logs: Logs
     assert woken == [1, 2] and not qc.must_wait("a") and qc.pending == 1
     assert w.items("a") == [b"1"]  # the woken command replays its queue itself
     w.qc.close()
+
+
+def test_a_replay_that_fails_half_way_is_done_again_from_the_start(tmp_path: Path) -> None:
+    """A replay that raised (here: an I/O error on the second chunk read) gives the queue's
+    files back to the data dir's listing: the next attempt replays every record (it used to
+    find no files, come up empty and append after the records it had not read)."""
+    w = World(Logs("file", tmp_path))
+    for i in range(3000):
+        w.add("big", b"%04d" % i + b"x" * 1000)
+    w.qc.close()
+    (tmp_path / "big.checkpoint").unlink()
+    ops = FaultyFiles()
+    ops.fail("pread", errno.EIO, path="/big", skip=2, times=1)
+    files = DataDir(str(tmp_path), ops=ops)
+    qc = QueueCollection(
+        w.qc.config, lambda n, c: FileJournal(str(tmp_path), n, directory=files), w.clock
+    )
+    qc.defer(files.queue_names())
+    with pytest.raises(OSError):
+        while qc.replay_slice(lambda: 1.0, 0.0) is not None:
+            pass
+    assert qc.pending == 1 and not qc.half_built()
+    big = qc.queue("big")  # again, from the start
+    assert big is not None and len(big) == 3000
+    assert big.peek() is not None and big.peek().data[:4] == b"0000"
+    qc.close()
 
 
 def test_closing_in_the_middle_of_a_replay_leaves_the_queue_as_it_was(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ from tercel.errors import JournalCorrupt
 from tercel.journal import checkpoint as ckpt
 from tercel.journal import records as rec
 from tercel.journal.append import AppendLog, write_all
-from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, default_ops
+from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, QueueFiles, default_ops
 from tercel.journal.reader import FOUND, MORE, ChunkReader, add_id, find_add, read_adds, skip_adds
 from tercel.steps import Steps, finish
 
@@ -358,8 +358,22 @@ class FileJournal(AppendLog):
         over from an interrupted compaction and are deleted). A torn tail of the newest file
         is cut off at its last good record (and reported); any other bad record raises
         :class:`JournalCorrupt` with path and offset, leaving every file as it was.
+
+        A replay that raises, or is closed before its end, hands the queue's files back to
+        the data dir's listing (:meth:`DataDir.give_back`): the next replay of this queue
+        starts again from its first file (it would otherwise find no file at all).
         """
         listed = self._dir.take(self.name)  # the data dir's one listing, not one per queue
+        try:
+            return (yield from self._replay_listed(listed, sink, pager))
+        except BaseException:
+            older = [s for s in listed.older if os.path.exists(f"{self.path}.{s}")]
+            self._dir.give_back(self.name, QueueFiles(older, os.path.exists(self.path)))
+            raise
+
+    def _replay_listed(
+        self, listed: QueueFiles, sink: rec.RecordSink, pager: Pager | None
+    ) -> Steps[ReplayReport]:
         for entry in listed.temps:
             self._ops.unlink(os.path.join(self.data_dir, entry))
         older = listed.older
