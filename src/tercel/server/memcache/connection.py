@@ -28,6 +28,7 @@ from tercel.protocol import memcache as mc
 from tercel.protocol.commands import (
     GET_CLASS,
     SET_CLASS,
+    Command,
     Delete,
     DumpStats,
     Flush,
@@ -67,7 +68,7 @@ class MemcacheConnection(Connection):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx, "memcache")
         self.codec = mc.MemcacheServerCodec()
-        self._redo: Any = None
+        self._redo: Command | None = None
         """A command that waited for its queue's replay, to run before the next one."""
 
     # ---- the hooks of server.connection ---------------------------------------------------
@@ -83,8 +84,8 @@ class MemcacheConnection(Connection):
         while not self.closing:
             # Direct calls: compiled, a method called on its object is a C call, while a
             # bound method kept in a local or a handler looked up in a dict is a generic one.
-            cmd = self._redo
-            if cmd is None:
+            redo = self._redo
+            if redo is None:
                 cmd = codec.next_command()
                 if cmd is NEED_DATA:
                     return
@@ -92,6 +93,7 @@ class MemcacheConnection(Connection):
                     return
             else:
                 self._redo = None
+                cmd = redo
             if type(cmd) is SET_CLASS:
                 handle_set(self, cmd)
             elif type(cmd) is GET_CLASS:
@@ -116,7 +118,7 @@ class MemcacheConnection(Connection):
 
     # ---- commands on a queue not replayed yet ---------------------------------------------
 
-    def _wait_for_replay(self, cmd: Any) -> bool:
+    def _wait_for_replay(self, cmd: Command) -> bool:
         """Park ``cmd`` when its queue is on disk and not replayed yet while the background
         replay runs (``QueueCollection.must_wait``): it runs once that replay, which then
         comes first, has made the queue ready, and the loop serves other connections
