@@ -301,7 +301,9 @@ class Server:
         :data:`REPLAY_SLICE_S` passed since the last yield, in the middle of a queue's replay
         if need be (:meth:`QueueCollection.replay_slice`): commands on other queues, and
         ``stats``, ``version``..., are answered in between however long one queue's journal
-        is; a command on a pending queue replays that queue (the rest of it) first.
+        is. While it runs, a memcache command on a pending queue waits for it, and it does
+        that queue next (:meth:`QueueCollection.wait_for`); other commands that reach a
+        pending queue replay it (the rest of it) first.
 
         A journal that cannot be replayed (corrupt, unreadable) stops the server: the error
         is kept in :attr:`failure` and re-raised by :func:`run_server` after the stop, so
@@ -415,7 +417,7 @@ class Server:
         ctx.stopping = True
         ctx.status_changed()
         if self._replayer is not None:
-            self._replayer.cancel()  # between two queues: the replayed ones close below
+            self._replayer.cancel()  # a queue half replayed is dropped as it is on disk
         for listener in self._listeners:
             listener.close()
         for handle in self._timers:
