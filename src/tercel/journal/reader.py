@@ -19,11 +19,9 @@ import struct
 from typing import Final
 
 from tercel.journal import records as rec
-from tercel.journal.files import FileOps, OsFiles
+from tercel.journal.files import OS_FILES, FileOps
 
 CHUNK = 1 << 20
-
-_OS: Final[FileOps] = OsFiles()
 
 
 class ChunkReader:
@@ -35,7 +33,7 @@ class ChunkReader:
 
     def __init__(self, path: str, offset: int, ops: FileOps | None = None) -> None:
         self.path = path
-        self._ops = ops if ops is not None else _OS
+        self._ops = ops if ops is not None else OS_FILES
         self._fd = self._ops.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self._buf = b""
         self._base = offset  # file offset of _buf[0]
