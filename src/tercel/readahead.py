@@ -42,7 +42,7 @@ asyncio.staggered asyncio.locks asyncio.mixins asyncio.tasks asyncio.trsock asyn
 asyncio.queues asyncio.streams asyncio.subprocess asyncio.taskgroups asyncio.timeouts
 asyncio.threads asyncio.unix_events asyncio.base_subprocess asyncio.selector_events
 tercel.server tercel.server.app tercel.storage tercel.clock tercel.core tercel.core.log
-tercel.core.queue tercel.core.items mypy_extensions tercel.core.source tercel.journal
+tercel.steps tercel.core.queue tercel.core.items mypy_extensions tercel.core.source tercel.journal
 tercel.journal.journal mmap tercel.journal.checkpoint tercel.journal.records zlib_ng
 zlib_ng._version zlib_ng.zlib_ng gzip zlib _compression tercel.journal.append
 tercel.journal.files resource tercel.journal.reader tercel.journal.tail tercel.journal.memory

@@ -6,7 +6,9 @@ Run on the RAM twin and on the file journal: the collection only ever sees ``ope
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from tercel.core.collection import QueueCollection
 from tercel.core.queue import PersistentQueue
 from tercel.errors import BadQueueName, TooManyQueues
 from tercel.journal import FileJournal, MemoryJournal, list_queue_names
+from tercel.journal.faults import FaultyFiles
+from tercel.journal.files import DataDir
 
 T0 = 1_700_000_000_000
 
@@ -231,6 +235,136 @@ def test_flush_all_replays_every_deferred_queue(logs: Logs) -> None:
     qc = deferred(w)
     qc.flush_all()
     assert qc.pending == 0 and w.items("a") == [] and w.items("b") == []
+    w.qc.close()
+
+
+def without_checkpoints(w: World) -> QueueCollection:
+    """:func:`deferred`, with every checkpoint removed (a data dir from before checkpoints:
+    each replay reads every record)."""
+    qc = deferred(w)
+    for path in w.logs.path.glob("*.checkpoint"):
+        path.unlink()
+    return qc
+
+
+def test_a_long_replay_runs_in_slices_between_other_work(tmp_path: Path) -> None:
+    """replay_slice stops after the step (about a MiB of journal) that reaches its time
+    limit, in the middle of a queue if need be; meanwhile other queues are served, the half
+    replayed one counts as pending, and the next call goes on where the last one stopped."""
+    w = World(Logs("file", tmp_path))
+    for i in range(3000):  # about 3 MiB of journal
+        w.add("big", b"%04d" % i + b"x" * 1000)
+    w.add("small", b"s")
+    qc = without_checkpoints(w)
+    ticks = itertools.count()
+    answers = []
+    while (answer := qc.replay_slice(lambda: float(next(ticks)), 0.0)) == "":
+        answers.append(answer)
+        half = qc.half_built().get("big")
+        assert half is not None and qc.pending == 2
+        assert 0 < half.total_items < 3000  # its figures so far
+        assert w.add("fresh", b"f")  # another queue, new or replayed, is served meanwhile
+    assert len(answers) >= 2 and answer == "big" and not qc.half_built()
+    assert qc.replay_slice(time.monotonic, 0.0) == "small"
+    assert qc.replay_slice(time.monotonic, 0.0) is None
+    big = qc.queue("big")
+    assert big is not None and len(big) == 3000 and qc.pending == 0
+    assert [i.data[:4] for i in big._items][:2] == [b"0000", b"0001"]
+    w.qc.close()
+
+
+def test_a_reference_to_a_half_replayed_queue_finishes_its_replay(tmp_path: Path) -> None:
+    w = World(Logs("file", tmp_path))
+    for _ in range(2000):
+        w.add("big", b"x" * 1000)
+    qc = without_checkpoints(w)
+    assert qc.replay_slice(lambda: 1.0, 0.0) == ""
+    assert list(qc.half_built()) == ["big"]
+    assert w.qc.stats.queue_creates == 0
+    big = qc.queue("big")  # the rest of the replay, now
+    assert big is not None and len(big) == 2000 and qc.pending == 0 and not qc.half_built()
+    assert qc.replay_slice(lambda: 1.0, 0.0) is None
+    assert w.qc.stats.queue_creates == 1
+    w.qc.close()
+
+
+def test_a_queue_commands_wait_for_is_replayed_first(tmp_path: Path) -> None:
+    """wait_for: the background replay turns to the queue a command waits for (leaving the
+    one it is in half built), calls back once it is ready, then goes on where it was."""
+    w = World(Logs("file", tmp_path))
+    for _ in range(3000):
+        w.add("a_big", b"x" * 1000)
+    w.add("b", b"1")
+    w.add("c", b"2")
+    qc = without_checkpoints(w)
+    qc.replaying_in_background = True
+    assert qc.replay_slice(lambda: 1.0, 0.0) == ""  # a_big half built
+    assert qc.must_wait("c") and not qc.must_wait("fresh")
+    woken: list[str] = []
+    qc.wait_for("c", lambda: woken.append("c"))
+    assert qc.replay_slice(lambda: 1.0, 0.0) == "c"
+    assert woken == ["c"] and list(qc.half_built()) == ["a_big"]
+    answers = []
+    while (answer := qc.replay_slice(lambda: 1.0, 0.0)) is not None:
+        answers.append(answer)
+    assert [a for a in answers if a] == ["a_big", "b"]
+    big = qc.queue("a_big")
+    assert big is not None and len(big) == 3000
+    w.qc.close()
+
+
+def test_the_end_of_the_background_replay_wakes_every_waiting_command(logs: Logs) -> None:
+    w = World(logs)
+    w.add("a", b"1")
+    qc = deferred(w)
+    qc.replaying_in_background = True
+    woken: list[int] = []
+    qc.wait_for("a", lambda: woken.append(1))
+    qc.wait_for("a", lambda: woken.append(2))
+    qc.stop_background()  # (stopped: no descriptor left, say)
+    assert woken == [1, 2] and not qc.must_wait("a") and qc.pending == 1
+    assert w.items("a") == [b"1"]  # the woken command replays its queue itself
+    w.qc.close()
+
+
+def test_a_replay_that_fails_half_way_is_done_again_from_the_start(tmp_path: Path) -> None:
+    """A replay that raised (here: an I/O error on the second chunk read) gives the queue's
+    files back to the data dir's listing: the next attempt replays every record (it used to
+    find no files, come up empty and append after the records it had not read)."""
+    w = World(Logs("file", tmp_path))
+    for i in range(3000):
+        w.add("big", b"%04d" % i + b"x" * 1000)
+    w.qc.close()
+    (tmp_path / "big.checkpoint").unlink()
+    ops = FaultyFiles()
+    ops.fail("pread", errno.EIO, path="/big", skip=2, times=1)
+    files = DataDir(str(tmp_path), ops=ops)
+    qc = QueueCollection(
+        w.qc.config, lambda n, c: FileJournal(str(tmp_path), n, directory=files), w.clock
+    )
+    qc.defer(files.queue_names())
+    with pytest.raises(OSError):
+        while qc.replay_slice(lambda: 1.0, 0.0) is not None:
+            pass
+    assert qc.pending == 1 and not qc.half_built()
+    big = qc.queue("big")  # again, from the start
+    assert big is not None and len(big) == 3000
+    assert big.peek() is not None and big.peek().data[:4] == b"0000"
+    qc.close()
+
+
+def test_closing_in_the_middle_of_a_replay_leaves_the_queue_as_it_was(tmp_path: Path) -> None:
+    logs = Logs("file", tmp_path)
+    w = World(logs)
+    for _ in range(2000):
+        w.add("big", b"x" * 1000)
+    qc = without_checkpoints(w)
+    assert qc.replay_slice(lambda: 1.0, 0.0) == ""
+    qc.close()  # the half-built queue is dropped, its files untouched
+    w.qc = QueueCollection(w.qc.config, logs, w.clock)
+    w.qc.load(logs.names())
+    big = w.qc.queue("big")
+    assert big is not None and len(big) == 2000
     w.qc.close()
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from tercel.clock import Clock
 from tercel.config import QueueConfig, ServerConfig
@@ -29,6 +30,7 @@ from tercel.errors import (
     TooManyQueues,
 )
 from tercel.names import fanout_parent, valid_name
+from tercel.steps import Steps, finish
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,13 @@ class QueueCollection:
         reference meanwhile are skipped). Not a fresh iteration of :attr:`_pending`: a dict
         iterates past the slots of every key deleted before, so taking its first key each
         time was quadratic (5.7 s of CPU for 100,000 queues)."""
+        self._begun: dict[str, _Replay] = {}
+        """The queues whose replay :meth:`replay_slice` began (still in :attr:`_pending`)."""
+        self._waiters: dict[str, list[Callable[[], None]]] = {}
+        """Pending queue -> what to call once it is replayed (:meth:`wait_for`)."""
+        self.replaying_in_background = False
+        """Set by the owner while it runs :meth:`replay_slice` until no queue is left: a
+        command on a pending queue may then wait for it (:meth:`must_wait`)."""
         # One bound method each for every queue, not one per queue (100,000 queues: 14 MB).
         self._on_expired: Callable[[PersistentQueue, QItem], None] = self._expired
         self._on_dead_letter: Callable[[PersistentQueue, QItem], bool] = self._dead_letter
@@ -121,27 +130,35 @@ class QueueCollection:
         return self._create(name)
 
     def _create(self, name: str) -> PersistentQueue:
-        """Create and replay queue ``name``. Raises :class:`TooManyQueues` past
-        ``max_queues`` (except for a queue on disk: every one is loaded), and
+        """Create and replay queue ``name`` (all of its replay, or the rest of it when the
+        background replay began it: :meth:`replay_slice`). Raises :class:`TooManyQueues`
+        past ``max_queues`` (except for a queue on disk: every one is loaded), and
         :class:`TooManyOpenFiles` when no descriptor is left to open its log."""
+        partial = self._begun.pop(name, None)
+        if partial is None:
+            partial = self._begin(name)
+        with _descriptors(name):
+            report = finish(partial.steps)
+        return self._register(partial.q, report)
+
+    def _begin(self, name: str) -> _Replay:
+        """Open queue ``name``'s log and make the queue, its replay not begun (see
+        :meth:`_create` for what this raises)."""
         limit = self.config.server.max_queues
-        on_disk = name in self._pending
-        if limit is not None and len(self) >= limit and not on_disk:
+        if limit is not None and len(self) >= limit and name not in self._pending:
             raise TooManyQueues()
         cfg = self.config.queue_config(name)
-        try:
+        with _descriptors(name):
             log_ = self._open_log(name, cfg)
-            q = PersistentQueue(name, cfg, log_, self.clock, self._on_expired)
-            q.on_dead_letter = self._on_dead_letter
-            report = q.replay()
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE):
-                log.warning("queue %s not created: %s", name, exc.strerror)
-                raise TooManyOpenFiles() from exc
-            raise
+        q = PersistentQueue(name, cfg, log_, self.clock, self._on_expired)
+        q.on_dead_letter = self._on_dead_letter
+        return _Replay(q, q.replay_steps())
+
+    def _register(self, q: PersistentQueue, report: object) -> PersistentQueue:
+        """Make replayed queue ``q`` one of the collection's."""
+        name = q.name
         self._queues[name] = q
-        if on_disk:
-            del self._pending[name]
+        self._pending.pop(name, None)
         self._plain.clear()  # a new fanout child changes where its parent's adds go
         self.stats.queue_creates += 1
         self.stats.total_items += q.total_items
@@ -151,6 +168,8 @@ class QueueCollection:
         if parent is not None:
             self._children.setdefault(parent, {})[name] = None
         log.debug("queue %s ready: %d items, %d bytes", name, len(q), q.bytes)
+        if self._waiters:
+            self._wake(name)
         return q
 
     def load(self, names: list[str]) -> None:
@@ -175,20 +194,110 @@ class QueueCollection:
                 self._pending_children.setdefault(parent, []).append(name)
 
     def replay_next(self) -> str | None:
-        """Replay the next :attr:`pending` queue (parents before their fanout children);
-        its name, or None when none is left. Raises what its replay raises (the queue stays
-        pending)."""
+        """Replay the next :attr:`pending` queue (parents before their fanout children), or
+        the rest of one :meth:`replay_slice` began; its name, or None when none is left.
+        Raises what its replay raises (the queue stays pending)."""
+        if self._begun:
+            return self._create(next(iter(self._begun))).name
+        name = self._next_name()
+        if name is not None:
+            self._create(name)  # if this raises, the name is the next one again
+            self._next_pending += 1
+        return name
+
+    def replay_slice(self, now: Callable[[], float], until: float) -> str | None:
+        """Go on with the background replay until ``now()`` reaches ``until`` (checked
+        after each step, about a MiB of one queue's log) or a queue is ready: the name of the
+        queue made ready, ``""`` when the time ran out in the middle of a queue (which
+        stays :attr:`pending`, half replayed, until a later call or its first reference
+        finishes it), None when no queue is left. Raises what a replay raises (the queue
+        stays pending, its replay to be begun again).
+
+        Which queue: one that commands wait for (:meth:`wait_for`), in the order they
+        asked, else one begun before, else the next in replay order. So one queue's replay,
+        however long, never holds the caller for more than about one step past ``until``,
+        nor the commands waiting for another queue for longer than that queue's replay."""
+        name = self._wanted_name()
+        if name is None and self._begun:
+            name = next(iter(self._begun))
+        if name is None:
+            name = self._next_name()
+            if name is None:
+                return None
+        partial = self._begun.get(name)
+        if partial is None:
+            partial = self._begun[name] = self._begin(name)
+        steps = partial.steps
+        try:
+            while True:
+                next(steps)
+                if now() >= until:
+                    return ""
+        except StopIteration as stop:
+            del self._begun[name]
+            return self._register(partial.q, stop.value).name
+        except BaseException as exc:
+            del self._begun[name]
+            if isinstance(exc, OSError):
+                _check_descriptors(name, exc)
+            raise
+
+    def _wanted_name(self) -> str | None:
+        """The first queue commands wait for that is still pending, or None."""
+        for name in self._waiters:
+            if name in self._pending:
+                return name
+        return None
+
+    # ---- waiting for a queue's replay -----------------------------------------------------
+
+    def must_wait(self, name: str) -> bool:
+        """True when a command on ``name`` should wait for the background replay
+        (:meth:`wait_for`) instead of replaying the queue itself: ``name`` is
+        :attr:`pending` and :attr:`replaying_in_background` is set."""
+        return self.replaying_in_background and name in self._pending
+
+    def wait_for(self, name: str, ready: Callable[[], None]) -> None:
+        """Call ``ready()`` once pending queue ``name`` is replayed (or the background replay
+        ends: :meth:`stop_background`); :meth:`replay_slice` works on it first meanwhile.
+        ``ready`` runs inside the collection: it must only schedule work, not use it."""
+        self._waiters.setdefault(name, []).append(ready)
+
+    def stop_background(self) -> None:
+        """The background replay is over (done, stopped): every command still waiting is
+        told to go on (it replays its queue itself, as a first reference)."""
+        self.replaying_in_background = False
+        for name in list(self._waiters):
+            self._wake(name)
+
+    def _wake(self, name: str) -> None:
+        for ready in self._waiters.pop(name, ()):
+            try:
+                ready()
+            except Exception:
+                log.exception("waking a command that waited for queue %s failed", name)
+
+    def _next_name(self) -> str | None:
+        """The next pending name in replay order (:attr:`_next_pending` points at it), or
+        None when none is left."""
         order = self._pending_order
         while self._next_pending < len(order):
             name = order[self._next_pending]
             if name in self._pending:
-                self._create(name)  # if this raises, the name is the next one again
-                self._next_pending += 1
                 return name
             self._next_pending += 1
         order.clear()
         self._next_pending = 0
         return None
+
+    def half_built(self) -> dict[str, PersistentQueue]:
+        """The queues whose replay :meth:`replay_slice` began and has not finished (for
+        their figures so far only)."""
+        return {name: partial.q for name, partial in self._begun.items()}
+
+    def pending_names(self) -> list[str]:
+        """The names of the :attr:`pending` queues."""
+        return list(self._pending)
 
     def _replay_children(self, name: str) -> None:
         """Replay the pending fanout children of ``name`` (before an add to ``name`` is
@@ -362,15 +471,20 @@ class QueueCollection:
     # ---- configuration and shutdown -------------------------------------------------------
 
     def reload(self, config: ServerConfig) -> None:
-        """Apply a new configuration's queue settings and aliases to every live queue."""
+        """Apply a new configuration's queue settings and aliases to every live queue (and
+        to those half replayed)."""
         self.config = config
         self._plain.clear()
-        for q in self:
+        for q in [*self, *self.half_built().values()]:
             q.reconfigure(config.queue_config(q.name))
 
     def close(self) -> None:
         """Close every queue's log (after which nothing may be written); a log that fails
-        to close is logged and the others are still closed."""
+        to close is logged and the others are still closed. A queue half replayed is left
+        as it is on disk (its replay wrote nothing)."""
+        begun, self._begun = self._begun, {}
+        for partial in begun.values():
+            partial.steps.close()
         for q in self:
             try:
                 q.close()
@@ -386,3 +500,32 @@ class QueueCollection:
     def total_length(self) -> int:
         """Items in every queue."""
         return sum(len(q) for q in self._queues.values())
+
+
+class _Replay:
+    """A queue being made and the rest of its replay (:meth:`QueueCollection.replay_slice`)."""
+
+    __slots__ = ("q", "steps")
+
+    def __init__(self, q: PersistentQueue, steps: Steps[object]) -> None:
+        self.q = q
+        self.steps = steps
+
+
+@contextmanager
+def _descriptors(name: str) -> Iterator[None]:
+    """Turn running out of file descriptors while opening or replaying queue ``name``'s
+    log into :class:`TooManyOpenFiles`."""
+    try:
+        yield
+    except OSError as exc:
+        _check_descriptors(name, exc)
+        raise
+
+
+def _check_descriptors(name: str, exc: OSError) -> None:
+    """Raise :class:`TooManyOpenFiles` if ``exc`` (raised making queue ``name``) is running
+    out of file descriptors."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        log.warning("queue %s not created: %s", name, exc.strerror)
+        raise TooManyOpenFiles() from exc

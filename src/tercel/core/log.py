@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from tercel.steps import Steps
+
 
 class ReplaySink(Protocol):
     """What a log drives during replay: one call per record, in order."""
@@ -86,6 +88,11 @@ class QueueLog(Protocol):
     def replay(self, sink: ReplaySink, pager: ReplayPager | None = None) -> object:
         """Apply every record to ``sink`` in order (runs of ADDs that stay in the log may go
         to ``pager`` in bulk instead); returns a report for logging."""
+        ...
+
+    def replay_steps(self, sink: ReplaySink, pager: ReplayPager | None = None) -> Steps[object]:
+        """:meth:`replay` in steps (:mod:`tercel.steps`) of about a MiB read each: the
+        caller may do other work between two, but must not use this log until the end."""
         ...
 
     def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None: ...

@@ -29,6 +29,7 @@ from tercel.core.items import Items, QItem
 from tercel.core.log import ItemReader, Position, QueueLog
 from tercel.core.source import ReservationSource
 from tercel.errors import ItemTooLarge, JournalError
+from tercel.steps import Steps, finish
 
 __all__ = ["READ_GET", "READ_OPEN", "READ_PEEK", "XID_LIMIT", "PersistentQueue", "QItem", "Waiter"]
 """QItem lives in :mod:`tercel.core.items`; the rest of tercel imports it from here."""
@@ -235,8 +236,13 @@ class PersistentQueue(ReservationSource):
 
         Returns the log's replay report.
         """
+        return finish(self.replay_steps())
+
+    def replay_steps(self) -> Steps[object]:
+        """:meth:`replay` in steps (:mod:`tercel.steps`), about a MiB of the log each: the
+        queue must not be used by anything else until the last step (it is half built)."""
         replayer = _Replayer(self)
-        report = self.log.replay(replayer, replayer)
+        report = yield from self.log.replay_steps(replayer, replayer)
         for xid in sorted(self._open, reverse=True):
             self.log.abort(xid)
             item = self._open.pop(xid)

@@ -245,6 +245,11 @@ class DataDir:
         from now on): a second call for the same name returns no files."""
         return self._list().pop(name, None) or QueueFiles()
 
+    def give_back(self, name: str, files: QueueFiles) -> None:
+        """Hand ``name``'s files (as they are now) back after a replay that did not finish,
+        so that the next :meth:`take` for ``name`` finds them."""
+        self._list()[name] = files
+
     # ---- descriptors ----------------------------------------------------------------------
 
     @property

@@ -39,9 +39,10 @@ from tercel.errors import JournalCorrupt
 from tercel.journal import checkpoint as ckpt
 from tercel.journal import records as rec
 from tercel.journal.append import AppendLog, write_all
-from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, default_ops
+from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir, FileOps, QueueFiles, default_ops
 from tercel.journal.reader import FOUND, MORE, ChunkReader, add_id, find_add, read_adds, skip_adds
 from tercel.journal.tail import HOLE, Buffer, keep_cut, tail_cut, zero_first_page
+from tercel.steps import Steps, finish
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +334,14 @@ class FileJournal(AppendLog):
     # ---- replay ---------------------------------------------------------------------------
 
     def replay(self, sink: rec.RecordSink, pager: Pager | None = None) -> ReplayReport:
-        """Apply every record of every file to ``sink``, in order, then open for appends.
+        """:meth:`replay_steps` all at once."""
+        return finish(self.replay_steps(sink, pager))
+
+    def replay_steps(self, sink: rec.RecordSink, pager: Pager | None = None) -> Steps[ReplayReport]:
+        """Apply every record of every file to ``sink``, in order, then open for appends;
+        a step ends after each chunk read (:data:`~tercel.journal.reader.CHUNK`, 1 MiB), so
+        the caller may do other work between two (nothing else may use this journal until
+        the last step: it is not open for appends until then).
 
         With a ``pager``, runs of ADD records it says stay on disk are counted in bulk
         (:class:`Pager`) instead of being passed to ``sink.on_add`` one by one.
@@ -342,8 +350,22 @@ class FileJournal(AppendLog):
         over from an interrupted compaction and are deleted). A torn tail of the newest file
         is cut off at its last good record (and reported); any other bad record raises
         :class:`JournalCorrupt` with path and offset, leaving every file as it was.
+
+        A replay that raises, or is closed before its end, hands the queue's files back to
+        the data dir's listing (:meth:`DataDir.give_back`): the next replay of this queue
+        starts again from its first file (it would otherwise find no file at all).
         """
         listed = self._dir.take(self.name)  # the data dir's one listing, not one per queue
+        try:
+            return (yield from self._replay_listed(listed, sink, pager))
+        except BaseException:
+            older = [s for s in listed.older if os.path.exists(f"{self.path}.{s}")]
+            self._dir.give_back(self.name, QueueFiles(older, os.path.exists(self.path)))
+            raise
+
+    def _replay_listed(
+        self, listed: QueueFiles, sink: rec.RecordSink, pager: Pager | None
+    ) -> Steps[ReplayReport]:
         for entry in listed.temps:
             self._ops.unlink(os.path.join(self.data_dir, entry))
         older = listed.older
@@ -386,7 +408,7 @@ class FileJournal(AppendLog):
         for i, (seq, path) in enumerate(files):
             if state.start is not None and seq < state.start[0]:
                 continue
-            self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
+            yield from self._replay_file(seq, path, sink, report, state, newest=i == len(files) - 1)
         self._older = _sizes(files[:-1] if listed.current else files)
         self._older_total = sum(self._older.values())
         self.replay_position = _REPLAY_START  # the last record's tuple is not kept per queue
@@ -409,7 +431,7 @@ class FileJournal(AppendLog):
         state: _ReplayState,
         *,
         newest: bool,
-    ) -> None:
+    ) -> Steps[None]:
         size = os.path.getsize(path)
         if size == 0:
             return
@@ -430,9 +452,9 @@ class FileJournal(AppendLog):
             start = good
             if state.start is not None and state.start[0] == seq:
                 start = state.start[1]
-            reader = self._dir.retrying(lambda: ChunkReader(path, start))
+            reader = self._dir.retrying(lambda: ChunkReader(path, start, self._ops))
             try:
-                good = self._replay_records(seq, reader, sink, report, state)
+                good = yield from self._replay_records(seq, reader, sink, report, state)
                 if good < size:  # the records end in zeros written ahead (append.PREALLOCATE)
                     if not newest:  # rotation cuts them before the rename
                         raise rec.BadRecord(good, "zero bytes where a record starts")
@@ -490,8 +512,13 @@ class FileJournal(AppendLog):
         sink: rec.RecordSink,
         report: ReplayReport,
         state: _ReplayState,
-    ) -> int:
+    ) -> Steps[int]:
+        chunk = b""
         while reader.prepare():
+            if reader.buffer is not chunk:  # a chunk read: a step ends before the next one
+                if chunk:
+                    yield None
+                chunk = reader.buffer
             if state.skip_until is None and state.adds_until is None:
                 report.records += self._replay_fast(seq, reader, sink, state.pager)
             span = reader.next()  # one record the fast loop left: RESUME, skipped, or bad

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tercel.journal import records as rec
 from tercel.journal.journal import ReplayReport
+from tercel.steps import Steps
 
 
 class MemoryJournal:
@@ -34,6 +35,11 @@ class MemoryJournal:
             report.records += 1
         report.bytes = len(self.data)
         return report
+
+    def replay_steps(self, sink: rec.RecordSink, pager: object = None) -> Steps[ReplayReport]:
+        """:meth:`replay` in one step (a journal in RAM is small)."""
+        yield None
+        return self.replay(sink, pager)
 
     def position(self) -> rec.Position:
         """Where the next record will start (there is only one "file", number 1)."""

@@ -19,18 +19,22 @@ import struct
 from typing import Final
 
 from tercel.journal import records as rec
+from tercel.journal.files import OS_FILES, FileOps
 
 CHUNK = 1 << 20
 
 
 class ChunkReader:
-    """Checked records of one file, from ``offset`` to the end the OS knows of."""
+    """Checked records of one file, from ``offset`` to the end the OS knows of; its reads go
+    through ``ops`` (the journal's file seam, :class:`~tercel.journal.files.FileOps`) when
+    given, else straight to ``os``."""
 
-    __slots__ = ("_base", "_buf", "_fd", "_pos", "path")
+    __slots__ = ("_base", "_buf", "_fd", "_ops", "_pos", "path")
 
-    def __init__(self, path: str, offset: int) -> None:
+    def __init__(self, path: str, offset: int, ops: FileOps | None = None) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._ops = ops if ops is not None else OS_FILES
+        self._fd = self._ops.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self._buf = b""
         self._base = offset  # file offset of _buf[0]
         self._pos = 0  # read position inside _buf
@@ -51,9 +55,10 @@ class ChunkReader:
         least ``need`` bytes, or all the file has; False when that is fewer than ``need``."""
         start = self._base + self._pos
         want = max(CHUNK, need)
-        data = os.pread(self._fd, want, start)
+        pread = self._ops.pread
+        data = pread(self._fd, want, start)
         while len(data) < need:  # a short read, or the end of the file
-            more = os.pread(self._fd, want - len(data), start + len(data))
+            more = pread(self._fd, want - len(data), start + len(data))
             if not more:
                 break
             data += more
@@ -141,7 +146,7 @@ class ChunkReader:
         """After :meth:`next` returned None: raise :class:`~tercel.journal.records.BadRecord`
         at the read position unless nothing but zero bytes follows it."""
         pos = self.offset
-        while data := os.pread(self._fd, CHUNK, pos):
+        while data := self._ops.pread(self._fd, CHUNK, pos):
             if data.count(0) != len(data):
                 raise rec.BadRecord(self.offset, "zero bytes where a record starts, data after")
             pos += len(data)
@@ -152,7 +157,7 @@ class ChunkReader:
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
+            self._ops.close(self._fd)
             self._fd = -1
 
 

@@ -112,6 +112,7 @@ _DOCS = {
     "journal_files_emfile": "Journal file opens that failed with EMFILE or ENFILE.",
     "journal_files_refused": "Such opens given up: the request was refused.",
     "queues_replaying": "Queues on disk not replayed yet (start-up replays in the background).",
+    "replaying": "1 while the queue's replay is not done (its figures: what it read so far).",
 }
 
 
@@ -193,6 +194,8 @@ def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
             "open_transactions": q.open_transactions,
             "create_time": q.create_time // 1000,
         }
+        if q.replaying:  # on disk, not replayed yet: the figures are what replay read so far
+            gauges["replaying"] = 1
         snap.gauges.update({p + k: v for k, v in gauges.items()})
     for name, (items, nbytes) in stat.alias_puts.items():
         snap.counters[f"q/{name}/put_items"] = items

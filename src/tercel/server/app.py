@@ -131,9 +131,10 @@ restart (docs/benchmarks.md)."""
 REPLAY_LOG_EVERY_S = 2.0
 """Start-up replay logs its progress at most this often (and any queue that took longer)."""
 REPLAY_SLICE_S = 0.005
-"""The background replay yields to the loop after the queue that ends this long after the last
-yield: small queues replay many per loop pass (a pass per queue cost about a third more CPU at
-100,000 queues), and a command waits at most this plus one queue's replay."""
+"""The background replay yields to the loop once this long has passed since the last yield,
+after the queue or the step (about a MiB of one journal) that ends then: small queues replay
+many per loop pass (a pass per queue cost about a third more CPU at 100,000 queues), and a
+command on a queue replayed (or new) waits at most this plus one step."""
 
 
 class Server:
@@ -296,10 +297,13 @@ class Server:
             log.info("replaying %d queue(s) from %s in the background", len(names), self.data_dir)
 
     async def _replay_in_background(self) -> None:
-        """Replay the pending queues one after another, yielding to the loop once a queue's
-        replay ends at least :data:`REPLAY_SLICE_S` after the last yield (commands on queues
-        already replayed, and ``stats``, ``version``..., are answered in between; a command on
-        a pending queue replays that queue first).
+        """Replay the pending queues one after another, yielding to the loop once
+        :data:`REPLAY_SLICE_S` passed since the last yield, in the middle of a queue's replay
+        if need be (:meth:`QueueCollection.replay_slice`): commands on other queues, and
+        ``stats``, ``version``..., are answered in between however long one queue's journal
+        is. While it runs, a memcache command on a pending queue waits for it, and it does
+        that queue next (:meth:`QueueCollection.wait_for`); other commands that reach a
+        pending queue replay it (the rest of it) first.
 
         A journal that cannot be replayed (corrupt, unreadable) stops the server: the error
         is kept in :attr:`failure` and re-raised by :func:`run_server` after the stop, so
@@ -309,11 +313,20 @@ class Server:
         total = coll.pending
         if not total:
             return
-        t0 = last = yielded = time.monotonic()
+        coll.replaying_in_background = True  # commands on pending queues wait for it
+        try:
+            await self._replay_all(total)
+        finally:
+            coll.stop_background()
+
+    async def _replay_all(self, total: int) -> None:
+        """The loop of :meth:`_replay_in_background` (``total`` queues pending)."""
+        coll = self.collection
+        clock = time.monotonic
+        t0 = last = yielded = started = clock()
         while not self.ctx.stopping:
-            started = time.monotonic()
             try:
-                name = coll.replay_next()
+                name = coll.replay_slice(clock, yielded + REPLAY_SLICE_S)
             except TooManyOpenFiles:
                 # Not the journal's fault: the rest replay at their first reference.
                 log.warning(
@@ -329,11 +342,13 @@ class Server:
                 return
             if name is None:
                 break
-            now = time.monotonic()
-            if now - started >= REPLAY_LOG_EVERY_S:  # one long journal: say what it was
-                q = coll.queue(name)
-                items = 0 if q is None else len(q)
-                log.info("replayed queue %s: %d items in %.1fs", name, items, now - started)
+            now = clock()
+            if name:
+                if now - started >= REPLAY_LOG_EVERY_S:  # one long journal: say what it was
+                    q = coll.queue(name)
+                    items = 0 if q is None else len(q)
+                    log.info("replayed queue %s: %d items in %.1fs", name, items, now - started)
+                started = now
             if now - last >= REPLAY_LOG_EVERY_S and coll.pending:
                 last = now
                 log.info(
@@ -345,7 +360,9 @@ class Server:
                 )
             if now - yielded >= REPLAY_SLICE_S:  # small queues: many per loop pass
                 await asyncio.sleep(0)
-                yielded = time.monotonic()
+                yielded = clock()
+                if not coll.half_built():
+                    started = yielded
         if not self.ctx.stopping:
             log.info(
                 "replayed %d queue(s), %d items in %.2fs",
@@ -400,7 +417,7 @@ class Server:
         ctx.stopping = True
         ctx.status_changed()
         if self._replayer is not None:
-            self._replayer.cancel()  # between two queues: the replayed ones close below
+            self._replayer.cancel()  # a queue half replayed is dropped as it is on disk
         for listener in self._listeners:
             listener.close()
         for handle in self._timers:

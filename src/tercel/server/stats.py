@@ -16,7 +16,7 @@ protocol), shown as ``<front end>_<counter>`` lines, ``<front end>/<counter>`` c
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tercel.core.queue import PersistentQueue
 from tercel.server.context import ServerContext
@@ -57,6 +57,10 @@ class QueueStats:
     max_items: int
     max_bytes: int
     create_time: int
+    replaying: bool = False
+    """A queue on disk whose replay has not finished (start-up replays in the background):
+    its figures are what its replay has read so far (0 before it starts; from a checkpoint,
+    the checkpoint's items and bytes as soon as it starts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +98,8 @@ class StatsSnapshot:
     journal_files_emfile: int
     journal_files_refused: int
     queues_replaying: int
-    """Queues on disk not replayed yet (start-up replays them in the background); they are
-    not in :attr:`queues` until then."""
+    """Queues on disk not replayed yet (start-up replays them in the background); they are in
+    :attr:`queues` with ``replaying`` set."""
     status: str
     readable: bool
     writable: bool
@@ -191,10 +195,13 @@ QUEUE_LINES = (
     "dead_lettered",
 )
 """One queue's lines: Kestrel's in Kestrel's order, then tercel's own (leases open now, items
-moved to the dead-letter queue); ``children`` follows for a fanout parent."""
+moved to the dead-letter queue); ``children`` follows for a fanout parent, and ``replaying 1``
+for a queue on disk not replayed yet."""
 
 
-def queue_stats(ctx: ServerContext, q: PersistentQueue, now: int) -> QueueStats:
+def queue_stats(
+    ctx: ServerContext, q: PersistentQueue, now: int, replaying: bool = False
+) -> QueueStats:
     cfg = q.config
     return QueueStats(
         name=q.name,
@@ -221,7 +228,58 @@ def queue_stats(ctx: ServerContext, q: PersistentQueue, now: int) -> QueueStats:
         max_items=cfg.max_items,
         max_bytes=cfg.max_size,
         create_time=q.create_time,
+        replaying=replaying,
     )
+
+
+def pending_stats(ctx: ServerContext, now: int) -> list[QueueStats]:
+    """The figures of the queues on disk not replayed yet: those being replayed as far as
+    their replay went, the others' all 0 (nothing is read for them: 100,000 queues would
+    be 100,000 file reads per ``stats``)."""
+    coll = ctx.collection
+    names = coll.pending_names()
+    if not names:
+        return []
+    half = coll.half_built()
+    out = []
+    for name in names:
+        q = half.get(name)
+        if q is not None:
+            out.append(queue_stats(ctx, q, now, replaying=True))
+            continue
+        cfg = coll.config.queue_config(name)
+        out.append(replace(_NOT_READ, name=name, max_items=cfg.max_items, max_bytes=cfg.max_size))
+    return out
+
+
+_NOT_READ = QueueStats(
+    name="",
+    items=0,
+    bytes=0,
+    total_items=0,
+    logsize=0,
+    journal_size=0,
+    expired_items=0,
+    mem_items=0,
+    mem_bytes=0,
+    age=0,
+    discarded=0,
+    waiters=0,
+    open_transactions=0,
+    transactions=0,
+    canceled_transactions=0,
+    total_flushes=0,
+    journal_rewrites=0,
+    journal_rotations=0,
+    open_leases=0,
+    dead_lettered=0,
+    children=(),
+    max_items=0,
+    max_bytes=0,
+    create_time=0,
+    replaying=True,
+)
+"""A queue on disk not replayed yet (its own name and limits replaced)."""
 
 
 def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsSnapshot:
@@ -232,9 +290,12 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
     committer = ctx.committer
     status = ctx.status.current
     if names is None:
-        queues = sorted(coll, key=lambda q: q.name)
+        queues = list(coll)
+        listed = [queue_stats(ctx, q, now) for q in queues] + pending_stats(ctx, now)
+        listed.sort(key=lambda q: q.name)
     else:
         queues = [q for q in (coll.queue(n) for n in names) if q is not None]
+        listed = [queue_stats(ctx, q, now) for q in queues]
     reserved = sum(q.config.max_memory_size for q in coll) / _physical_memory()
     pool = ctx.journal_files()
     return StatsSnapshot(
@@ -272,7 +333,7 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
         status=status.name,
         readable=status.readable,
         writable=status.writable,
-        queues=[queue_stats(ctx, q, now) for q in queues],
+        queues=listed,
         front_ends=ctx.front_end_counters(),
         labelled=ctx.labelled_counters(),
         alias_puts={k: (v[0], v[1]) for k, v in coll.alias_puts.items()},
@@ -290,6 +351,8 @@ def queue_lines(q: QueueStats) -> list[tuple[str, object]]:
     lines: list[tuple[str, object]] = [(k, getattr(q, k)) for k in QUEUE_LINES]
     if q.children:
         lines.append(("children", ",".join(q.children)))
+    if q.replaying:
+        lines.append(("replaying", 1))
     return lines
 
 
