@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from tercel.errors import JournalCorrupt
+from tercel.errors import JournalCorrupt, JournalError
 from tercel.journal import checkpoint as ckpt
 from tercel.journal import records as rec
 from tercel.journal.append import AppendLog, write_all
@@ -1320,7 +1320,12 @@ class AddReader:
     def _open_at(self, offset: int) -> ChunkReader:
         journal = self._journal
         path = journal._path(self._seq)
-        reader = journal._dir.retrying(lambda: ChunkReader(path, offset), keep=self)
+        try:
+            reader = journal._dir.retrying(lambda: ChunkReader(path, offset), keep=self)
+        except OSError as exc:  # out of descriptors with nothing left to evict: refuse this
+            # one request (a JournalError is an error reply), never a bug that closes the
+            # connection; the reader opens again at its next use
+            raise JournalError(f"open failed: {exc.strerror or exc}", path, offset) from exc
         journal._dir.use(self)
         return reader
 
