@@ -264,10 +264,6 @@ class NativeJobLog:
         return 0
 
 
-class NullJobLog(NativeJobLog):
-    """No log: jobs live in memory only (``tercel beanstalkd`` without ``-b``)."""
-
-
 class ProtocolLog(NativeJobLog):
     """Any :class:`JobLog` (one not compiled: a test's recorder), called through the protocol."""
 
@@ -555,7 +551,7 @@ class JobStore(ReservationSource):
             reservations = ReservationTable(deadline_clock=lambda: round(clock.monotonic() * 1000))
         self.reservations = reservations
         self.log: NativeJobLog = (
-            NullJobLog()
+            NativeJobLog()  # logs nothing: jobs live in memory only (no ``-b``)
             if log is None
             else log
             if isinstance(log, NativeJobLog)
