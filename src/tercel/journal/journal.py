@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from tercel.errors import JournalCorrupt, JournalError
+from tercel.errors import JournalCorrupt, JournalError, TooManyOpenFiles
 from tercel.journal import checkpoint as ckpt
 from tercel.journal import records as rec
 from tercel.journal.append import AppendLog, write_all
@@ -1322,9 +1322,10 @@ class AddReader:
         path = journal._path(self._seq)
         try:
             reader = journal._dir.retrying(lambda: ChunkReader(path, offset), keep=self)
-        except OSError as exc:  # out of descriptors with nothing left to evict: refuse this
-            # one request (a JournalError is an error reply), never a bug that closes the
-            # connection; the reader opens again at its next use
+        except OSError as exc:  # refuse this one request (an error reply), never a bug that
+            # closes the connection; the reader opens again at its next use
+            if exc.errno in OUT_OF_DESCRIPTORS:  # nothing left to evict
+                raise TooManyOpenFiles() from exc  # SERVER_ERROR too many open files
             raise JournalError(f"open failed: {exc.strerror or exc}", path, offset) from exc
         journal._dir.use(self)
         return reader
