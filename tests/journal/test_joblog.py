@@ -18,7 +18,8 @@ from tercel.core.tubes import BURIED, DELAYED, READY, JobRecord, JobStore, Worke
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal.append import PREALLOCATE_FIRST
 from tercel.journal.faults import CRASH_EXIT, JOB_COMPACTION_CRASHES, FaultyFiles
-from tercel.journal.joblog import HEADER, JobJournal
+from tercel.journal.joblog import _JOB, HEADER, JobJournal
+from tercel.journal.records import PREFIX, PREFIX_SIZE, crc32
 
 
 class Clock:
@@ -299,3 +300,31 @@ def test_crash_at_every_compaction_step(tmp_path: Path, point: str) -> None:
     assert store.next_id == 51
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
     journal.close()
+
+
+@pytest.mark.parametrize("damage", ["tube-length", "tube-bytes"])
+def test_a_checksummed_job_record_whose_tube_does_not_decode_is_damage(
+    tmp_path: Path, damage: str
+) -> None:
+    """A JOB record with a valid checksum whose tube name runs past the record or is not ASCII
+    stops the start with JournalCorrupt (before: UnicodeDecodeError from the replay)."""
+    clock = Clock()
+    store, journal = _open(tmp_path, clock)
+    w = _worker(store)
+    store.put(w, 0, 0, 1, b"a" * 10)
+    journal.close()
+    path = tmp_path / "jobs.1"
+    data = bytearray(path.read_bytes())
+    start = len(HEADER)
+    length, _ = PREFIX.unpack_from(data, start)
+    body = bytearray(data[start + PREFIX_SIZE : start + PREFIX_SIZE + length])
+    name_at = _JOB.size
+    if damage == "tube-length":
+        body[name_at - 1] = 255  # longer than the record
+    else:
+        body[name_at] = 0xFF  # "default" -> b"\xffefault"
+    data[start : start + PREFIX_SIZE + length] = PREFIX.pack(length, crc32(bytes(body))) + body
+    path.write_bytes(bytes(data))
+    (tmp_path / "jobs.2").write_bytes(HEADER)  # not the newest file: no torn-tail cut
+    with pytest.raises(JournalCorrupt):
+        _open(tmp_path, clock)

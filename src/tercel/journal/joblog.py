@@ -265,7 +265,9 @@ _SIZES: Final = {OP_STATE: _STATE.size, OP_DELETE: _DELETE.size, OP_SNAPSHOT: _S
 
 def _check_record(data: Buffer, pos: int) -> int:
     """The offset just after the valid record at ``pos`` (framing, checksum, an opcode of the
-    job log with its size); raises :class:`_Torn` when there is none."""
+    job log with its size; a JOB record's tube name inside the record and ASCII); raises
+    :class:`_Torn` when there is none, so a checksummed record that would not decode is damage,
+    never an exception of another kind."""
     end = len(data)
     if end - pos < PREFIX_SIZE:
         raise _Torn(pos, "record header runs past the end of the file")
@@ -278,9 +280,15 @@ def _check_record(data: Buffer, pos: int) -> int:
     if crc32(body) != crc:
         raise _Torn(pos, "checksum mismatch")
     op = body[0]
-    if length != _SIZES.get(op, -1) and not (op == OP_JOB and length >= _JOB.size):
-        raise _Torn(pos, f"bad record (opcode {op}, length {length})")
-    return int(stop)
+    if op == OP_JOB:
+        if length >= _JOB.size:
+            tube_end = _JOB.size + body[_JOB.size - 1]  # the tube name's length, then the name
+            if tube_end <= length and body[_JOB.size : tube_end].isascii():
+                return int(stop)
+            raise _Torn(pos, f"bad JOB record (tube name of {tube_end - _JOB.size} bytes)")
+    elif length == _SIZES.get(op, -1):
+        return int(stop)
+    raise _Torn(pos, f"bad record (opcode {op}, length {length})")
 
 
 def _record_end(data: Buffer, pos: int) -> int:
