@@ -110,6 +110,7 @@ class Connection(Holder):
         self._write_paused = False
         self._held = 0  # batches of replies the committer holds for this connection
         self._shut = False  # the transport was closed or aborted here: write nothing more
+        self._eof = False  # half-closed while waiting for a replay: close once it is done
 
     # ---- the hooks a front end fills in ---------------------------------------------------
 
@@ -163,9 +164,16 @@ class Connection(Holder):
 
     def eof_received(self) -> bool | None:
         """The client closed its side: close ours once the replies it is owed are out (some
-        may wait for the group commit). A parked operation is cancelled, as on a close."""
-        if self.parked is not None:
-            return None  # asyncio.Protocol's default: the transport closes now
+        may wait for the group commit). A parked operation is cancelled, as on a close;
+        except a command waiting for its queue's replay, which has not begun: it and the
+        commands behind it run once the queue is ready, then the connection closes as here
+        (:meth:`resume`)."""
+        parked = self.parked
+        if parked is not None:
+            if parked.waiter is not REPLAY:
+                return None  # asyncio.Protocol's default: the transport closes now
+            self._eof = True
+            return True
         self.closing = True
         self.flush()
         return True  # keep the transport open until the flush closes it
@@ -323,6 +331,10 @@ class Connection(Holder):
         if not self._write_paused:
             self.transport.resume_reading()
         self.process()
+        parked = self.parked
+        if self._eof and (parked is None or parked.waiter is not REPLAY):
+            self.closing = True  # what eof_received would have done (a blocked read ends)
+            self.flush()
 
     # ---- for the server -------------------------------------------------------------------
 
