@@ -25,11 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import thriftpy2
-from thriftpy2.protocol import TBinaryProtocolFactory
-from thriftpy2.rpc import make_client
-from thriftpy2.transport import TFramedTransportFactory
 
-from support import Raw, drain, set_cmd, stats, track
+from support import Raw, set_cmd, stats, text_connection, thrift_client
 from tercel.clock import SystemClock
 from tercel.config import ServerConfig
 from tercel.protocol.thrift import IDL_PATH
@@ -53,6 +50,11 @@ more)."""
 
 def item(i: int) -> bytes:
     return b"%05d" % i + b"x" * 1019
+
+
+def items(n: int) -> list[bytes]:
+    """The items the big queue was filled with (:func:`fill` with ``n``)."""
+    return [item(i) for i in range(n)]
 
 
 IDL = thriftpy2.load(IDL_PATH, module_name="sliced_replay_kestrel_thrift")
@@ -132,12 +134,7 @@ def test_other_queues_are_served_in_the_middle_of_a_long_replay(data_dir: Path) 
         conn.close()
     finally:
         srv.kill()  # in the middle of the big queue's replay
-    with ServerProcess(data_dir) as srv:
-        conn = Raw(srv.connect())
-        assert drain(conn, BIG) == [item(i) for i in range(N)]
-        assert drain(conn, "other") == [b"o2"]
-        assert drain(conn, "fresh") == [b"f"]
-        conn.close()
+    assert restarted(data_dir, BIG, "other", "fresh") == [items(N), [b"o2"], [b"f"]]
 
 
 def test_a_command_on_the_half_replayed_queue_waits_for_it_alone(data_dir: Path) -> None:
@@ -163,10 +160,7 @@ def test_a_command_on_the_half_replayed_queue_waits_for_it_alone(data_dir: Path)
         srv.kill()
         raise
     assert srv.stop() == 0
-    with ServerProcess(data_dir) as srv:
-        conn = Raw(srv.connect())
-        assert drain(conn, BIG) == [item(i) for i in range(1, N)]
-        conn.close()
+    assert restarted(data_dir, BIG) == [items(N)[1:]]
 
 
 def test_the_admin_port_lists_the_queue_being_replayed(data_dir: Path) -> None:
@@ -219,6 +213,15 @@ def still_replaying(conn: Raw) -> None:
     assert 0 < int(st[f"queue_{BIG}_items"]) < LONG
 
 
+def restarted(data_dir: Path, *queues: str) -> list[list[bytes]]:
+    """Every item left in each of ``queues`` after a plain restart on ``data_dir``, taken."""
+    with ServerProcess(data_dir) as srv:
+        conn = Raw(srv.connect())
+        left = [contents(conn, queue) for queue in queues]
+        conn.close()
+    return left
+
+
 def contents(conn: Raw, queue: str) -> list[bytes]:
     """Every item left in ``queue``, in order: :func:`drain` with 500 gets per round trip."""
     out: list[bytes] = []
@@ -236,36 +239,8 @@ def contents(conn: Raw, queue: str) -> list[bytes]:
             return out
 
 
-class Text:
-    """A Kestrel text protocol connection (replies are LF-terminated lines)."""
-
-    def __init__(self, srv: ServerProcess) -> None:
-        self.sock = track(socket.create_connection(("127.0.0.1", srv.ports["text"]), 60))
-        self.buf = b""
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def line(self) -> bytes:
-        while b"\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise EOFError(f"connection closed; had {self.buf!r}")
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line + b"\n"
-
-
 def thrift(srv: ServerProcess) -> Any:
-    c = make_client(
-        IDL.Kestrel,
-        "127.0.0.1",
-        srv.ports["thrift"],
-        trans_factory=TFramedTransportFactory(),
-        proto_factory=TBinaryProtocolFactory(),
-        timeout=60_000,
-    )
-    return track(c)
+    return thrift_client(IDL, srv.ports["thrift"], 60_000)
 
 
 def test_a_text_command_on_the_half_replayed_queue_waits_for_it_alone(data_dir: Path) -> None:
@@ -276,27 +251,22 @@ def test_a_text_command_on_the_half_replayed_queue_waits_for_it_alone(data_dir: 
     srv = slow_server(data_dir, seconds=LONG_READ_S).start()
     try:
         mc = Raw(srv.connect())
-        waiting, other = Text(srv), Text(srv)
+        waiting, other = (text_connection(srv.ports["text"], 60) for _ in range(2))
         before = int(half_replayed(mc)["bytes_read"])
         request = f"get {BIG}\npeek other\n".encode()
         waiting.send(request)  # the get waits for the rest of the replay, the peek behind it
         waiting.sock.shutdown(socket.SHUT_WR)
         read_by_server(mc, before, len(request))
         other.send(b"peek other\nput fresh:\nf\n\nget fresh\n")  # ... while these are served
-        assert [other.line() for _ in range(3)] == [b":o1\n", b"+1\n", b":f\n"]
+        assert [other.line() for _ in range(3)] == [b":o1", b"+1", b":f"]
         still_replaying(mc)
-        assert waiting.line() == b":" + item(0) + b"\n"  # an open read
-        assert waiting.line() == b":o1\n"
+        assert waiting.line() == b":" + item(0)  # an open read
+        assert waiting.line() == b":o1"
         assert waiting.sock.recv(1) == b""  # then the server closed (the read comes back)
         assert f"queue_{BIG}_replaying" not in stats(mc)
     finally:
         srv.kill()  # the open read of "fresh" comes back at the restart
-    with ServerProcess(data_dir) as srv:
-        conn = Raw(srv.connect())
-        assert contents(conn, BIG) == [item(i) for i in range(LONG)]
-        assert drain(conn, "other") == [b"o1"]
-        assert drain(conn, "fresh") == [b"f"]
-        conn.close()
+    assert restarted(data_dir, BIG, "other", "fresh") == [items(LONG), [b"o1"], [b"f"]]
 
 
 def test_a_thrift_call_on_the_half_replayed_queue_waits_for_it_alone(data_dir: Path) -> None:
@@ -327,11 +297,7 @@ def test_a_thrift_call_on_the_half_replayed_queue_waits_for_it_alone(data_dir: P
         srv.kill()  # in the middle of the big queue's replay, the get unanswered
     call.join(60)
     assert not call.is_alive() and answers == [] and len(failures) == 1
-    with ServerProcess(data_dir) as srv:
-        conn = Raw(srv.connect())
-        assert contents(conn, BIG) == [item(i) for i in range(LONG)]
-        assert drain(conn, "other") == [b"o2", b"o3"]
-        conn.close()
+    assert restarted(data_dir, BIG, "other") == [items(LONG), [b"o2", b"o3"]]
 
 
 def test_an_alias_set_and_flush_all_wait_and_dump_stats_does_not(data_dir: Path) -> None:
@@ -372,10 +338,7 @@ def test_an_alias_set_and_flush_all_wait_and_dump_stats_does_not(data_dir: Path)
         srv.kill()
         raise
     assert srv.stop() == 0
-    with ServerProcess(data_dir) as srv:
-        conn = Raw(srv.connect())
-        assert drain(conn, BIG) == drain(conn, "other") == drain(conn, "fresh") == []
-        conn.close()
+    assert restarted(data_dir, BIG, "other", "fresh") == [[], [], []]
 
 
 def test_a_dashboard_flush_of_the_half_replayed_queue_waits_for_it(data_dir: Path) -> None:
