@@ -5,7 +5,7 @@ would shadow a ``from conftest import ...`` when both directories run in one ses
 from __future__ import annotations
 
 import socket
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 
 class Closable(Protocol):
@@ -96,3 +96,58 @@ def stats(conn: Raw) -> dict[str, str]:
         _, key, value = line.decode().rstrip("\r\n").split(" ", 2)
         out[key] = value
     return out
+
+
+class Text:
+    """A raw Kestrel text-protocol connection: LF-terminated lines, byte-exact expectations."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def line(self) -> bytes:
+        """The next reply line, without its LF."""
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError(f"connection closed; had {self.buf!r}")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line
+
+    def call(self, request: bytes, *replies: bytes) -> None:
+        self.send(request)
+        assert [self.line() for _ in replies] == list(replies)
+
+    def closed(self) -> bool:
+        return not self.buf and self.sock.recv(1) == b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def text_connection(port: int, timeout: float = 10) -> Text:
+    """A :class:`Text` connection to ``port`` on 127.0.0.1, closed when the test ends."""
+    return track(Text(socket.create_connection(("127.0.0.1", port), timeout=timeout)))
+
+
+def thrift_client(idl: Any, port: int, timeout_ms: int = 10_000) -> Any:
+    """A thriftpy2 client of ``idl.Kestrel`` (the shipped IDL, loaded by the caller) on
+    127.0.0.1 ``port``: framed transport, binary protocol, as Kestrel's; closed when the test
+    ends. (thriftpy2 is imported here, not by every test that imports this module.)"""
+    from thriftpy2.protocol import TBinaryProtocolFactory
+    from thriftpy2.rpc import make_client
+    from thriftpy2.transport import TFramedTransportFactory
+
+    client = make_client(
+        idl.Kestrel,
+        "127.0.0.1",
+        port,
+        trans_factory=TFramedTransportFactory(),
+        proto_factory=TBinaryProtocolFactory(),
+        timeout=timeout_ms,
+    )
+    return track(client)

@@ -290,7 +290,8 @@ def test_a_reference_to_a_half_replayed_queue_finishes_its_replay(tmp_path: Path
 
 def test_a_queue_commands_wait_for_is_replayed_first(tmp_path: Path) -> None:
     """wait_for: the background replay turns to the queue a command waits for (leaving the
-    one it is in half built), calls back once it is ready, then goes on where it was."""
+    one it is in half built, even when commands wait for that one too), calls back once it is
+    ready, then goes on where it was."""
     w = World(Logs("file", tmp_path))
     for _ in range(3000):
         w.add("a_big", b"x" * 1000)
@@ -299,15 +300,16 @@ def test_a_queue_commands_wait_for_is_replayed_first(tmp_path: Path) -> None:
     qc = without_checkpoints(w)
     qc.replaying_in_background = True
     assert qc.replay_slice(lambda: 1.0, 0.0) == ""  # a_big half built
-    assert qc.must_wait("c") and not qc.must_wait("fresh")
+    assert qc.pending_reached("c") == "c" and qc.pending_reached("fresh") is None
     woken: list[str] = []
-    qc.wait_for("c", lambda: woken.append("c"))
+    qc.wait_for("a_big", lambda: woken.append("a_big"))
+    qc.wait_for("c", lambda: woken.append("c"))  # not begun: before the half-built one
     assert qc.replay_slice(lambda: 1.0, 0.0) == "c"
     assert woken == ["c"] and list(qc.half_built()) == ["a_big"]
     answers = []
     while (answer := qc.replay_slice(lambda: 1.0, 0.0)) is not None:
         answers.append(answer)
-    assert [a for a in answers if a] == ["a_big", "b"]
+    assert [a for a in answers if a] == ["a_big", "b"] and woken == ["c", "a_big"]
     big = qc.queue("a_big")
     assert big is not None and len(big) == 3000
     w.qc.close()
@@ -322,8 +324,46 @@ def test_the_end_of_the_background_replay_wakes_every_waiting_command(logs: Logs
     qc.wait_for("a", lambda: woken.append(1))
     qc.wait_for("a", lambda: woken.append(2))
     qc.stop_background()  # (stopped: no descriptor left, say)
-    assert woken == [1, 2] and not qc.must_wait("a") and qc.pending == 1
+    assert woken == [1, 2] and qc.pending_reached("a") is None and qc.pending == 1
     assert w.items("a") == [b"1"]  # the woken command replays its queue itself
+    w.qc.close()
+
+
+def test_what_a_command_waits_for_is_every_pending_queue_it_reaches(logs: Logs) -> None:
+    """pending_reached: the queue named, an alias's destinations, a fanout parent's pending
+    children, the expire_to_queue and dead_letter_queue; one at a time, until none is left;
+    pending_any for flush_all. Nothing without the background replay."""
+    doc = {
+        "aliases": {"al": ["d1", "p"]},
+        "queues": {"e": {"expire_to_queue": "et", "dead_letter_queue": "dl"}},
+    }
+    w = make(logs, doc)
+    for name in ("d1", "p", "p+c1", "p+c2", "et", "dl", "e", "plain"):
+        w.add(name, b"1")
+    qc = deferred(w)
+    assert qc.pending_reached("plain") is None  # no background replay: first reference
+    qc.replaying_in_background = True
+    assert qc.pending_reached("plain") == "plain"
+    assert qc.pending_reached("fresh") is None
+    assert qc.pending_reached("al") == "d1"
+    qc.get_or_create("d1")
+    assert qc.pending_reached("al") == "p"
+    qc.get_or_create("p")
+    assert qc.pending_reached("al") == "p+c1" == qc.pending_reached("p")
+    qc.get_or_create("p+c1")
+    qc.get_or_create("p+c2")
+    assert qc.pending_reached("al") is None and qc.pending_reached("p") is None
+    qc.get_or_create("e")
+    assert qc.pending_reached("e") == "et"
+    qc.get_or_create("et")
+    assert qc.pending_reached("e") == "dl"
+    qc.get_or_create("dl")
+    assert qc.pending_reached("e") is None
+    assert qc.pending_any() == "plain"
+    qc.get_or_create("plain")
+    assert qc.pending_any() is None and qc.pending == 0
+    qc.stop_background()
+    assert w.items("p+c2") == [b"1"]
     w.qc.close()
 
 

@@ -3,50 +3,19 @@ ended by a disconnect, blocking reads, status, kill -9 and restart, and hand-off
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from support import Raw, drain, set_cmd, stats, track
+from support import Raw, Text, drain, set_cmd, stats, text_connection
 from tercel.testing import ServerProcess
 
 PORTS = ("--text-port", "0")
 
 
-class Text:
-    """A raw text-protocol connection: LF-terminated lines, byte-exact expectations."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = b""
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def line(self) -> bytes:
-        while b"\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise EOFError(f"connection closed; had {self.buf!r}")
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
-
-    def call(self, request: bytes, *replies: bytes) -> None:
-        self.send(request)
-        assert [self.line() for _ in replies] == list(replies)
-
-    def closed(self) -> bool:
-        return not self.buf and self.sock.recv(1) == b""
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def text(srv: ServerProcess) -> Text:
-    return track(Text(socket.create_connection(("127.0.0.1", srv.ports["text"]), timeout=10)))
+    return text_connection(srv.ports["text"])
 
 
 @pytest.fixture(scope="module")

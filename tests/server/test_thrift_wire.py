@@ -14,12 +14,9 @@ from typing import Any
 
 import pytest
 import thriftpy2
-from thriftpy2.protocol import TBinaryProtocolFactory
-from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
-from thriftpy2.transport import TFramedTransportFactory
 
-from support import Raw, drain, set_cmd, stats, track
+from support import Raw, drain, set_cmd, stats, thrift_client
 from tercel.protocol.thrift import IDL_PATH
 from tercel.testing import ServerProcess
 
@@ -28,15 +25,7 @@ PORTS = ("--thrift-port", "0", "--text-port", "0")
 
 
 def client(srv: ServerProcess) -> Any:
-    c = make_client(
-        IDL.Kestrel,
-        "127.0.0.1",
-        srv.ports["thrift"],
-        trans_factory=TFramedTransportFactory(),
-        proto_factory=TBinaryProtocolFactory(),
-        timeout=10_000,
-    )
-    return track(c)
+    return thrift_client(IDL, srv.ports["thrift"])
 
 
 @pytest.fixture(scope="module")

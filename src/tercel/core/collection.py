@@ -69,7 +69,8 @@ class QueueCollection:
         """Pending queue -> what to call once it is replayed (:meth:`wait_for`)."""
         self.replaying_in_background = False
         """Set by the owner while it runs :meth:`replay_slice` until no queue is left: a
-        command on a pending queue may then wait for it (:meth:`must_wait`)."""
+        command that reaches a pending queue may then wait for it (:meth:`pending_reached`,
+        :meth:`pending_any`)."""
         # One bound method each for every queue, not one per queue (100,000 queues: 14 MB).
         self._on_expired: Callable[[PersistentQueue, QItem], None] = self._expired
         self._on_dead_letter: Callable[[PersistentQueue, QItem], bool] = self._dead_letter
@@ -96,6 +97,14 @@ class QueueCollection:
         if q is None and name in self._pending:
             return self._create(name)
         return q
+
+    def replayed(self, name: str) -> PersistentQueue | None:
+        """The queue called ``name`` if it exists and is replayed (never replays one)."""
+        return self._queues.get(name)
+
+    def is_pending(self, name: str) -> bool:
+        """True when ``name`` is a queue on disk not replayed yet (:attr:`pending`)."""
+        return name in self._pending
 
     def sync_mode(self, name: str) -> int | None:
         """The ``sync_journal`` setting of queue ``name``: None (no fsync while running), 0
@@ -213,10 +222,11 @@ class QueueCollection:
         finishes it), None when no queue is left. Raises what a replay raises (the queue
         stays pending, its replay to be begun again).
 
-        Which queue: one that commands wait for (:meth:`wait_for`), in the order they
-        asked, else one begun before, else the next in replay order. So one queue's replay,
-        however long, never holds the caller for more than about one step past ``until``,
-        nor the commands waiting for another queue for longer than that queue's replay."""
+        Which queue: one that commands wait for (:meth:`wait_for`; one not begun before
+        those half replayed, else in the order they asked), else one begun before, else the
+        next in replay order. So one queue's replay, however long, never holds the caller
+        for more than about one step past ``until``, nor the commands waiting for another
+        queue for longer than that queue's replay (and a slice of the long one)."""
         name = self._wanted_name()
         if name is None and self._begun:
             name = next(iter(self._begun))
@@ -243,19 +253,77 @@ class QueueCollection:
             raise
 
     def _wanted_name(self) -> str | None:
-        """The first queue commands wait for that is still pending, or None."""
+        """A queue commands wait for that is still pending, or None: the first asked for
+        whose replay has not begun, else the first asked for. So a small queue asked for is
+        replayed in the next slice even while commands wait for a long one half replayed
+        (which goes on after it), instead of waiting for the rest of that one."""
+        first = None
         for name in self._waiters:
             if name in self._pending:
-                return name
-        return None
+                if name not in self._begun:
+                    return name
+                if first is None:
+                    first = name
+        return first
 
     # ---- waiting for a queue's replay -----------------------------------------------------
 
-    def must_wait(self, name: str) -> bool:
-        """True when a command on ``name`` should wait for the background replay
-        (:meth:`wait_for`) instead of replaying the queue itself: ``name`` is
-        :attr:`pending` and :attr:`replaying_in_background` is set."""
-        return self.replaying_in_background and name in self._pending
+    def pending_reached(self, name: str) -> str | None:
+        """While :attr:`replaying_in_background`: a :attr:`pending` queue that a command on
+        ``name`` may reach, to wait for (:meth:`wait_for`) instead of replaying it on the
+        caller's time; None when it reaches none (or when no background replay runs: then a
+        first reference replays the queue). Reached: ``name`` itself; for an alias, each
+        destination as an add reaches it; for a fanout parent, its pending children (an add
+        replays them first); the ``expire_to_queue`` and ``dead_letter_queue`` of ``name``
+        (its reads and expiries add there). Waiting for one at a time is enough: the caller
+        asks again once that one is ready."""
+        if not self.replaying_in_background:
+            return None
+        if name in self._pending:
+            return name
+        reached = self._pending_route(name)
+        if reached is not None:
+            return reached
+        q = self._queues.get(name)
+        cfg = self.config.queue_config(name) if q is None else q.config
+        for target in (cfg.expire_to_queue, cfg.dead_letter_queue):
+            if target is not None and target != name:
+                reached = self._pending_route(target)
+                if reached is not None:
+                    return reached
+        return None
+
+    def pending_any(self) -> str | None:
+        """While :attr:`replaying_in_background`: a :attr:`pending` queue (the one being
+        replayed, else the next), for a command on every queue (``flush_all``) to wait for,
+        one after another; None when none is left or no background replay runs."""
+        if not self.replaying_in_background:
+            return None
+        if self._begun:
+            return next(iter(self._begun))
+        return self._next_name()
+
+    def _pending_route(self, name: str) -> str | None:
+        """A pending queue an add to ``name`` reaches (itself, an alias's destinations, a
+        fanout parent's children), or None. Forgets a parent's children once none is pending
+        (they are then ordinary children, :meth:`children`)."""
+        pending = self._pending
+        if name in pending:
+            return name
+        dests = self.config.aliases.get(name)
+        if dests is not None:  # (aliases have no cycles: the config refuses them)
+            for dest in dests:
+                reached = self._pending_route(dest)
+                if reached is not None:
+                    return reached
+            return None
+        children = self._pending_children.get(name)
+        if children:
+            for child in children:
+                if child in pending:
+                    return child
+            del self._pending_children[name]
+        return None
 
     def wait_for(self, name: str, ready: Callable[[], None]) -> None:
         """Call ``ready()`` once pending queue ``name`` is replayed (or the background replay

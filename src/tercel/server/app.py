@@ -301,9 +301,10 @@ class Server:
         :data:`REPLAY_SLICE_S` passed since the last yield, in the middle of a queue's replay
         if need be (:meth:`QueueCollection.replay_slice`): commands on other queues, and
         ``stats``, ``version``..., are answered in between however long one queue's journal
-        is. While it runs, a memcache command on a pending queue waits for it, and it does
-        that queue next (:meth:`QueueCollection.wait_for`); other commands that reach a
-        pending queue replay it (the rest of it) first.
+        is. While it runs, a command (of any front end) that reaches a pending queue waits
+        for it, and it does that queue next (``Connection.wait_for_replay``,
+        :meth:`QueueCollection.wait_for`); only what no connection asked for (an expiry
+        sweep's move to a pending ``expire_to_queue``) replays a pending queue itself.
 
         A journal that cannot be replayed (corrupt, unreadable) stops the server: the error
         is kept in :attr:`failure` and re-raised by :func:`run_server` after the stop, so

@@ -23,6 +23,13 @@ waiter's delivery callback — run inside another connection's command or a time
 :meth:`settle_parked`, records its reply in ``out``, clears ``parked`` and calls
 :meth:`resume_soon`, so no handler ever re-enters a queue.
 
+Waiting for a replay: while start-up replays the queues on disk in the background, a command
+that reaches a queue not replayed yet parks (:meth:`Connection.wait_for_replay`, called by the
+front end's :meth:`run` before the command runs) until the background replay, which turns to
+that queue next, has made it ready; it is then the front end's :attr:`Connection.redo`, run
+before the next command read. So only that connection waits (its later commands, pipelined or
+not, wait behind it: replies keep their order), never the loop.
+
 Errors: a handler raises the tree's errors (``errors.py``) and the pump hands them to
 :meth:`error_reply`; anything else is a bug, logged, and the connection is closed.
 
@@ -36,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Final
 
 from tercel.errors import TercelError
 from tercel.server.commit import Holder
@@ -47,6 +54,10 @@ log = logging.getLogger(__name__)
 
 MAX_BUFFERED_WHILE_BLOCKED = 1024 * 1024
 """Stop reading from a client whose operation is parked once this much input waits behind it."""
+
+
+REPLAY: Final[object] = object()
+"""The waiter of a command parked until a queue is replayed (:meth:`Connection.wait_for_replay`)."""
 
 
 class Parked:
@@ -92,9 +103,14 @@ class Connection(Holder):
         self.reads_clock = True
         """The pump reads the clock into ``ctx.now`` before each batch; a front end whose
         handlers keep their own clock (beanstalkd's job store) turns it off."""
+        self.redo: Any = None
+        """A command that waited for its queue's replay (:meth:`wait_for_replay`): the front
+        end's :meth:`run` runs it (asking :meth:`wait_for_replay` again) before reading the
+        next command."""
         self._write_paused = False
         self._held = 0  # batches of replies the committer holds for this connection
         self._shut = False  # the transport was closed or aborted here: write nothing more
+        self._eof = False  # half-closed while waiting for a replay: close once it is done
 
     # ---- the hooks a front end fills in ---------------------------------------------------
 
@@ -148,9 +164,16 @@ class Connection(Holder):
 
     def eof_received(self) -> bool | None:
         """The client closed its side: close ours once the replies it is owed are out (some
-        may wait for the group commit). A parked operation is cancelled, as on a close."""
-        if self.parked is not None:
-            return None  # asyncio.Protocol's default: the transport closes now
+        may wait for the group commit). A parked operation is cancelled, as on a close;
+        except a command waiting for its queue's replay, which has not begun: it and the
+        commands behind it run once the queue is ready, then the connection closes as here
+        (:meth:`resume`)."""
+        parked = self.parked
+        if parked is not None:
+            if parked.waiter is not REPLAY:
+                return None  # asyncio.Protocol's default: the transport closes now
+            self._eof = True
+            return True
         self.closing = True
         self.flush()
         return True  # keep the transport open until the flush closes it
@@ -266,6 +289,37 @@ class Connection(Holder):
             return False
         return True
 
+    def wait_for_replay(self, command: Any, every_queue: bool) -> bool:
+        """Park ``command`` when it reaches a queue on disk not replayed yet while the
+        background replay runs: its ``queue`` (and where an add to it goes: alias
+        destinations, fanout children, see :meth:`QueueCollection.pending_reached`), or with
+        ``every_queue`` (``flush_all``) any pending queue. True when parked: the replay turns
+        to that queue next and, once it is ready, :meth:`_replayed` makes ``command`` the
+        :attr:`redo` and resumes the pump, whose :meth:`run` asks again (a command reaching
+        several pending queues waits for one after another). A command that names no queue
+        never waits."""
+        coll = self.ctx.collection
+        if every_queue:
+            name = coll.pending_any()
+        else:
+            queue = getattr(command, "queue", None)
+            name = coll.pending_reached(queue) if type(queue) is str else None
+        if name is None:
+            return False
+        self.parked = Parked(command, REPLAY, None, b"")
+        coll.wait_for(name, self._replayed)
+        return True
+
+    def _replayed(self) -> None:
+        """The queue a parked command waited for is replayed (or the background replay
+        ended): that command is the next to run, on the next loop pass."""
+        parked = self.parked
+        if parked is None or parked.waiter is not REPLAY or self.ctx.stopping:
+            return  # the connection went away, or the server is stopping
+        self.parked = None
+        self.redo = parked.command
+        self.resume_soon()
+
     def resume_soon(self) -> None:
         """Resume the pump on the next loop pass (from a delivery callback)."""
         self.ctx.loop.call_soon(self.resume)
@@ -277,6 +331,10 @@ class Connection(Holder):
         if not self._write_paused:
             self.transport.resume_reading()
         self.process()
+        parked = self.parked
+        if self._eof and (parked is None or parked.waiter is not REPLAY):
+            self.closing = True  # what eof_received would have done (a blocked read ends)
+            self.flush()
 
     # ---- for the server -------------------------------------------------------------------
 

@@ -22,6 +22,8 @@ server's own checks apply to these paths as to its others. The samples come from
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,20 +160,26 @@ class Dashboard:
     # ---- POST -----------------------------------------------------------------------------
 
     async def flush(self, request: web.Request) -> web.Response:
-        return self._act(request, "flush")
+        return await self._act(request, "flush")
 
     async def delete(self, request: web.Request) -> web.Response:
-        return self._act(request, "delete")
+        return await self._act(request, "delete")
 
-    def _act(self, request: web.Request, verb: str) -> web.Response:
+    async def _act(self, request: web.Request, verb: str) -> web.Response:
+        """Flush or delete a queue; one not replayed yet is waited for (the background
+        replay does it next), as a command on it would be, so the loop goes on serving."""
         name = request.match_info["queue"]
         if not valid_name(name):
             return error_response(400, f"bad queue name {name[:200]!r}")
+        coll = self.server.collection
+        while (pending := coll.pending_reached(name)) is not None:
+            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            coll.wait_for(pending, functools.partial(_settle, ready))
+            await ready
         try:
             self.server.check_writable()
         except UnavailableError as exc:
             return error_response(409, str(exc))
-        coll = self.server.collection
         if coll.queue(name) is None:
             return error_response(404, f"no queue {name!r}")
         if verb == "flush":
@@ -179,6 +187,11 @@ class Dashboard:
         else:
             coll.delete(name)
         return json_response({"response": "ok", "queue": name, verb: True})
+
+
+def _settle(ready: asyncio.Future[None]) -> None:
+    if not ready.done():  # (not if the request was cancelled meanwhile)
+        ready.set_result(None)
 
 
 def _matching(server: ServerContext, search: str) -> Iterator[PersistentQueue]:

@@ -232,12 +232,13 @@ def queue_stats(
     )
 
 
-def pending_stats(ctx: ServerContext, now: int) -> list[QueueStats]:
-    """The figures of the queues on disk not replayed yet: those being replayed as far as
-    their replay went, the others' all 0 (nothing is read for them: 100,000 queues would
-    be 100,000 file reads per ``stats``)."""
+def pending_stats(ctx: ServerContext, now: int, names: list[str] | None = None) -> list[QueueStats]:
+    """The figures of the queues on disk not replayed yet (of ``names``, all pending, or of
+    every one): those being replayed as far as their replay went, the others' all 0
+    (nothing is read for them: 100,000 queues would be 100,000 file reads per ``stats``)."""
     coll = ctx.collection
-    names = coll.pending_names()
+    if names is None:
+        names = coll.pending_names()
     if not names:
         return []
     half = coll.half_built()
@@ -293,9 +294,10 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
         queues = list(coll)
         listed = [queue_stats(ctx, q, now) for q in queues] + pending_stats(ctx, now)
         listed.sort(key=lambda q: q.name)
-    else:
-        queues = [q for q in (coll.queue(n) for n in names) if q is not None]
+    else:  # a queue not replayed yet is listed as replaying, not replayed now
+        queues = [q for q in (coll.replayed(n) for n in names) if q is not None]
         listed = [queue_stats(ctx, q, now) for q in queues]
+        listed += pending_stats(ctx, now, [n for n in names if coll.is_pending(n)])
     reserved = sum(q.config.max_memory_size for q in coll) / _physical_memory()
     pool = ctx.journal_files()
     return StatsSnapshot(

@@ -28,7 +28,6 @@ from tercel.protocol import memcache as mc
 from tercel.protocol.commands import (
     GET_CLASS,
     SET_CLASS,
-    Command,
     Delete,
     DumpStats,
     Flush,
@@ -68,8 +67,6 @@ class MemcacheConnection(Connection):
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx, "memcache")
         self.codec = mc.MemcacheServerCodec()
-        self._redo: Command | None = None
-        """A command that waited for its queue's replay, to run before the next one."""
 
     # ---- the hooks of server.connection ---------------------------------------------------
 
@@ -84,16 +81,18 @@ class MemcacheConnection(Connection):
         while not self.closing:
             # Direct calls: compiled, a method called on its object is a C call, while a
             # bound method kept in a local or a handler looked up in a dict is a generic one.
-            redo = self._redo
+            redo = self.redo
             if redo is None:
                 cmd = codec.next_command()
                 if cmd is NEED_DATA:
                     return
-                if self.ctx.collection.replaying_in_background and self._wait_for_replay(cmd):
-                    return
             else:
-                self._redo = None
+                self.redo = None
                 cmd = redo
+            if self.ctx.collection.replaying_in_background and self.wait_for_replay(
+                cmd, type(cmd) is FlushAll
+            ):
+                return
             if type(cmd) is SET_CLASS:
                 handle_set(self, cmd)
             elif type(cmd) is GET_CLASS:
@@ -115,32 +114,6 @@ class MemcacheConnection(Connection):
 
     def refusal(self, reason: str) -> bytes:
         return mc.server_error(reason)
-
-    # ---- commands on a queue not replayed yet ---------------------------------------------
-
-    def _wait_for_replay(self, cmd: Command) -> bool:
-        """Park ``cmd`` when its queue is on disk and not replayed yet while the background
-        replay runs (``QueueCollection.must_wait``): it runs once that replay, which then
-        comes first, has made the queue ready, and the loop serves other connections
-        meanwhile. True when parked. Commands on several queues or none run at once (one
-        that names a queue not replayed yet replays it then, on the loop)."""
-        name = getattr(cmd, "queue", None)
-        coll = self.ctx.collection
-        if type(name) is not str or not coll.must_wait(name):
-            return False
-        self.park_untimed(cmd, None, b"")
-        coll.wait_for(name, self._replayed)
-        return True
-
-    def _replayed(self) -> None:
-        """The queue a parked command waited for is replayed (or the background replay
-        ended): run that command next, on the next loop pass."""
-        parked = self.parked
-        if parked is None or self.ctx.stopping:  # the connection went away, or the server
-            return
-        self.parked = None
-        self._redo = parked.command
-        self.resume_soon()
 
     # ---- blocked gets ---------------------------------------------------------------------
 

@@ -62,8 +62,15 @@ class TextConnection(Connection):
     def run(self) -> None:
         codec = self.codec
         while not self.closing and self.parked is None:
-            cmd = codec.next_command()
-            if cmd is kt.NEED_DATA:
+            cmd = self.redo
+            if cmd is None:
+                cmd = codec.next_command()
+                if cmd is kt.NEED_DATA:
+                    return
+            else:
+                self.redo = None
+            # A queue not replayed yet: wait for it, counted once it runs.
+            if self.ctx.collection.replaying_in_background and self.wait_for_replay(cmd, False):
                 return
             name, handler, access = HANDLERS[type(cmd)]
             self.op = name

@@ -73,8 +73,17 @@ class ThriftConnection(Connection):
     def run(self) -> None:
         codec = self.codec
         while not self.closing and self.parked is None:
-            call = codec.next_call()
-            if call is NEED_DATA:
+            call = self.redo
+            if call is None:
+                call = codec.next_call()
+                if call is NEED_DATA:
+                    return
+            else:
+                self.redo = None
+            # A queue not replayed yet: wait for it, counted once it runs.
+            if self.ctx.collection.replaying_in_background and self.wait_for_replay(
+                call, type(call) is t.FlushAllQueues
+            ):
                 return
             self.call = call
             handler, access = HANDLERS[type(call)]
