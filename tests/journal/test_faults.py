@@ -238,3 +238,97 @@ def test_rotation_leaves_the_directory_fsync_to_the_next_sync_and_delete_fsyncs_
     j.erase()
     assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (4, 2)
     assert faults.calls["unlink"] >= 2 and not list(tmp_path.glob("q*"))
+
+
+def _parked(tmp_path: Path, files: DataDir, q: FileJournal) -> list[FileJournal]:
+    """Use two other journals (a pool of two) so that ``q``'s descriptor is parked; they
+    are returned, to be closed."""
+    others = [journal(tmp_path, name, files) for name in ("o1", "o2")]
+    for other in others:
+        other.add(1, 1, 0, other.name.encode())
+        other.write_out()
+    assert q._fd < 0  # parked
+    return others
+
+
+def test_a_parked_journal_out_of_descriptors_refuses_that_record_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    """The record that would need a reopen is refused before it is taken (TooManyOpenFiles:
+    ``SERVER_ERROR too many open files``), the journal is not failed, and once descriptors
+    are there again the next record goes in. Before: the record was buffered, its write
+    could not reopen the file, and the journal refused every later append until a restart
+    ("open failed", found by ``bench/soak.py --emfile``)."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=2, ops=faults)
+    q = journal(tmp_path, "q", files)
+    q.add(1, 1, 0, b"kept")
+    q.write_out()
+    others = _parked(tmp_path, files, q)
+    faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+    with pytest.raises(TooManyOpenFiles):
+        q.add(2, 2, 0, b"refused")
+    with pytest.raises(TooManyOpenFiles):
+        q.remove()
+    assert not q.failed and q.write_out() == 0 and files.stats()["refused"] == 2
+    faults.clear()
+    q.add(2, 2, 0, b"later")
+    q.write_out()
+    for j in (q, *others):
+        j.close()
+    files.close()
+    assert replayed(tmp_path, "q") == [b"kept", b"later"]
+
+
+def test_a_journal_parked_with_records_buffered_writes_them_first(tmp_path: Path) -> None:
+    """The pool parks a journal whose records wait for the group commit by writing them
+    first (and running its due group fsync): the group commit then needs no reopen, which
+    could fail, and one pass can write to more queues than the pool holds."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=1, ops=faults)
+    q = journal(tmp_path, "q", files)
+    q.add(1, 1, 0, b"buffered")
+    q.write_out()
+    q.sync()  # the new file's name is durable: q may be parked with a sync due
+    q.add(2, 2, 0, b"also")
+    other = journal(tmp_path, "other", files)  # beyond the pool: q is parked
+    assert q._fd < 0 and faults.calls["pwritev"] == 2
+    faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+    assert q.write_out() == 0  # nothing left to write: no reopen
+    faults.clear()
+    q.add(3, 3, 0, b"synced")  # reopens (other is parked in turn) ...
+    q.write_out()
+    q.sync_due = True  # ... what the committer sets for a sync_journal = true group
+    other.add(1, 1, 0, b"o")  # q is parked again: fdatasynced first
+    assert q._fd < 0 and faults.calls["fdatasync"] == 2
+    faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+    q.sync()  # the group's fsync: done already, no reopen
+    assert not q.failed and faults.calls["fdatasync"] == 2
+    faults.clear()
+    for j in (q, other):
+        j.close()
+    files.close()
+    assert replayed(tmp_path, "q") == [b"buffered", b"also", b"synced"]
+
+
+def test_a_rotation_out_of_descriptors_is_put_off(tmp_path: Path) -> None:
+    """No descriptor for the new file: the old one is renamed back and stays current, the
+    rotation is put off, the journal goes on and rotates later. Before: "rotation failed:
+    Too many open files", and the queue refused every write until a restart."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=2, ops=faults)
+    q = journal(tmp_path, "q", files)
+    q.add(1, 1, 0, b"one")
+    faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+    assert not q.rotate()
+    assert (q.rotations, q.rotations_put_off, q.failed) == (0, 1, False)
+    assert sorted(p.name for p in tmp_path.glob("q*")) == ["q"]
+    q.add(2, 2, 0, b"two")
+    q.write_out()
+    faults.clear()
+    assert q.rotate()
+    q.add(3, 3, 0, b"three")
+    q.close()
+    files.close()
+    assert sorted(p.name for p in tmp_path.glob("q*")) == ["q", "q.1"]
+    assert replayed(tmp_path, "q") == [b"one", b"two", b"three"]

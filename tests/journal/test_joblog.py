@@ -259,6 +259,35 @@ def test_a_failed_write_fails_the_log_for_good(tmp_path: Path) -> None:
     journal2.close()
 
 
+def test_out_of_descriptors_puts_rotation_and_compaction_off(tmp_path: Path) -> None:
+    """No descriptor for the next file: the log stays in its current file (rotation and
+    compaction put off, nothing failed, every reply still possible) and rotates once there
+    is one. Before: the rotation closed the current file first, its open raised EMFILE out
+    of the group commit's write, and the log was left without a file."""
+    faults = FaultyFiles()
+    journal = JobJournal(str(tmp_path), 4096, ops=faults)
+    journal.replay()
+    store = JobStore(Clock(), journal)
+    w = _worker(store)
+    faults.fail("open", errno.EMFILE)  # every open from now on (the directory's is held)
+    for i in range(100):
+        store.put(w, 0, 0, 60, b"job %d " % i + b"x" * 100)
+        journal.write_out()
+    assert (journal.seq, journal.failed) == (1, False) and journal.put_off >= 2
+    jobs = (store.record(j, 5.0) for j in store.snapshot())
+    assert store.log.compact(store.next_id, jobs) is None
+    assert sorted(os.listdir(tmp_path)) == ["jobs.1", "lock"]
+    faults.clear()
+    store.put(w, 0, 0, 60, b"last")
+    journal.write_out()
+    assert journal.seq == 2
+    expected = _states(store)
+    journal.close()
+    store2, journal2 = _open(tmp_path, Clock(), max_file_size=4096)
+    assert _states(store2) == expected and len(expected) == 101
+    journal2.close()
+
+
 _CRASH = """
 import sys
 sys.path.insert(0, {src!r})

@@ -208,6 +208,7 @@ class Committer:
                 continue
             if mode == 0:
                 self._to_sync[journal] = None
+                journal.sync_due = True  # its pool keeps the file open for the group fsync
                 self._group_bytes += size
             elif journal not in self._periodic:
                 self._periodic[journal] = self._loop.call_later(

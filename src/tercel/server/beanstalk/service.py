@@ -90,7 +90,7 @@ class JournalLog(NativeJobLog):
     def current_file(self) -> int:
         return self.journal.current_file
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int | None:
         return self.journal.compact(next_id, jobs)
 
 
