@@ -265,7 +265,8 @@ _SIZES: Final = {OP_STATE: _STATE.size, OP_DELETE: _DELETE.size, OP_SNAPSHOT: _S
 
 def _check_record(data: Buffer, pos: int) -> int:
     """The offset just after the valid record at ``pos`` (framing, checksum, an opcode of the
-    job log with its size); raises :class:`_Torn` when there is none."""
+    job log with its size, a JOB record's tube name inside it and ASCII); raises
+    :class:`_Torn` when there is none."""
     end = len(data)
     if end - pos < PREFIX_SIZE:
         raise _Torn(pos, "record header runs past the end of the file")
@@ -280,6 +281,10 @@ def _check_record(data: Buffer, pos: int) -> int:
     op = body[0]
     if length != _SIZES.get(op, -1) and not (op == OP_JOB and length >= _JOB.size):
         raise _Torn(pos, f"bad record (opcode {op}, length {length})")
+    if op == OP_JOB:  # the checksum only says these bytes were written whole
+        tube_end = _JOB.size + body[_JOB.size - 1]
+        if tube_end > length or not body[_JOB.size : tube_end].isascii():
+            raise _Torn(pos, f"bad JOB record (tube name of {body[_JOB.size - 1]} bytes)")
     return int(stop)
 
 
