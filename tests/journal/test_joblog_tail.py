@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from support import Raw, stats
 from tercel.errors import JournalCorrupt
 from tercel.journal.joblog import HEADER, JobJournal, encode_delete, encode_job_fields
 from tercel.journal.records import PREFIX, crc32
 from tercel.journal.tail import HOLE
-from tercel.testing import BeanstalkdProcess
+from tercel.testing import BeanstalkdProcess, ServerProcess
 
 
 def job(job_id: int, size: int = 10) -> bytes:
@@ -169,3 +170,14 @@ def test_a_job_record_with_a_bad_tube_name_is_damage_not_a_crash(
     last = HEADER + job(1) + _crafted(2, tube, claimed)
     (tmp_path / "jobs.1").write_bytes(last)
     assert replay(tmp_path) == ([1], len(last) - len(HEADER + job(1)))
+
+
+def test_a_job_log_cut_counts_in_the_torn_tails_stat(tmp_path: Path) -> None:
+    """``tercel serve``: a torn tail cut from the job log counts in ``journal_torn_tails``,
+    as a queue journal's does (before: logged, not counted)."""
+    logs = tmp_path / "data" / "beanstalk.d"
+    logs.mkdir(parents=True)
+    (logs / "jobs.1").write_bytes((HEADER + job(1) + job(2))[:-7])
+    with ServerProcess(tmp_path / "data", extra_args=("--beanstalk-port", "0")) as srv:
+        conn = Raw(srv.connect())
+        assert stats(conn)["journal_torn_tails"] == "1"

@@ -127,12 +127,14 @@ class LoggedJob:
 @dataclass(slots=True)
 class JobReplay:
     """What :meth:`JobJournal.replay` found: the jobs (buried ones in bury order), the next
-    free job id, and how many bytes of torn tail were cut off."""
+    free job id, how many bytes of torn tail were cut off, and from how many files (each a
+    torn tail cut, the ``journal_torn_tails`` stat, as a queue journal's)."""
 
     jobs: list[LoggedJob]
     next_id: int
     torn_bytes: int
     records: int
+    torn_tails: int = 0
 
 
 # The encoders write the records' fixed fields with librt's BytesWriter: compiled, each
@@ -374,13 +376,15 @@ class JobJournal(AppendLog):
             records += n
         self._remove_covered(covered, snaps[:-1])
         seqs = [s for s in _seqs(self._names(), JOBS_PREFIX) if s > covered]
-        torn = 0
+        torn = tails = 0
         for i, seq in enumerate(seqs):
             path = os.path.join(d, f"{JOBS_PREFIX}{seq}")
             top, n, cut = self._replay_file(path, seq, jobs, newest=i == len(seqs) - 1)
             next_id = max(next_id, top)
             records += n
             torn += cut
+            if cut:
+                tails += 1
         for job_id in jobs:
             next_id = max(next_id, job_id + 1)
         self.oldest_seq = seqs[0] if seqs else covered + 1
@@ -389,7 +393,7 @@ class JobJournal(AppendLog):
             os.path.getsize(os.path.join(d, f"{JOBS_PREFIX}{s}")) for s in seqs[:-1]
         ) + (os.path.getsize(os.path.join(d, f"{SNAP_PREFIX}{covered}")) if snaps else 0)
         self._open(self.seq)
-        return JobReplay(list(jobs.values()), next_id, torn, records)
+        return JobReplay(list(jobs.values()), next_id, torn, records, tails)
 
     def _remove_covered(self, covered: int, old_snaps: list[int]) -> None:
         d = self.directory

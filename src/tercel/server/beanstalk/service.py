@@ -170,6 +170,7 @@ class BeanstalkService:
         self.store.next_id = max(self.store.next_id, found.next_id)
         if found.torn_bytes:
             log.warning("job log: cut %d bytes of torn tail", found.torn_bytes)
+        self.ctx.collection.stats.journal_torn_tails += found.torn_tails  # as a queue's cuts
         self.rearm()
         return len(found.jobs)
 
