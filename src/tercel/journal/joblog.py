@@ -79,6 +79,8 @@ _ZERO_COUNTERS: Final = bytes(20)
 
 JOBS_PREFIX: Final = "jobs."
 SNAP_PREFIX: Final = "snapshot."
+SERVE_DIR: Final = "beanstalk.d"
+"""The job log's directory inside a data dir under ``tercel serve``."""
 
 
 class JobFields(Protocol):
@@ -288,6 +290,28 @@ def _check_record(data: Buffer, pos: int) -> int:
         if tube_end > length or not body[_JOB.size : tube_end].isascii():
             raise _Torn(pos, f"bad JOB record (tube name of {body[_JOB.size - 1]} bytes)")
     return int(stop)
+
+
+def check_file(data: bytes) -> tuple[int, int, str]:
+    """Check one job-log file's bytes (a ``jobs.<n>`` or a ``snapshot.<n>``) record by
+    record, as replay frames them (``tercel journal check``): ``(records, offset, why)``,
+    where ``offset`` is that of the first bad record (0: the header) and -1 when there is
+    none. Zeros from a record boundary to the end are space written ahead, not damage."""
+    version = header_version(data[:HEADER_SIZE]) if len(data) >= HEADER_SIZE else None
+    if version is None or version < FIRST_VERSION:
+        return 0, 0, "bad file header"
+    pos = HEADER_SIZE
+    end = len(data)
+    count = 0
+    while pos < end:
+        if data[pos] == 0 and data.count(0, pos) == end - pos:
+            break
+        try:
+            pos = _check_record(data, pos)
+        except _Torn as torn:
+            return count, torn.offset, torn.why
+        count += 1
+    return count, -1, ""
 
 
 def _record_end(data: Buffer, pos: int) -> int:

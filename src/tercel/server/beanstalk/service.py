@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from tercel import __version__
 from tercel.core.tubes import JobRecord, JobStore, NativeJobLog, NativeTubeClock
-from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, JobJournal
+from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, SERVE_DIR, JobJournal
 from tercel.protocol.beanstalk import COUNTED, DEFAULT_MAX_JOB_SIZE, OPS, random_id
 from tercel.server.context import ServerContext
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tercel.beanstalk")
 
-JOBLOG_DIR = "beanstalk.d"
+JOBLOG_DIR = SERVE_DIR
 """The job log's directory inside ``tercel serve``'s data dir (never a queue's file name)."""
 JOBLOG_NAME = "beanstalk.d"
 """The job log's name for the group committer: no queue can be called so (``names.py``), so
