@@ -279,6 +279,7 @@ class FileJournal(AppendLog):
         self.rotations = 0
         self.rotations_put_off = 0
         """Rotations that found no descriptor for the new file (:meth:`rotate`)."""
+        self._rotate_after = 0  # after a rotation put off: the size to try again at
         self.compactions = 0
         self.pages = True
         """Items can be left on disk and read back (read-behind)."""
@@ -1014,6 +1015,8 @@ class FileJournal(AppendLog):
         written stays readable at the next start (the old file under one of its two names)."""
         if self.closed or self.syncing or self._failed is not None:
             return False
+        if self._written + self._pending < self._rotate_after:
+            return False  # put off a moment ago (_put_off)
         self.write_out()
         try:
             fd = self._fd_now()
@@ -1038,7 +1041,6 @@ class FileJournal(AppendLog):
                 if exc.errno not in OUT_OF_DESCRIPTORS:
                     raise
                 ops.rename(older, self.path)  # back: the old file goes on as the current
-                self._name_unsynced = True  # both renames: durable at the next sync
                 return self._put_off(exc)
             self._fd = -1
             self._dir.forget(self)
@@ -1054,7 +1056,10 @@ class FileJournal(AppendLog):
         return True
 
     def _put_off(self, exc: OSError) -> bool:
-        """A rotation found no descriptor for the new file: log, count, return False."""
+        """A rotation found no descriptor for the new file: log, count, return False, and
+        try again only once another sixteenth of the file is written (each try costs an
+        fdatasync and two renames)."""
+        self._rotate_after = self._written + (self._written >> 4)
         self.rotations_put_off += 1
         log.warning("journal %s: rotation put off: %s", self.path, exc.strerror or exc)
         return False
