@@ -25,6 +25,7 @@ from tercel.journal import FileJournal
 from tercel.journal.faults import FaultyFiles, PowerLossFiles, power_loss
 from tercel.journal.files import DataDir
 from tercel.server.commit import Committer
+from tercel.server.commit import Holder as CommitHolder
 
 
 def journal(tmp_path: Path, name: str, directory: DataDir) -> FileJournal:
@@ -339,3 +340,50 @@ def test_a_rotation_out_of_descriptors_is_put_off(tmp_path: Path) -> None:
     files.close()
     assert sorted(p.name for p in tmp_path.glob("q*")) == ["q", "q.1"]
     assert replayed(tmp_path, "q") == [b"one", b"two", b"three"]
+
+
+def test_a_group_fsync_needs_no_reopen_after_its_journal_was_parked(tmp_path: Path) -> None:
+    """``sync_journal = true``: a journal whose buffered records the pool parks before the
+    pass (another queue's request needed its descriptor) is written and fdatasynced by the
+    park; the group commit then writes and syncs nothing more of it, so with no descriptor
+    to reopen it the replies still go out. Before, the park wrote the records but left the
+    sync to the group, whose reopen failed the journal for good ("fsync failed")."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=1, ops=faults)
+    released: list[bytes] = []
+
+    class Conn(CommitHolder):
+        def release(self, data: bytes) -> None:
+            released.append(data)
+
+        def fail(self) -> None:
+            released.append(b"FAILED")
+
+    async def main() -> None:
+        committer = Committer(asyncio.get_running_loop(), lambda _: 0)
+
+        def open_journal(name: str) -> FileJournal:
+            j = FileJournal(str(tmp_path), name, directory=files, on_dirty=committer.journal_dirty)
+            j.replay(Recorder())
+            return j
+
+        q = open_journal("q")
+        q.add(1, 1, 0, b"one")
+        committer.run(inline=True)  # q's file and its name are durable
+        q.add(2, 2, 0, b"two")
+        committer.hold(Conn(), b"STORED")
+        other = open_journal("other")  # its new file takes the pool's one place: q is parked
+        other.add(1, 1, 0, b"o")
+        assert q._fd < 0
+        faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+        committer.run(inline=True)
+        assert not q.failed
+        faults.clear()
+        for j in (q, other):
+            j.close()
+        committer.close()
+
+    asyncio.run(main())
+    files.close()
+    assert released == [b"STORED"]
+    assert replayed(tmp_path, "q") == [b"one", b"two"]

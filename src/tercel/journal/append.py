@@ -114,9 +114,10 @@ class AppendLog:
         self.syncing = False
         """True while a worker thread runs a sync of this journal."""
         self.sync_due = False
-        """Written, and the sync owner's next group fsync covers it (the committer sets it,
-        :meth:`_mark_synced` clears it): a pooled file parked meanwhile is fdatasynced first,
-        so that the group's fsync needs no descriptor it might not get."""
+        """The sync owner's next group fsync covers this journal's records (the committer
+        sets it when the buffer of a ``sync_journal = true`` journal fills and when it writes
+        one; :meth:`_mark_synced` clears it): a pooled file parked meanwhile is written and
+        fdatasynced first, so that the group's fsync needs no descriptor it might not get."""
 
     # ---- the hooks ------------------------------------------------------------------------
 
