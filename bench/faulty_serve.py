@@ -8,7 +8,8 @@ runs ``tercel`` with ``ARGS`` as the command line would. A rule is an object:
 - ``{"kind": "crash", "op": "pwritev", "after": true, "skip": 300}``: the process exits with
   status 99 just after (or before) that call, once;
 - ``{"kind": "fail", "op": "fdatasync", "errno": "EIO", "skip": 20, "times": 1}``: the call
-  raises that ``OSError``;
+  raises that ``OSError``; ``"until": ["open", "/release"]`` ends the rule once such a call
+  has completed (a client lifts the fault by creating the queue ``release``);
 - ``{"kind": "slow", "op": "fdatasync", "seconds": 0.02}``: the call waits first.
 
 ``path`` (a substring of the file's path) may narrow any rule. With ``TERCEL_POWER_LOSS_SHADOW``
@@ -42,7 +43,9 @@ def install(rules: list[dict[str, object]]) -> FaultyFiles:
         elif rule["kind"] == "fail":
             times = int(str(rule["times"])) if "times" in rule else None
             code = getattr(errno, str(rule["errno"]))
-            faults.fail(op, code, path=path, skip=skip, times=times)
+            until = rule.get("until")
+            off = (str(until[0]), str(until[1])) if isinstance(until, list) else None
+            faults.fail(op, code, path=path, skip=skip, times=times, disarmed_by=off)
         elif rule["kind"] == "slow":
             faults.slow(op, float(str(rule["seconds"])), path=path)
         else:

@@ -25,5 +25,7 @@ def tracebacks(log: str) -> Counter[str]:
 def compiled_modules(log: str) -> int | None:
     """How many mypyc-compiled modules the server said it runs (0: pure Python), None if it
     did not say."""
-    found = re.search(r"(\d+) compiled module", log)
-    return int(found.group(1)) if found else None
+    if "pure-Python build" in log:
+        return 0
+    found = re.search(r"compiled build: (\d+) module|(\d+) compiled module", log)
+    return int(found.group(1) or found.group(2)) if found else None

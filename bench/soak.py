@@ -68,6 +68,17 @@ max_journal_overflow = 4
 """
 
 
+LOG_LINES = {
+    "journals_failed_out_of_descriptors": "failed: Too many open files",
+    "records_refused": "record refused: Too many open files",
+    "rotations_put_off": "rotation put off",
+    "compactions_put_off": "compaction put off",
+    "queues_not_created": "not created: Too many open files",
+}
+"""Server log lines counted in the summary (``log_lines``). With ``--emfile`` the first must
+be 0: a journal marked failed for want of a descriptor refused every later write to its
+queue until a restart (issue 21, before session 13)."""
+
 MANY = "soak_many"
 """``--emfile``: the group of many small queues (``soak_many_000`` ...), written and read in
 random order, so the journal descriptor pool evicts and reopens all the time."""
@@ -653,6 +664,9 @@ class Soak:
         )
         bad += n_bugs + len(self.start_failures) + (check.returncode != 0) + (stop_code != 0)
         bad += len(self.unexpected_exits)
+        lines = {key: log.count(text) for key, text in LOG_LINES.items()}
+        if self.emfile:  # out of descriptors must never fail a journal for good
+            bad += lines["journals_failed_out_of_descriptors"]
         return {
             "ok": bad == 0,
             "seconds": self.seconds,
@@ -669,6 +683,7 @@ class Soak:
             "restart_s_max": round(max(self.restart_s), 3),
             "journal": dict(self.journal_stats),
             "torn_tails_logged": log.count("torn tail"),
+            "log_lines": lines,
             "tracebacks_in_log": n_bugs,
             "distinct_tracebacks": [{"count": n, "where": k} for k, n in bugs.most_common()],
             "journal_check_exit": check.returncode,

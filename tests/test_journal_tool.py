@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from tercel.clock import SystemClock
 from tercel.config import QueueConfig
 from tercel.core.queue import PersistentQueue
 from tercel.journal import FileJournal
+from tercel.journal.joblog import JobJournal
 
 
 def tool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -76,3 +78,29 @@ def test_check_and_dump_take_a_queue_and_refuse_a_missing_one(tmp_path: Path) ->
         assert not (tmp_path / "nosuch").exists()
     bad = tool("salvage", str(tmp_path), "../q")
     assert bad.returncode == 2 and "not a valid queue name" in bad.stderr
+
+
+def test_check_covers_the_beanstalkd_job_log(tmp_path: Path) -> None:
+    """``beanstalk.d`` in a data dir (``tercel serve``) is checked with the queues, a
+    ``tercel beanstalkd -b`` directory with ``--jobs``; the first bad offset per file, exit 1
+    (before: the job log was not looked at)."""
+    make(tmp_path)
+    jobs = tmp_path / "beanstalk.d"
+    log = JobJournal(str(jobs), 4096)
+    log.replay()
+    for i in range(60):
+        log.put(i + 1, 1, 0, 0, 0, "tube", 60, 0, b"x" * 100)
+        log.write_out()
+    log.close()
+    assert sorted(os.listdir(jobs))[:3] == ["jobs.1", "jobs.2", "jobs.3"]
+    out = tool("check", str(tmp_path))
+    assert out.returncode == 0
+    assert f"{jobs / 'jobs.1'}: ok, " in out.stdout and f"{tmp_path / 'q'}: ok, 8" in out.stdout
+    raw = bytearray((jobs / "jobs.2").read_bytes())
+    raw[8 + 8 + 30] ^= 0x01  # inside the first record's fields
+    (jobs / "jobs.2").write_bytes(bytes(raw))
+    for args in (("check", str(tmp_path)), ("check", "--jobs", str(jobs))):
+        out = tool(*args)
+        assert out.returncode == 1
+        assert f"{jobs / 'jobs.2'}: BAD at offset 8: checksum mismatch (0 good" in out.stdout
+    assert tool("check", str(tmp_path), "q").returncode == 0  # one queue: no job log

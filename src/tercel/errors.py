@@ -13,9 +13,11 @@ Every error tercel raises on purpose is one of these::
     │   ├── TooManyLeases     the queue's ``max_open_leases`` leases are all open
     │   ├── TooManyQueues     ``max_queues`` queues exist: no new one is created
     │   └── TooManyOpenFiles  the process is out of file descriptors (EMFILE, ENFILE)
+    │       └── JournalOutOfDescriptors  ... for a journal file (also a JournalError)
     ├── ConfigError           a configuration file or value is invalid
     ├── JournalError          something is wrong with a journal file (carries path and offset)
     │   ├── JournalCorrupt    a bad record that is not a torn tail: start-up must stop
+    │   ├── JournalOutOfDescriptors  (see above): nothing was written, the journal goes on
     │   └── JournalWriteError the OS refused a journal write or fsync
     └── ClientError           what the client library (:mod:`tercel.client`) reports
         ├── TransportError    connecting, sending or receiving failed; the connection is dropped
@@ -126,6 +128,19 @@ class JournalCorrupt(JournalError):
 
 class JournalWriteError(JournalError):
     """The OS refused a write or fsync; the journal refuses further writes."""
+
+
+class JournalOutOfDescriptors(TooManyOpenFiles, JournalError):
+    """A journal file could not be (re)opened for the record this request would append: no
+    descriptor left (EMFILE, ENFILE), even after the descriptor pool closed every file it
+    could. Nothing was buffered and the journal is not failed: this one request is refused
+    (``SERVER_ERROR too many open files``, as a :class:`TooManyOpenFiles`), and code that
+    goes on past a journal that cannot be written (an expiry sweep, a lease over several
+    queues) catches it as the :class:`JournalError` it also is."""
+
+    def __init__(self, path: str, offset: int) -> None:
+        JournalError.__init__(self, "too many open files", path, offset)
+        self.reason = "too many open files"
 
 
 # ---- the client library ---------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """``tercel journal dump|check|compact|salvage``: look at and repair journals offline.
 
 ``dump`` prints every record (like Kestrel's qdump), ``check`` verifies every checksum and
-reports the first bad offset per file, ``compact`` replays a queue and rewrites its history
-into one snapshot, ``salvage`` cuts the damaged spans out of a queue's files and keeps every
-valid record around them (:mod:`tercel.journal.salvage`). Each shows a progress bar on large
-journals and exits non-zero when a journal is corrupt. ``compact`` and ``salvage`` refuse to
-run while a server holds the data directory. Exit codes: 0 fine, 1 a journal is corrupt (or
-was), 2 a usage error: not a directory, no such queue, an invalid name, the directory in use.
+reports the first bad offset per file (of the beanstalkd job log too: ``beanstalk.d`` in the
+data dir, or a ``tercel beanstalkd -b`` directory with ``--jobs``), ``compact`` replays a queue
+and rewrites its history into one snapshot, ``salvage`` cuts the damaged spans out of a queue's
+files and keeps every valid record around them (:mod:`tercel.journal.salvage`). Each shows a
+progress bar on large journals and exits non-zero when a journal is corrupt. ``compact`` and
+``salvage`` refuse to run while a server holds the data directory. Exit codes: 0 fine, 1 a
+journal is corrupt (or was), 2 a usage error: not a directory, no such queue, an invalid name,
+the directory in use.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     check = verbs.add_parser("check", help="verify every record; non-zero exit on corruption")
     check.add_argument("dir")
     check.add_argument("queue", nargs="?")
+    check.add_argument(
+        "--jobs", action="store_true", help="DIR is a beanstalkd job log (tercel beanstalkd -b)"
+    )
     compact = verbs.add_parser("compact", help="compact journals (server must be stopped)")
     compact.add_argument("dir")
     compact.add_argument("queue", nargs="?")
@@ -62,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         print(f"{args.dir}: not a directory", file=sys.stderr)
         return 2
+    if args.verb == "check" and getattr(args, "jobs", False):
+        return check_job_log(args.dir, sys.stdout)
     if args.queue is not None and not _exists(args.dir, args.queue):
         return 2
     if args.verb == "dump":
@@ -184,8 +191,12 @@ def _format(r: dict[str, object], payload: bool) -> str:
 
 
 def check(data_dir: str, out: TextIO, queue: str | None = None) -> int:
-    """Verify every record of every journal (or of ``queue``'s); 1 when any file is damaged."""
-    status = 0
+    """Verify every record of every journal (or of ``queue``'s) and, without ``queue``, of
+    the beanstalkd job log in ``beanstalk.d`` when there is one; 1 when any file is damaged."""
+    from tercel.journal.joblog import SERVE_DIR
+
+    jobs = os.path.join(data_dir, SERVE_DIR)
+    status = check_job_log(jobs, out) if queue is None and os.path.isdir(jobs) else 0
     for name in _queues(data_dir, queue):
         paths = journal_files(data_dir, name)
         with _bar(paths, name) as bar:
@@ -200,6 +211,34 @@ def check(data_dir: str, out: TextIO, queue: str | None = None) -> int:
                     status = 1
                 else:
                     out.write(f"{path}: ok, {count} records\n")
+    return status
+
+
+def check_job_log(directory: str, out: TextIO) -> int:
+    """Verify every file of the beanstalkd job log in ``directory`` (``snapshot.<n>`` and
+    ``jobs.<n>``, in order), record by record as a start frames them (journal_format.md §17);
+    1 when any file is damaged. A bad record at the end of the newest ``jobs`` file is one a
+    start cuts as a torn tail; it is reported all the same, as a queue journal's is."""
+    from tercel.journal.joblog import JOBS_PREFIX, SNAP_PREFIX, check_file
+
+    files = sorted(
+        (int(name[len(prefix) :]), prefix == JOBS_PREFIX, name)
+        for name in os.listdir(directory)
+        for prefix in (SNAP_PREFIX, JOBS_PREFIX)
+        if name.startswith(prefix) and name[len(prefix) :].isdigit()
+    )
+    if not files:
+        out.write(f"{directory}: no job log files\n")
+    status = 0
+    for _, _, name in files:
+        path = os.path.join(directory, name)
+        with open(path, "rb") as fh:
+            count, bad, why = check_file(fh.read())
+        if bad >= 0:
+            out.write(f"{path}: BAD at offset {bad}: {why} ({count} good records before)\n")
+            status = 1
+        else:
+            out.write(f"{path}: ok, {count} records\n")
     return status
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +22,7 @@ from tercel.testing import ServerProcess
 LIMIT = 256
 QUEUES = 1100
 CRLF = b"\r\n"
+LAUNCHER = (sys.executable, str(Path(__file__).resolve().parents[2] / "bench" / "faulty_serve.py"))
 
 
 def _replies(sock: socket.socket, count: int) -> list[bytes]:
@@ -130,6 +132,39 @@ def test_connections_that_use_every_descriptor_refuse_nothing_else_for_good(
             time.sleep(0.05)
         first.call(set_cmd("late", b"y"), b"STORED\r\n")
         assert drain(first, "kept") == [b"0", b"1"]
+        assert "Traceback" not in srv.log()
+
+
+def test_a_parked_queue_out_of_descriptors_refuses_those_requests_and_works_again(
+    data_dir: Path,
+) -> None:
+    """A queue whose journal file the pool parked, and no descriptor to reopen it (EMFILE
+    through the file seam, lifted by creating the queue ``release``): its set and get are
+    refused with ``SERVER_ERROR too many open files``, the connection stays, the refused item
+    is not stored, and the queue takes items again once descriptors are there; a restart
+    finds exactly the acknowledged ones. Before: the set was taken into memory, its write
+    could not reopen the file, the connection was closed without a reply, and the journal
+    refused every later write until a restart ("open failed", ``bench/soak.py --emfile``)."""
+    rule = {"kind": "fail", "op": "open", "errno": "EMFILE", "path": "/victim", "skip": 1}
+    rule["until"] = ["open", "/release"]  # skip: the queue's first open, as it is created
+    config = "[server]\nmax_open_journals = 2\n"
+    env = {"TERCEL_SOAK_FAULTS": json.dumps([rule])}
+    with ServerProcess(data_dir, config, launcher=LAUNCHER, env=env) as srv:
+        conn = Raw(srv.connect())
+        conn.call(set_cmd("victim", b"first"), b"STORED\r\n")
+        for other in ("other1", "other2"):  # a pool of two: victim's file is parked
+            conn.call(set_cmd(other, b"x"), b"STORED\r\n")
+        refused = b"SERVER_ERROR too many open files\r\n"
+        conn.call(set_cmd("victim", b"refused"), refused)
+        conn.call(b"get victim\r\n", refused)
+        conn.call(set_cmd("other1", b"y"), b"STORED\r\n")  # other queues go on
+        conn.call(set_cmd("release", b"x"), b"STORED\r\n")
+        conn.call(set_cmd("victim", b"later"), b"STORED\r\n")
+        assert _pool_stats(conn)["refused"] >= 2
+        srv.kill()
+        srv.env = {}
+        srv.start()
+        assert drain(Raw(srv.connect()), "victim") == [b"first", b"later"]
         assert "Traceback" not in srv.log()
 
 

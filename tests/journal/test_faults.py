@@ -25,6 +25,7 @@ from tercel.journal import FileJournal
 from tercel.journal.faults import FaultyFiles, PowerLossFiles, power_loss
 from tercel.journal.files import DataDir
 from tercel.server.commit import Committer
+from tercel.server.commit import Holder as CommitHolder
 
 
 def journal(tmp_path: Path, name: str, directory: DataDir) -> FileJournal:
@@ -105,13 +106,14 @@ def test_emfile_on_open_parks_a_pooled_journal_and_goes_on(tmp_path: Path) -> No
     assert replayed(tmp_path, "c") == [b"c1"]
 
 
-def test_emfile_on_the_directory_fsync_of_a_rotation_evicts_instead_of_failing(
-    tmp_path: Path,
-) -> None:
-    """After a rotation the data dir is fsynced (at the journal's next sync); out of
-    descriptors for that open, it frees a pooled one like any journal open (before: "rotation
-    failed: Too many open files", and the queue refused every write until a restart, found by
-    ``bench/soak.py --emfile``)."""
+def test_the_directory_fsync_after_a_rotation_needs_no_descriptor(tmp_path: Path) -> None:
+    """After a rotation the data dir is fsynced (at the journal's next sync) through the
+    directory's own descriptor, which the pool opened once and keeps: with no descriptor to
+    be had at all, the sync goes through. Before: the directory was opened for each fsync,
+    first outside the pool ("rotation failed: Too many open files", the queue refused every
+    write until a restart), then through it; with nothing left to evict, a group fsync of a
+    ``sync_journal = true`` queue still failed its journal ("fsync failed: Too many open
+    files", ``bench/soak.py --emfile --seed 9``, session 13)."""
     faults = FaultyFiles()
     files = DataDir(str(tmp_path), max_open=8, ops=faults)
     other = journal(tmp_path, "other", files)
@@ -119,14 +121,17 @@ def test_emfile_on_the_directory_fsync_of_a_rotation_evicts_instead_of_failing(
     other.write_out()
     q = journal(tmp_path, "q", files)
     q.add(1, 1, 0, b"q1")
-    # After the rename: the new file's open goes through, the directory's fails once.
-    faults.fail("open", errno.EMFILE, skip=1, times=1, armed_by=("rename", None))
+    # After the rename: the new file's open goes through, every later open fails.
+    faults.fail("open", errno.EMFILE, skip=1, armed_by=("rename", None))
     assert q.rotate()
     q.add(2, 2, 0, b"q2")
     q.write_out()
+    fsyncs = faults.calls["fsync"]
     q.sync()
-    assert not q.failed and files.stats()["emfile"] == 1 and files.evictions == 1
-    other.add(2, 2, 0, b"o2")  # the evicted journal reopens its file
+    assert not q.failed and faults.calls["fsync"] == fsyncs + 1  # the directory's
+    assert files.stats()["emfile"] == 0
+    faults.clear()
+    other.add(2, 2, 0, b"o2")
     other.write_out()
     for j in (q, other):
         j.close()
@@ -238,3 +243,147 @@ def test_rotation_leaves_the_directory_fsync_to_the_next_sync_and_delete_fsyncs_
     j.erase()
     assert (faults.calls["fdatasync"], faults.calls["fsync"]) == (4, 2)
     assert faults.calls["unlink"] >= 2 and not list(tmp_path.glob("q*"))
+
+
+def _parked(tmp_path: Path, files: DataDir, q: FileJournal) -> list[FileJournal]:
+    """Use two other journals (a pool of two) so that ``q``'s descriptor is parked; they
+    are returned, to be closed."""
+    others = [journal(tmp_path, name, files) for name in ("o1", "o2")]
+    for other in others:
+        other.add(1, 1, 0, other.name.encode())
+        other.write_out()
+    assert q._fd < 0  # parked
+    return others
+
+
+def test_a_parked_journal_out_of_descriptors_refuses_that_record_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    """The record that would need a reopen is refused before it is taken (TooManyOpenFiles:
+    ``SERVER_ERROR too many open files``), the journal is not failed, and once descriptors
+    are there again the next record goes in. Before: the record was buffered, its write
+    could not reopen the file, and the journal refused every later append until a restart
+    ("open failed", found by ``bench/soak.py --emfile``)."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=2, ops=faults)
+    q = journal(tmp_path, "q", files)
+    q.add(1, 1, 0, b"kept")
+    q.write_out()
+    others = _parked(tmp_path, files, q)
+    faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+    with pytest.raises(TooManyOpenFiles):
+        q.add(2, 2, 0, b"refused")
+    with pytest.raises(TooManyOpenFiles):
+        q.remove()
+    assert not q.failed and q.write_out() == 0 and files.stats()["refused"] == 2
+    faults.clear()
+    q.add(2, 2, 0, b"later")
+    q.write_out()
+    for j in (q, *others):
+        j.close()
+    files.close()
+    assert replayed(tmp_path, "q") == [b"kept", b"later"]
+
+
+def test_a_journal_parked_with_records_buffered_writes_them_first(tmp_path: Path) -> None:
+    """The pool parks a journal whose records wait for the group commit by writing them
+    first (and running its due group fsync): the group commit then needs no reopen, which
+    could fail, and one pass can write to more queues than the pool holds."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=1, ops=faults)
+    q = journal(tmp_path, "q", files)
+    q.add(1, 1, 0, b"buffered")
+    q.write_out()
+    q.sync()  # the new file's name is durable: q may be parked with a sync due
+    q.add(2, 2, 0, b"also")
+    other = journal(tmp_path, "other", files)  # beyond the pool: q is parked
+    assert q._fd < 0 and faults.calls["pwritev"] == 2
+    faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+    assert q.write_out() == 0  # nothing left to write: no reopen
+    faults.clear()
+    q.add(3, 3, 0, b"synced")  # reopens (other is parked in turn) ...
+    q.write_out()
+    q.sync_due = True  # ... what the committer sets for a sync_journal = true group
+    other.add(1, 1, 0, b"o")  # q is parked again: fdatasynced first
+    assert q._fd < 0 and faults.calls["fdatasync"] == 2
+    faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+    q.sync()  # the group's fsync: done already, no reopen
+    assert not q.failed and faults.calls["fdatasync"] == 2
+    faults.clear()
+    for j in (q, other):
+        j.close()
+    files.close()
+    assert replayed(tmp_path, "q") == [b"buffered", b"also", b"synced"]
+
+
+def test_a_rotation_out_of_descriptors_is_put_off(tmp_path: Path) -> None:
+    """No descriptor for the new file: the old one is renamed back and stays current, the
+    rotation is put off, the journal goes on and rotates later. Before: "rotation failed:
+    Too many open files", and the queue refused every write until a restart."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=2, ops=faults)
+    q = journal(tmp_path, "q", files)
+    q.add(1, 1, 0, b"one")
+    faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+    assert not q.rotate()
+    assert (q.rotations, q.rotations_put_off, q.failed) == (0, 1, False)
+    fdatasyncs = faults.calls["fdatasync"]
+    assert not q.rotate()  # not tried again until more is written: no fdatasync, no rename
+    assert (q.rotations_put_off, faults.calls["fdatasync"]) == (1, fdatasyncs)
+    assert sorted(p.name for p in tmp_path.glob("q*")) == ["q"]
+    q.add(2, 2, 0, b"two")
+    q.write_out()
+    faults.clear()
+    assert q.rotate()
+    q.add(3, 3, 0, b"three")
+    q.close()
+    files.close()
+    assert sorted(p.name for p in tmp_path.glob("q*")) == ["q", "q.1"]
+    assert replayed(tmp_path, "q") == [b"one", b"two", b"three"]
+
+
+def test_a_group_fsync_needs_no_reopen_after_its_journal_was_parked(tmp_path: Path) -> None:
+    """``sync_journal = true``: a journal whose buffered records the pool parks before the
+    pass (another queue's request needed its descriptor) is written and fdatasynced by the
+    park; the group commit then writes and syncs nothing more of it, so with no descriptor
+    to reopen it the replies still go out. Before, the park wrote the records but left the
+    sync to the group, whose reopen failed the journal for good ("fsync failed")."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=1, ops=faults)
+    released: list[bytes] = []
+
+    class Conn(CommitHolder):
+        def release(self, data: bytes) -> None:
+            released.append(data)
+
+        def fail(self) -> None:
+            released.append(b"FAILED")
+
+    async def main() -> None:
+        committer = Committer(asyncio.get_running_loop(), lambda _: 0)
+
+        def open_journal(name: str) -> FileJournal:
+            j = FileJournal(str(tmp_path), name, directory=files, on_dirty=committer.journal_dirty)
+            j.replay(Recorder())
+            return j
+
+        q = open_journal("q")
+        q.add(1, 1, 0, b"one")
+        committer.run(inline=True)  # q's file and its name are durable
+        q.add(2, 2, 0, b"two")
+        committer.hold(Conn(), b"STORED")
+        other = open_journal("other")  # its new file takes the pool's one place: q is parked
+        other.add(1, 1, 0, b"o")
+        assert q._fd < 0
+        faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+        committer.run(inline=True)
+        assert not q.failed
+        faults.clear()
+        for j in (q, other):
+            j.close()
+        committer.close()
+
+    asyncio.run(main())
+    files.close()
+    assert released == [b"STORED"]
+    assert replayed(tmp_path, "q") == [b"one", b"two"]

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from support import Raw, stats
 from tercel.errors import JournalCorrupt
 from tercel.journal.joblog import HEADER, JobJournal, encode_delete, encode_job_fields
+from tercel.journal.records import PREFIX, crc32
 from tercel.journal.tail import HOLE
-from tercel.testing import BeanstalkdProcess
+from tercel.testing import BeanstalkdProcess, ServerProcess
 
 
 def job(job_id: int, size: int = 10) -> bytes:
@@ -135,3 +137,47 @@ def test_the_server_refuses_damage_with_valid_records_after_it(tmp_path: Path) -
     assert proc.start_refused() == 3
     assert "corrupt" in proc.log()
     assert (tmp_path / "jobs.1").read_bytes() == data
+
+
+def _crafted(job_id: int, tube: bytes, claimed: int) -> bytes:
+    """A JOB record with a valid checksum whose tube field is ``tube`` but says it is
+    ``claimed`` bytes long: written whole, and still nothing a job log ever writes."""
+    head, body = encode_job_fields(job_id, 1, 0, 0, 0, (0, 0, 0, 0, 0), "t", 60, 0, b"body")
+    fields = head[PREFIX.size : PREFIX.size + JOB_FIXED - 1] + bytes([claimed]) + tube
+    record = fields + body
+    return PREFIX.pack(len(record), crc32(record)) + record
+
+
+JOB_FIXED = 59  # the JOB record's fixed fields, the tube name's length byte last
+
+
+@pytest.mark.parametrize(
+    ("tube", "claimed"), [(b"\xff\xfe", 2), (b"t", 200)], ids=["not-ascii", "too-long"]
+)
+def test_a_job_record_with_a_bad_tube_name_is_damage_not_a_crash(
+    tmp_path: Path, tube: bytes, claimed: int
+) -> None:
+    """A whole JOB record (valid checksum) whose tube name is not ASCII or runs past the
+    record: with valid records after it the server refuses to start (exit 3, file left as it
+    was); as the last record it is cut by the torn-tail rule. Before: UnicodeDecodeError out
+    of replay (a crash at start, not the corruption exit), or a tube name made of the body."""
+    data = HEADER + job(1) + _crafted(2, tube, claimed) + job(3)
+    (tmp_path / "jobs.1").write_bytes(data)
+    proc = BeanstalkdProcess(tmp_path)
+    assert proc.start_refused() == 3
+    assert "bad JOB record" in proc.log()
+    assert (tmp_path / "jobs.1").read_bytes() == data
+    last = HEADER + job(1) + _crafted(2, tube, claimed)
+    (tmp_path / "jobs.1").write_bytes(last)
+    assert replay(tmp_path) == ([1], len(last) - len(HEADER + job(1)))
+
+
+def test_a_job_log_cut_counts_in_the_torn_tails_stat(tmp_path: Path) -> None:
+    """``tercel serve``: a torn tail cut from the job log counts in ``journal_torn_tails``,
+    as a queue journal's does (before: logged, not counted)."""
+    logs = tmp_path / "data" / "beanstalk.d"
+    logs.mkdir(parents=True)
+    (logs / "jobs.1").write_bytes((HEADER + job(1) + job(2))[:-7])
+    with ServerProcess(tmp_path / "data", extra_args=("--beanstalk-port", "0")) as srv:
+        conn = Raw(srv.connect())
+        assert stats(conn)["journal_torn_tails"] == "1"

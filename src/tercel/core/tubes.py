@@ -214,9 +214,10 @@ class JobLog(Protocol):
         """Below this size the log is never compacted."""
         ...
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int | None:
         """Replace the log's history by these jobs (the whole state now); the number of the
-        file that holds their records now."""
+        file that holds their records now, or None when the log put the compaction off
+        (nothing changed: out of descriptors) and is to be asked again later."""
         ...
 
 
@@ -260,7 +261,7 @@ class NativeJobLog:
     def current_file(self) -> int:
         return 0
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int | None:
         return 0
 
 
@@ -302,7 +303,7 @@ class ProtocolLog(NativeJobLog):
     def current_file(self) -> int:
         return self.log.current_file
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int | None:
         return self.log.compact(next_id, jobs)
 
 
@@ -769,6 +770,8 @@ class JobStore(ReservationSource):
         now = self.clock.monotonic()
         jobs = list(self.snapshot())
         file = self.log.compact(self.next_id, (self.record(j, now) for j in jobs))
+        if file is None:  # put off: the next check tries again
+            return False
         for job in jobs:
             job.file = file
         self.compactions += 1

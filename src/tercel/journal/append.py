@@ -11,6 +11,15 @@
 - **Failure for good.** A write that fails is cut back to the last complete record, and the
   journal refuses every later append (:class:`JournalWriteError`); so does a failed fsync
   (after one the kernel may have dropped the dirty pages).
+- **The descriptor is had before a record is taken.** The first append to an empty buffer
+  makes sure the file is open (:meth:`AppendLog._hold`: a queue journal's pool may have parked
+  it). Out of descriptors, that append raises :class:`JournalOutOfDescriptors` with nothing
+  buffered and the journal not failed: the caller changed nothing yet (the core journals
+  before it changes its state), so exactly that request is refused, and a later one works
+  once a descriptor is free. A queue journal that its pool parks while records are buffered
+  writes them first (``FileJournal.park``: earlier than the group commit would, never later
+  than a reply), so :meth:`AppendLog.write_out` never has to reopen a file, and a pass may
+  write to more queues than there are descriptors.
 - **Zeros written ahead** (:data:`PREALLOCATE`). Once a file has been fsynced, each write that
   grows it past what is allocated also writes the next step of zeros past its end, so the next
   ``fdatasync`` overwrites blocks instead of growing the file (measured ~40 % faster,
@@ -20,7 +29,8 @@
   ``failed``.
 
 A subclass fills in four hooks: :meth:`_fd_now` (the descriptor of the file being appended
-to, reopened if its pool parked it), :meth:`_dirty`, :meth:`_error_path` and :meth:`sync`;
+to, reopened if its pool parked it; called by :meth:`_hold` only when ``_fd`` is -1),
+:meth:`_dirty`, :meth:`_error_path` and :meth:`sync`;
 and may override :meth:`_after_write` and :meth:`sync_done`. Every file operation goes
 through the subclass's :class:`~tercel.journal.files.FileOps` (``_ops``), the seam
 fault-injection tests use.
@@ -36,8 +46,8 @@ import contextlib
 import logging
 from typing import Final, NoReturn
 
-from tercel.errors import JournalWriteError
-from tercel.journal.files import FileOps
+from tercel.errors import JournalOutOfDescriptors, JournalWriteError
+from tercel.journal.files import OUT_OF_DESCRIPTORS, FileOps
 
 log = logging.getLogger("tercel.journal")
 
@@ -103,6 +113,11 @@ class AppendLog:
         self._unsynced = False
         self.syncing = False
         """True while a worker thread runs a sync of this journal."""
+        self.sync_due = False
+        """The sync owner's next group fsync covers this journal's records (the committer
+        sets it when the buffer of a ``sync_journal = true`` journal fills and when it writes
+        one; :meth:`_mark_synced` clears it): a pooled file parked meanwhile is written and
+        fdatasynced first, so that the group's fsync needs no descriptor it might not get."""
 
     # ---- the hooks ------------------------------------------------------------------------
 
@@ -135,29 +150,51 @@ class AppendLog:
     # ---- appends --------------------------------------------------------------------------
 
     def _append(self, record: bytes) -> None:
-        """Buffer one record (raises the failure once the journal has failed)."""
+        """Buffer one record (raises the failure once the journal has failed, and
+        :class:`JournalOutOfDescriptors`, buffering nothing, when the file is not open and
+        cannot be reopened: :meth:`_hold`)."""
         if self._failed is not None:
             raise self._failed
-        self._pending += len(record)
         parts = self._parts
         if parts is None:
+            if self._fd < 0 and not self.closed:
+                self._hold()
+            self._pending += len(record)
             self._parts = [record]
             self._dirty()
         else:
+            self._pending += len(record)
             parts.append(record)
 
     def _append_parts(self, pieces: list[bytes], size: int) -> None:
         """Buffer one record given as pieces of ``size`` bytes in all (a payload not copied;
-        ``pieces`` becomes the buffer when it is empty, so the caller must not reuse it)."""
+        ``pieces`` becomes the buffer when it is empty, so the caller must not reuse it).
+        Raises as :meth:`_append`."""
         if self._failed is not None:
             raise self._failed
-        self._pending += size
         parts = self._parts
         if parts is None:
+            if self._fd < 0 and not self.closed:
+                self._hold()
+            self._pending += size
             self._parts = pieces
             self._dirty()
         else:
+            self._pending += size
             parts.extend(pieces)
+
+    def _hold(self) -> None:
+        """Reopen the file parked by its pool, before a first record is buffered: from then
+        until it is written the descriptor stays (see the module docstring). Out of
+        descriptors: :class:`JournalOutOfDescriptors`, the journal goes on; any other
+        failure to open fails the journal."""
+        try:
+            self._fd_now()
+        except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:
+                log.warning("journal %s: record refused: %s", self._error_path(), exc.strerror)
+                raise JournalOutOfDescriptors(self._error_path(), self._written) from exc
+            self._fail("open", exc)
 
     def write_out(self) -> int:
         """Hand every buffered record to the OS in one ``pwritev`` (per :data:`IOV_MAX`
@@ -169,10 +206,15 @@ class AppendLog:
         parts = self._parts
         if parts is None or self.closed:
             return 0
-        try:
+        try:  # held since the first record was buffered (_hold): no reopen, no EMFILE
             fd = self._fd_now()
         except OSError as exc:  # the records stay buffered: nothing reached the file
             self._fail("open", exc)
+        return self._write(fd, parts)
+
+    def _write(self, fd: int, parts: list[bytes]) -> int:
+        """:meth:`write_out`'s work, to ``fd`` (the pool's eviction of a journal with
+        buffered records writes them this way, without touching the pool)."""
         size = self._pending
         self._parts = None
         self._pending = 0
@@ -242,6 +284,7 @@ class AppendLog:
 
     def _mark_synced(self) -> None:
         self._unsynced = False
+        self.sync_due = False
         self._preallocating = self._ahead > 0  # a file that is synced: see PREALLOCATE
 
     def begin_sync(self) -> int:

@@ -20,7 +20,9 @@ for every data dir created afterwards with :func:`~tercel.journal.files.set_defa
 Rules match an operation name (a :class:`FileOps` method) and optionally a substring of the
 path (for the descriptor operations, the path the descriptor was opened with). ``skip`` lets
 that many matching calls through first; ``times`` (None: forever) bounds how often the rule
-fires; ``armed_by=(op, path)`` keeps the rule asleep until such a call has completed. The
+fires; ``armed_by=(op, path)`` keeps the rule asleep until such a call has completed, and
+``disarmed_by=(op, path)`` ends it once such a call has completed (a client can lift a fault
+from outside a server process by making that call happen: creating a queue of that name). The
 compaction crash windows the journals document are :data:`COMPACTION_CRASHES` (queue
 journals) and :data:`JOB_COMPACTION_CRASHES` (the beanstalkd job log).
 
@@ -60,6 +62,7 @@ class Rule:
     skip: int = 0
     times: int | None = None
     armed_by: tuple[str, str | None] | None = None
+    disarmed_by: tuple[str, str | None] | None = None
     fired: int = 0
 
     def matches(self, op: str, path: str) -> bool:
@@ -88,9 +91,20 @@ class FaultyFiles(FileOps):
         skip: int = 0,
         times: int | None = None,
         armed_by: tuple[str, str | None] | None = None,
+        disarmed_by: tuple[str, str | None] | None = None,
     ) -> Rule:
         """Make ``op`` raise ``OSError(error)`` (without doing anything)."""
-        return self._add(Rule(op, path, error=error, skip=skip, times=times, armed_by=armed_by))
+        return self._add(
+            Rule(
+                op,
+                path,
+                error=error,
+                skip=skip,
+                times=times,
+                armed_by=armed_by,
+                disarmed_by=disarmed_by,
+            )
+        )
 
     def slow(self, op: str, seconds: float, *, path: str | None = None) -> Rule:
         """Make ``op`` sleep ``seconds`` before it runs (a slow disk)."""
@@ -154,6 +168,9 @@ class FaultyFiles(FileOps):
                 arm = r.armed_by
                 if arm is not None and arm[0] == op and (arm[1] is None or arm[1] in path):
                     r.armed_by = None
+                off = r.disarmed_by
+                if off is not None and off[0] == op and (off[1] is None or off[1] in path):
+                    r.times = r.fired  # fires no more
         if rule is not None:
             os._exit(CRASH_EXIT)
 

@@ -196,6 +196,7 @@ class DataDir:
         self._listing: dict[str, QueueFiles] | None = None
         self._held: dict[Holder, None] = {}
         self._reserve = -1
+        self._dir_fd = -1  # the directory's own descriptor, kept once opened (sync)
         self.evictions = 0
         """Descriptors closed to keep within ``max_open`` or to free one for an open."""
         self.reopens = 0
@@ -209,6 +210,10 @@ class DataDir:
         """Times the directory was listed (once per start)."""
         if max_open:
             self._take_reserve()
+            try:  # a server's: opened while descriptors are plentiful, kept
+                self._dir_fd = self.ops.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                self._dir_fd = -1  # opened by the first sync instead
 
     # ---- the listing ----------------------------------------------------------------------
 
@@ -336,16 +341,20 @@ class DataDir:
 
     def sync(self) -> None:
         """fsync the directory itself, so that creates, renames and unlinks in it are
-        durable; its descriptor is opened through :meth:`retrying` (EMFILE evicts a pooled
-        file rather than failing the rotation or compaction that asked)."""
-        fd = self.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            self.ops.fsync(fd)
-        finally:
-            self.ops.close(fd)
+        durable. Its descriptor is opened once (through :meth:`retrying`: EMFILE evicts a
+        pooled file) and kept, so that a sync that makes a new file's name durable never
+        fails for want of a descriptor: before, one that did failed its journal for good
+        (``bench/soak.py --emfile``)."""
+        if self._dir_fd < 0:
+            self._dir_fd = self.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        self.ops.fsync(self._dir_fd)
 
     def close(self) -> None:
-        """Give back the reserve descriptor (the holders close their own)."""
+        """Give back the reserve descriptor and the directory's (the holders close their
+        own)."""
         if self._reserve >= 0:
             self.ops.close(self._reserve)
             self._reserve = -1
+        if self._dir_fd >= 0:
+            self.ops.close(self._dir_fd)
+            self._dir_fd = -1

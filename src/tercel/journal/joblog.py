@@ -49,7 +49,7 @@ from mypy_extensions import i32, i64
 
 from tercel.errors import JournalCorrupt
 from tercel.journal.append import IOV_MAX, AppendLog, write_all, write_parts
-from tercel.journal.files import FileOps, default_ops
+from tercel.journal.files import OUT_OF_DESCRIPTORS, FileOps, default_ops
 from tercel.journal.journal import fsync_dir
 from tercel.journal.records import FILE_HEADER, PREFIX, PREFIX_SIZE, VERSION, crc32, header_version
 from tercel.journal.tail import HOLE, Buffer, keep_cut, tail_cut, zero_first_page
@@ -79,6 +79,8 @@ _ZERO_COUNTERS: Final = bytes(20)
 
 JOBS_PREFIX: Final = "jobs."
 SNAP_PREFIX: Final = "snapshot."
+SERVE_DIR: Final = "beanstalk.d"
+"""The job log's directory inside a data dir under ``tercel serve``."""
 
 
 class JobFields(Protocol):
@@ -127,12 +129,14 @@ class LoggedJob:
 @dataclass(slots=True)
 class JobReplay:
     """What :meth:`JobJournal.replay` found: the jobs (buried ones in bury order), the next
-    free job id, and how many bytes of torn tail were cut off."""
+    free job id, how many bytes of torn tail were cut off, and from how many files (each a
+    torn tail cut, the ``journal_torn_tails`` stat, as a queue journal's)."""
 
     jobs: list[LoggedJob]
     next_id: int
     torn_bytes: int
     records: int
+    torn_tails: int = 0
 
 
 # The encoders write the records' fixed fields with librt's BytesWriter: compiled, each
@@ -265,9 +269,8 @@ _SIZES: Final = {OP_STATE: _STATE.size, OP_DELETE: _DELETE.size, OP_SNAPSHOT: _S
 
 def _check_record(data: Buffer, pos: int) -> int:
     """The offset just after the valid record at ``pos`` (framing, checksum, an opcode of the
-    job log with its size; a JOB record's tube name inside the record and ASCII); raises
-    :class:`_Torn` when there is none, so a checksummed record that would not decode is damage,
-    never an exception of another kind."""
+    job log with its size, a JOB record's tube name inside it and ASCII); raises
+    :class:`_Torn` when there is none."""
     end = len(data)
     if end - pos < PREFIX_SIZE:
         raise _Torn(pos, "record header runs past the end of the file")
@@ -280,15 +283,35 @@ def _check_record(data: Buffer, pos: int) -> int:
     if crc32(body) != crc:
         raise _Torn(pos, "checksum mismatch")
     op = body[0]
-    if op == OP_JOB:
-        if length >= _JOB.size:
-            tube_end = _JOB.size + body[_JOB.size - 1]  # the tube name's length, then the name
-            if tube_end <= length and body[_JOB.size : tube_end].isascii():
-                return int(stop)
-            raise _Torn(pos, f"bad JOB record (tube name of {tube_end - _JOB.size} bytes)")
-    elif length == _SIZES.get(op, -1):
-        return int(stop)
-    raise _Torn(pos, f"bad record (opcode {op}, length {length})")
+    if length != _SIZES.get(op, -1) and not (op == OP_JOB and length >= _JOB.size):
+        raise _Torn(pos, f"bad record (opcode {op}, length {length})")
+    if op == OP_JOB:  # the checksum only says these bytes were written whole
+        tube_end = _JOB.size + body[_JOB.size - 1]
+        if tube_end > length or not body[_JOB.size : tube_end].isascii():
+            raise _Torn(pos, f"bad JOB record (tube name of {body[_JOB.size - 1]} bytes)")
+    return int(stop)
+
+
+def check_file(data: bytes) -> tuple[int, int, str]:
+    """Check one job-log file's bytes (a ``jobs.<n>`` or a ``snapshot.<n>``) record by
+    record, as replay frames them (``tercel journal check``): ``(records, offset, why)``,
+    where ``offset`` is that of the first bad record (0: the header) and -1 when there is
+    none. Zeros from a record boundary to the end are space written ahead, not damage."""
+    version = header_version(data[:HEADER_SIZE]) if len(data) >= HEADER_SIZE else None
+    if version is None or version < FIRST_VERSION:
+        return 0, 0, "bad file header"
+    pos = HEADER_SIZE
+    end = len(data)
+    count = 0
+    while pos < end:
+        if data[pos] == 0 and data.count(0, pos) == end - pos:
+            break
+        try:
+            pos = _check_record(data, pos)
+        except _Torn as torn:
+            return count, torn.offset, torn.why
+        count += 1
+    return count, -1, ""
 
 
 def _record_end(data: Buffer, pos: int) -> int:
@@ -323,6 +346,9 @@ class JobJournal(AppendLog):
         self._lock_fd = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # Held for the log's life, so that the directory fsyncs of a rotation or a
+            # compaction never need a descriptor the process may not have (EMFILE).
+            self._dir_fd = self._ops.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             os.close(self._lock_fd)
             raise
@@ -332,6 +358,10 @@ class JobJournal(AppendLog):
         self.records_written = 0
         self.records_migrated = 0
         self.oldest_seq = 0
+        self.put_off = 0
+        self._retry_at = 0  # after a rotation put off: the size of the file to try again at
+        """Rotations and compactions put off: no descriptor for the new file (EMFILE,
+        ENFILE). The log goes on in its current file and tries again later."""
 
     # ------------------------------------------------------------------------- AppendLog
 
@@ -343,7 +373,7 @@ class JobJournal(AppendLog):
         return self._path(self.seq)
 
     def _after_write(self, size: int) -> None:
-        if self._written >= self.max_file_size:
+        if self._written >= self.max_file_size and self._written >= self._retry_at:
             self.rotate()
 
     # ------------------------------------------------------------------------------- replay
@@ -370,13 +400,15 @@ class JobJournal(AppendLog):
             records += n
         self._remove_covered(covered, snaps[:-1])
         seqs = [s for s in _seqs(self._names(), JOBS_PREFIX) if s > covered]
-        torn = 0
+        torn = tails = 0
         for i, seq in enumerate(seqs):
             path = os.path.join(d, f"{JOBS_PREFIX}{seq}")
             top, n, cut = self._replay_file(path, seq, jobs, newest=i == len(seqs) - 1)
             next_id = max(next_id, top)
             records += n
             torn += cut
+            if cut:
+                tails += 1
         for job_id in jobs:
             next_id = max(next_id, job_id + 1)
         self.oldest_seq = seqs[0] if seqs else covered + 1
@@ -385,7 +417,7 @@ class JobJournal(AppendLog):
             os.path.getsize(os.path.join(d, f"{JOBS_PREFIX}{s}")) for s in seqs[:-1]
         ) + (os.path.getsize(os.path.join(d, f"{SNAP_PREFIX}{covered}")) if snaps else 0)
         self._open(self.seq)
-        return JobReplay(list(jobs.values()), next_id, torn, records)
+        return JobReplay(list(jobs.values()), next_id, torn, records, tails)
 
     def _remove_covered(self, covered: int, old_snaps: list[int]) -> None:
         d = self.directory
@@ -543,15 +575,18 @@ class JobJournal(AppendLog):
     def _path(self, seq: int) -> str:
         return os.path.join(self.directory, f"{JOBS_PREFIX}{seq}")
 
-    def _open(self, seq: int) -> None:
+    def _open(self, seq: int, fd: int = -1) -> None:
+        """Make ``jobs.<seq>`` the file appended to (created with its header if new), opening
+        it, or taking ``fd`` already opened on it."""
         ops = self._ops
-        fd = ops.open(self._path(seq), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        if fd < 0:
+            fd = ops.open(self._path(seq), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         try:
             size = ops.fstat_size(fd)
             if size == 0:
                 write_all(ops, fd, HEADER, 0)
                 size = HEADER_SIZE
-                fsync_dir(self.directory, ops)
+                ops.fsync(self._dir_fd)
         except BaseException:
             ops.close(fd)
             raise
@@ -593,11 +628,15 @@ class JobJournal(AppendLog):
         """The ``n`` of the ``jobs.<n>`` a record appended now is written to."""
         return self.seq
 
-    def rotate(self) -> None:
-        """Close the current file (zeros ahead cut, synced) and start the next."""
+    def rotate(self) -> bool:
+        """Close the current file (zeros ahead cut, synced) and start the next; False when
+        the log is closed, or when no descriptor is to be had for the next file (EMFILE,
+        ENFILE): that rotation is put off (:attr:`put_off`), the log goes on in the current
+        file. The next file is opened before the current one is let go, and only once the
+        current one is synced (a file that is not the newest must not end torn)."""
         self.write_out()
         if self.closed:
-            return
+            return False
         ops = self._ops
         fd = self._fd
         try:
@@ -605,6 +644,15 @@ class JobJournal(AppendLog):
             ops.fdatasync(fd)
         except OSError as exc:
             self._fail("fsync", exc)
+        try:
+            new = ops.open(self._path(self.seq + 1), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:  # again once another 1/16 is written: each
+                self.put_off += 1  # try costs an fdatasync of the current file
+                self._retry_at = self._written + (self.max_file_size >> 4)
+                log.warning("job log %s: rotation put off: %s", self.directory, exc.strerror)
+                return False
+            self._fail("rotation", exc)
         if self.syncing:  # a periodic fdatasync of this file runs on a worker thread
             self._retired.append(fd)  # closed by sync_done, never under its feet
         else:
@@ -613,7 +661,11 @@ class JobJournal(AppendLog):
         self._older += self._written
         self._unsynced = False
         self.seq += 1
-        self._open(self.seq)
+        try:
+            self._open(self.seq, new)
+        except OSError as exc:
+            self._fail("rotation", exc)
+        return True
 
     def sync(self) -> None:
         fd = self.begin_sync()
@@ -641,19 +693,40 @@ class JobJournal(AppendLog):
         """Never compact a log smaller than two files."""
         return 2 * self.max_file_size
 
-    def compact(self, next_id: int, jobs: Iterable[JobFields]) -> int:
+    def compact(self, next_id: int, jobs: Iterable[JobFields]) -> int | None:
         """Replace every file by one snapshot of ``jobs`` (the state now), crash-safely:
         rotate, write ``snapshot.<n>.tmp``, fsync, rename, fsync the directory, then delete
         the files it covers by name; ``n``. Runs on the caller's thread. Each crash window
-        can be hit through the file seam (:data:`tercel.journal.faults.JOB_COMPACTION_CRASHES`)."""
-        self.rotate()
-        covered = self.seq - 1
+        can be hit through the file seam (:data:`tercel.journal.faults.JOB_COMPACTION_CRASHES`).
+
+        None, with nothing changed, when the log is closed or out of descriptors (the
+        snapshot's file is opened before the rotation; a rotation put off puts the
+        compaction off): the caller tries again later."""
+        if self.closed:
+            return None
+        covered = self.seq  # the current file, once rotated
         d = self.directory
         tmp = os.path.join(d, f"{SNAP_PREFIX}{covered}.tmp")
         final = os.path.join(d, f"{SNAP_PREFIX}{covered}")
         ops = self._ops
         count = 0
-        fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+        try:
+            fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno not in OUT_OF_DESCRIPTORS:
+                raise
+            self.put_off += 1
+            log.warning("job log %s: compaction put off: %s", d, exc.strerror)
+            return None
+        try:
+            rotated = self.rotate()
+        except BaseException:
+            ops.close(fd)
+            raise
+        if not rotated:
+            ops.close(fd)
+            ops.unlink(tmp)
+            return None
         try:
             parts = [HEADER, _frame(_SNAPSHOT.pack(OP_SNAPSHOT, next_id, covered))]
             pending = sum(len(p) for p in parts)
@@ -674,9 +747,9 @@ class JobJournal(AppendLog):
         finally:
             ops.close(fd)
         ops.rename(tmp, final)
-        fsync_dir(d, ops)
+        ops.fsync(self._dir_fd)
         self._remove_covered(covered, [s for s in _seqs(self._names(), SNAP_PREFIX) if s < covered])
-        fsync_dir(d, ops)
+        ops.fsync(self._dir_fd)
         self._older = offset
         self.oldest_seq = self.seq
         self.records_migrated += count
@@ -698,6 +771,9 @@ class JobJournal(AppendLog):
                     self._fd = -1
         while self._retired:
             self._ops.close(self._retired.pop())
+        if self._dir_fd >= 0:
+            self._ops.close(self._dir_fd)
+            self._dir_fd = -1
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1

@@ -35,7 +35,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from tercel.errors import JournalCorrupt, JournalError, TooManyOpenFiles
+from tercel.errors import (
+    JournalCorrupt,
+    JournalError,
+    JournalOutOfDescriptors,
+    JournalWriteError,
+)
 from tercel.journal import checkpoint as ckpt
 from tercel.journal import records as rec
 from tercel.journal.append import AppendLog, write_all
@@ -272,6 +277,9 @@ class FileJournal(AppendLog):
         self.replay_position: rec.Position = _REPLAY_START
         """During :meth:`replay`, where the record being applied starts."""
         self.rotations = 0
+        self.rotations_put_off = 0
+        """Rotations that found no descriptor for the new file (:meth:`rotate`)."""
+        self._rotate_after = 0  # after a rotation put off: the size to try again at
         self.compactions = 0
         self.pages = True
         """Items can be left on disk and read back (read-behind)."""
@@ -605,11 +613,12 @@ class FileJournal(AppendLog):
 
     # ---- appends --------------------------------------------------------------------------
 
-    def _open(self) -> int | None:
-        """Open the current file for appends (after replay, which cut any zeros at its end);
-        return its format version."""
+    def _open(self, fd: int = -1) -> int | None:
+        """Open the current file for appends (after replay, which cut any zeros at its end),
+        or take ``fd``, already opened on it (a rotation); return its format version."""
         ops = self._ops
-        fd = self._dir.open(self.path, os.O_RDWR | os.O_CREAT)
+        if fd < 0:
+            fd = self._dir.open(self.path, os.O_RDWR | os.O_CREAT)
         try:  # the descriptor is the journal's only once the file has its header
             size = ops.fstat_size(fd)
             if size == 0:
@@ -648,20 +657,43 @@ class FileJournal(AppendLog):
 
     def park(self) -> bool:
         """Close the descriptor of the current file until the next use (the pool's
-        eviction; :class:`~tercel.journal.files.Holder`). Buffered records stay buffered;
-        the zeros written ahead stay (replay cuts them). False while a worker thread syncs."""
-        if self.syncing:
+        eviction; :class:`~tercel.journal.files.Holder`); the zeros written ahead stay
+        (replay cuts them). False while a worker thread syncs.
+
+        What the descriptor is still needed for is done first, so that nothing has to
+        reopen the file to finish what was accepted (the reopen could find no descriptor):
+        buffered records are written (they were had with the descriptor:
+        :meth:`AppendLog._hold`), and a group fsync that is due (:attr:`sync_due`) is run
+        now, unless the file's name is not yet durable either (a new file: then False, the
+        directory fsync waits for the group). A failure there fails the journal, as in the
+        group commit, which then fails the replies that waited for it."""
+        if self.syncing or (self.sync_due and self._name_unsynced):
             return False
         fd = self._fd
-        if fd >= 0:
-            self._fd = -1
-            self._ops.close(fd)
+        if fd < 0:
+            return True
+        try:
+            parts = self._parts
+            if parts is not None:
+                self._write(fd, parts)
+            if self.sync_due:
+                self._mark_synced()
+                try:
+                    self._ops.fdatasync(fd)
+                except OSError as exc:
+                    self._mark_failed("fsync", exc)
+        except JournalWriteError:  # logged and kept: every later append raises it
+            pass
+        self._fd = -1
+        self._ops.close(fd)
         return True
 
     def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
         """Journal an item entering the tail of the queue."""
         if self._failed is not None:
             raise self._failed
+        if self._fd < 0 and self._parts is None and not self.closed:
+            self._hold()  # before the mark: a refused ADD leaves none
         pos = self._written + self._pending
         if pos >= self._mark_off or self._seq != self._mark_seq:
             self._mark(item_id, self._seq, pos)
@@ -701,7 +733,11 @@ class FileJournal(AppendLog):
         """
         if self.closed:
             return
+        if self._failed is not None:  # say, the fdatasync of a park (the pool's eviction)
+            raise self._failed
         fd = self._fd
+        if fd < 0 and not self._unsynced and not self._name_unsynced:
+            return  # parked after its last sync: nothing to sync, no reopen
         own = -1
         try:
             if fd < 0 and self.syncing:  # a worker thread: the pool is the loop's
@@ -750,6 +786,12 @@ class FileJournal(AppendLog):
     def begin_sync(self) -> int:
         """As :meth:`AppendLog.begin_sync`; the first sync of a new file also fsyncs the
         directory (on the loop), so the file's name is as durable as its records."""
+        if self.closed:
+            return -1
+        if self._failed is not None:  # say, the fdatasync of a park (the pool's eviction)
+            raise self._failed
+        if self._fd < 0 and not self._unsynced and not self._name_unsynced:
+            return -1  # parked after its last sync (park): nothing to sync, no reopen
         if not self.closed and self._name_unsynced:
             try:
                 self._fd_now()
@@ -962,38 +1004,65 @@ class FileJournal(AppendLog):
 
     def rotate(self) -> bool:
         """Close the current file as ``<name>.<seq>`` and start a new one. False if a sync
-        is running (try again later).
+        is running, or if no descriptor is to be had for the new file (try again later).
 
-        If a step fails (a full disk, a name taken), the journal is marked failed, as after a
-        failed write, and :class:`JournalWriteError` is raised: every later append raises, so
-        nothing is acknowledged that has no file to go to. What was written stays readable at
-        the next start (the old file under one of its two names)."""
+        The new file is opened while the old one still is: out of descriptors (EMFILE,
+        ENFILE, after the pool closed what it could), the old file is renamed back and stays
+        the current one, and the rotation is put off (:attr:`rotations_put_off`); the journal
+        goes on. If another step fails (a full disk, a name taken), the journal is marked
+        failed, as after a failed write, and :class:`JournalWriteError` is raised: every
+        later append raises, so nothing is acknowledged that has no file to go to. What was
+        written stays readable at the next start (the old file under one of its two names)."""
         if self.closed or self.syncing or self._failed is not None:
             return False
+        if self._written + self._pending < self._rotate_after:
+            return False  # put off a moment ago (_put_off)
         self.write_out()
+        try:
+            fd = self._fd_now()
+        except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:
+                return self._put_off(exc)
+            self._fail("rotation", exc)
         if self._written - self._synced_at > PRESYNC and self._background is not run_inline:
             self._presync()
             if self.syncing or self._failed is not None:
                 return False  # the owner calls again once the worker synced (see PRESYNC)
         ops = self._ops
+        old = self._seq
+        older = f"{self.path}.{old}"
         try:
             self._cut_ahead()
-            fd = self._fd_now()
             ops.fdatasync(fd)
+            ops.rename(self.path, older)
+            try:
+                new = self._dir.open(self.path, os.O_RDWR | os.O_CREAT, keep=self)
+            except OSError as exc:
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    raise
+                ops.rename(older, self.path)  # back: the old file goes on as the current
+                return self._put_off(exc)
             self._fd = -1
             self._dir.forget(self)
             ops.close(fd)
-            old = self._seq
-            ops.rename(self.path, f"{self.path}.{old}")
             self._older_files()[old] = self._written
             self._older_total += self._written
             self._seq = old + 1
             self._unsynced = False
-            self._open()  # the directory is fsynced by the next sync (_sync_name)
+            self._open(new)  # the directory is fsynced by the next sync (_sync_name)
         except OSError as exc:
             self._fail("rotation", exc)
         self.rotations += 1
         return True
+
+    def _put_off(self, exc: OSError) -> bool:
+        """A rotation found no descriptor for the new file: log, count, return False, and
+        try again only once another sixteenth of the file is written (each try costs an
+        fdatasync and two renames)."""
+        self._rotate_after = self._written + (self._written >> 4)
+        self.rotations_put_off += 1
+        log.warning("journal %s: rotation put off: %s", self.path, exc.strerror or exc)
+        return False
 
     def _presync(self) -> None:
         """fdatasync what was written of the current file on the background worker, ahead of
@@ -1324,8 +1393,9 @@ class AddReader:
             reader = journal._dir.retrying(lambda: ChunkReader(path, offset), keep=self)
         except OSError as exc:  # refuse this one request (an error reply), never a bug that
             # closes the connection; the reader opens again at its next use
-            if exc.errno in OUT_OF_DESCRIPTORS:  # nothing left to evict
-                raise TooManyOpenFiles() from exc  # SERVER_ERROR too many open files
+            if exc.errno in OUT_OF_DESCRIPTORS:  # nothing left to evict: SERVER_ERROR too
+                # many open files, and a JournalError to the core (an item taken stays taken)
+                raise JournalOutOfDescriptors(path, offset) from exc
             raise JournalError(f"open failed: {exc.strerror or exc}", path, offset) from exc
         journal._dir.use(self)
         return reader

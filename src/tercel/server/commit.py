@@ -159,11 +159,23 @@ class Committer:
         return bool(self.dirty or self._held or self._waiting or self.syncing or self._scheduled)
 
     def journal_dirty(self, journal: AppendLog) -> None:
-        """Called by a journal when its buffer goes from empty to not empty."""
+        """Called by a journal when its buffer goes from empty to not empty. A journal the
+        next group fsync will cover is marked :attr:`~AppendLog.sync_due` now: if its pool
+        parks the file before the pass, the park writes and syncs it first, and the group
+        needs no reopen (which could find no descriptor)."""
         self.dirty.append(journal)
+        if self._mode(journal) == 0:
+            journal.sync_due = True
         if not self._scheduled:
             self._scheduled = True
             self._call_soon(self._pass_cb)
+
+    def _mode(self, journal: AppendLog) -> int | None:
+        """``journal``'s ``sync_journal`` mode: its own (:meth:`set_sync_mode`) or the policy's."""
+        fixed = self._fixed
+        if fixed and journal.name in fixed:
+            return fixed[journal.name]
+        return self._policy(journal.name)
 
     def hold(self, conn: Holder, data: bytes) -> None:
         """Keep ``data`` until what it acknowledges is written (and synced if configured)."""
@@ -199,15 +211,12 @@ class Committer:
                 failed = True  # writing the buffer out): it took records replies wait for
                 self.write_errors += 1
                 continue
-            fixed = self._fixed
-            if fixed and journal.name in fixed:
-                mode = fixed[journal.name]
-            else:
-                mode = self._policy(journal.name)
+            mode = self._mode(journal)
             if mode is None:  # (tested first: a compiled int compare below, not a generic one)
                 continue
             if mode == 0:
                 self._to_sync[journal] = None
+                journal.sync_due = True  # again if a park synced it: a park syncs it first
                 self._group_bytes += size
             elif journal not in self._periodic:
                 self._periodic[journal] = self._loop.call_later(

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from tercel import __version__
 from tercel.core.tubes import JobRecord, JobStore, NativeJobLog, NativeTubeClock
-from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, JobJournal
+from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, SERVE_DIR, JobJournal
 from tercel.protocol.beanstalk import COUNTED, DEFAULT_MAX_JOB_SIZE, OPS, random_id
 from tercel.server.context import ServerContext
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tercel.beanstalk")
 
-JOBLOG_DIR = "beanstalk.d"
+JOBLOG_DIR = SERVE_DIR
 """The job log's directory inside ``tercel serve``'s data dir (never a queue's file name)."""
 JOBLOG_NAME = "beanstalk.d"
 """The job log's name for the group committer: no queue can be called so (``names.py``), so
@@ -90,7 +90,7 @@ class JournalLog(NativeJobLog):
     def current_file(self) -> int:
         return self.journal.current_file
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int:
+    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int | None:
         return self.journal.compact(next_id, jobs)
 
 
@@ -170,6 +170,7 @@ class BeanstalkService:
         self.store.next_id = max(self.store.next_id, found.next_id)
         if found.torn_bytes:
             log.warning("job log: cut %d bytes of torn tail", found.torn_bytes)
+        self.ctx.collection.stats.journal_torn_tails += found.torn_tails  # as a queue's cuts
         self.rearm()
         return len(found.jobs)
 
