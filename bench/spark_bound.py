@@ -16,6 +16,7 @@ round after a warm-up of each, so that all see the same machine:
   (``bench/spark_bench.py``'s run).
 
     .venv/bin/python bench/spark_bound.py [--items 400000] [--size 200] [--rounds 3]
+        [--kinds files,value_parquet,python_value,staged,tercel] [--also OPT=V[,OPT=V] ...]
 
 For each run: items/s, and the CPU seconds per item of the whole process tree (exact), split
 by role (the Spark JVM, the Python workers of the executors, the source's driver-side Python
@@ -131,22 +132,51 @@ def stage(work: Path, n: int, size: int) -> tuple[str, str]:
 class ValueSource:
     """``format("bench-staged-value")``: a streaming Python data source over staging segments
     written beforehand, yielding only their ``value`` column, in as many slices per batch as
-    the tercel source cuts (Spark's default parallelism). Defined in the script, so Spark
-    pickles it by value."""
+    the tercel source cuts (Spark's default parallelism); with option ``parse`` the events
+    parsed by pyarrow's JSON reader in the Python worker instead (EVENT_SCHEMA's columns), so
+    that Spark only writes them. Defined in the script, so Spark pickles it by value."""
 
     @staticmethod
     def make(parallelism: int) -> Any:
         from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
         from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-        from pyspark.sql.types import BinaryType, StructField, StructType
+        from pyspark.sql.types import (
+            BinaryType,
+            DoubleType,
+            LongType,
+            StringType,
+            StructField,
+            StructType,
+        )
 
         from tercel.spark._staging import StagingLog, read_slice
 
-        schema = StructType([StructField("value", BinaryType())])
+        value_schema = StructType([StructField("value", BinaryType())])
+        columns = [  # EVENT_SCHEMA
+            ("id", LongType(), pa.int64()),
+            ("user", StringType(), pa.string()),
+            ("kind", StringType(), pa.string()),
+            ("ts", LongType(), pa.int64()),
+            ("amount", DoubleType(), pa.float64()),
+            ("note", StringType(), pa.string()),
+        ]
+        event_schema = StructType([StructField(name, typ) for name, typ, _ in columns])
+        event_arrow = pa.schema([(name, typ) for name, _, typ in columns])
+
+        def parsed(values: pa.Array) -> Any:
+            """``values`` (one JSON object each) as record batches of EVENT_SCHEMA."""
+            import pyarrow.compute as pc
+            import pyarrow.json as pj
+
+            lines = pc.binary_join_element_wise(values, b"", b"\n")  # each value + newline
+            data = lines.buffers()[2].slice(0, pc.sum(pc.binary_length(lines)).as_py())
+            options = pj.ParseOptions(explicit_schema=event_arrow)
+            return pj.read_json(pa.BufferReader(data), parse_options=options).to_batches()
 
         class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-            def __init__(self, root: str) -> None:
+            def __init__(self, root: str, parse: bool) -> None:
                 self.root = root
+                self.parse = parse
 
             def initialOffset(self) -> dict[str, int]:
                 return {"seq": StagingLog(self.root).lowest_start()}
@@ -165,7 +195,10 @@ class ValueSource:
 
             def read(self, partition: InputPartition) -> Any:
                 for batch in read_slice(partition.value):
-                    yield pa.RecordBatch.from_arrays([batch.column("value")], names=["value"])
+                    if self.parse:
+                        yield from parsed(batch.column("value"))
+                    else:
+                        yield pa.RecordBatch.from_arrays([batch.column("value")], names=["value"])
 
             def commit(self, end: dict[str, int]) -> None:
                 pass
@@ -176,17 +209,21 @@ class ValueSource:
                 return "bench-staged-value"
 
             def schema(self) -> Any:
-                return schema
+                return event_schema if self.options.get("parse") else value_schema
 
             def streamReader(self, schema: Any) -> Any:
-                return Reader(self.options["path"])
+                return Reader(self.options["path"], bool(self.options.get("parse")))
 
         return Source
 
 
-def run(spark: Any, kind: str, work: Path, n: int, size: int) -> dict[str, Any]:
-    """Prepare the data for ``kind`` (untimed), then :func:`timed` its query."""
+def run(
+    spark: Any, kind: str, work: Path, n: int, size: int, *, options: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Prepare the data for ``kind`` (untimed), then :func:`timed` its query; ``options``
+    are given to the tercel source (kinds ``staged`` and ``tercel``)."""
     work.mkdir(parents=True)
+    options = options or {}
     if kind == "files":
         write_files(work / "json", n, size, files=8)
         df = spark.readStream.schema(EVENT_SCHEMA).format("json").load(str(work / "json"))
@@ -204,6 +241,10 @@ def run(spark: Any, kind: str, work: Path, n: int, size: int) -> dict[str, Any]:
         root, _ = stage(work, n, size)
         df = spark.readStream.format("bench-staged-value").load(root)
         return timed(spark, df.selectExpr(PARSE).select("e.*"), work, n)
+    if kind == "python_parsed":
+        root, _ = stage(work, n, size)
+        df = spark.readStream.format("bench-staged-value").option("parse", "true").load(root)
+        return timed(spark, df, work, n)
     if kind == "staged":
         root, addresses = stage(work, n, size)
         df = (
@@ -212,17 +253,18 @@ def run(spark: Any, kind: str, work: Path, n: int, size: int) -> dict[str, Any]:
             .option("queue", "events")
             .option("stagingLocation", root)
             .option("connectTimeoutMs", "200")
+            .options(**options)
             .load()
         )
         return timed(spark, df.selectExpr(PARSE).select("e.*"), work, n)
     assert kind == "tercel"
     with ServerProcess(work / "s1") as a, ServerProcess(work / "s2") as b:
         fill_queues([a, b], "events", n, size)
-        df = tercel_stream(spark, f"{a.address},{b.address}", work)
+        df = tercel_stream(spark, f"{a.address},{b.address}", work, options)
         return timed(spark, df, work, n)
 
 
-KINDS = ("files", "value_parquet", "python_value", "staged", "tercel")
+KINDS = ("files", "value_parquet", "python_value", "python_parsed", "staged", "tercel")
 
 
 def table(runs: dict[str, list[dict[str, Any]]]) -> str:
@@ -231,7 +273,7 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
     head = "| round | query | items/s | / files | CPU µs/item | cores busy | " + " | ".join(roles)
     lines = [head + " | batches | load |", "|" + "---|" * (len(roles) + 8)]
     for r, files in enumerate(runs["files"]):
-        for kind in KINDS:
+        for kind in runs:
             got = runs[kind][r]
             by = got["cpu_us_per_item_by_role"]
             cells = [
@@ -254,7 +296,28 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=400_000)
     parser.add_argument("--size", type=int, default=200, help="event bytes (about)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="the queries to run (files always runs)"
+    )
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="OPT=V[,OPT=V]",
+        help="also run kinds staged and tercel with these source options (repeatable)",
+    )
     args = parser.parse_args()
+    variants: dict[str, tuple[str, dict[str, str]]] = {"files": ("files", {})}
+    for kind in args.kinds.split(","):
+        assert kind in KINDS, f"unknown kind {kind}"
+        variants[kind] = (kind, {})
+    for spec in args.also:
+        for kind in ("staged", "tercel"):
+            if kind in variants:
+                variants[f"{kind} {spec}"] = (
+                    kind,
+                    dict(kv.split("=", 1) for kv in spec.split(",")),
+                )
     work = Path(tempfile.mkdtemp(prefix="tercel-spark-bound-"))
     spark = local_session("tercel-bound")
     parallelism = spark.sparkContext.defaultParallelism
@@ -266,13 +329,15 @@ def main() -> None:
         "spark_default_parallelism": parallelism,
         "load_before": os.getloadavg()[0],
     }
-    for kind in KINDS:
-        run(spark, kind, work / f"warm-{kind}", 5000, args.size)
-    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+    for k, (kind, options) in enumerate(variants.values()):
+        run(spark, kind, work / f"warm-{k}", 5000, args.size, options=options)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for r in range(args.rounds):
-        for kind in KINDS:
-            runs[kind].append(run(spark, kind, work / f"{kind}{r}", args.items, args.size))
-            note(kind, runs[kind][-1])
+        for k, (name, (kind, options)) in enumerate(variants.items()):
+            runs[name].append(
+                run(spark, kind, work / f"{r}-{k}", args.items, args.size, options=options)
+            )
+            note(name, runs[name][-1])
     cores = os.cpu_count() or 1
     result["runs"] = runs
     for kind, got in runs.items():
