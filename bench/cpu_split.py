@@ -16,25 +16,9 @@ import os
 import threading
 from collections.abc import Callable
 
+from procstat import process_table
+
 _TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _scan() -> tuple[dict[int, int], dict[int, int]]:
-    """(pid -> ppid, pid -> own CPU ticks) of every user process."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(b")") + 2 :].split()
-        parents[int(name)] = int(fields[1])
-        ticks[int(name)] = int(fields[11]) + int(fields[12])
-    return parents, ticks
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -64,10 +48,11 @@ class CpuSplit:
         self._thread.start()
 
     def _poll(self, initial: bool = False) -> None:
-        parents, ticks = _scan()
+        table = process_table()
+        ticks = {pid: row[1] for pid, row in table.items()}
         children: dict[int, list[int]] = {}
-        for pid, ppid in parents.items():
-            children.setdefault(ppid, []).append(pid)
+        for pid, row in table.items():
+            children.setdefault(row[0], []).append(pid)
         todo = [self.root]
         while todo:
             pid = todo.pop()

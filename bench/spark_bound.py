@@ -47,15 +47,16 @@ from cpu_split import CpuSplit
 from procstat import tree_and_kernel_seconds
 from spark_bench import (
     EVENT_SCHEMA,
+    add_common_args,
     events,
     fill_queues,
+    into_parquet,
     note,
+    stage_events,
     tercel_stream,
     write_files,
 )
 from tercel.spark import local_session
-from tercel.spark._fetch import Fetcher
-from tercel.spark._options import SourceOptions
 from tercel.spark._staging import StagingLog
 from tercel.testing import ServerProcess
 
@@ -83,13 +84,7 @@ def timed(
     by role, rows checked against ``n``."""
     split = CpuSplit(os.getpid(), split_roles)
     wall, cpu = time.perf_counter(), tree_and_kernel_seconds(os.getpid())[0]
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(work / "out"))
-        .option("checkpointLocation", str(work / "ck"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = into_parquet(df, work)
     query.awaitTermination()
     wall = time.perf_counter() - wall
     cpu = tree_and_kernel_seconds(os.getpid())[0] - cpu
@@ -109,24 +104,6 @@ def timed(
         "batches": len(progress),
         "load": round(os.getloadavg()[0], 2),
     }
-
-
-def stage(work: Path, n: int, size: int) -> tuple[str, str]:
-    """Lease ``n`` events from two servers into a staging directory with the source's own
-    fetcher, then stop the servers; (the staging directory, the servers' addresses)."""
-    with ServerProcess(work / "s1") as a, ServerProcess(work / "s2") as b:
-        fill_queues([a, b], "events", n, size)
-        root = str(work / "stage")
-        addresses = f"{a.address},{b.address}"
-        opts = {"servers": addresses, "queue": "events", "stagingLocation": root}
-        log = StagingLog(root)
-        log.ensure()
-        fetcher = Fetcher(SourceOptions.parse(opts), log)
-        end = 0
-        while end < n:
-            end, _ = fetcher.fetch(end, n - end, False)
-        fetcher.close()
-    return root, addresses
 
 
 class ValueSource:
@@ -149,7 +126,7 @@ class ValueSource:
             StructType,
         )
 
-        from tercel.spark._staging import StagingLog, read_slice
+        from tercel.spark._staging import read_slice
 
         value_schema = StructType([StructField("value", BinaryType())])
         columns = [  # EVENT_SCHEMA
@@ -238,15 +215,15 @@ def run(
         df = spark.readStream.schema("value binary").parquet(str(work / "pq"))
         return timed(spark, df.selectExpr(PARSE).select("e.*"), work, n)
     if kind == "python_value":
-        root, _ = stage(work, n, size)
+        root, _ = stage_events(work, n, size)
         df = spark.readStream.format("bench-staged-value").load(root)
         return timed(spark, df.selectExpr(PARSE).select("e.*"), work, n)
     if kind == "python_parsed":
-        root, _ = stage(work, n, size)
+        root, _ = stage_events(work, n, size)
         df = spark.readStream.format("bench-staged-value").option("parse", "true").load(root)
         return timed(spark, df, work, n)
     if kind == "staged":
-        root, addresses = stage(work, n, size)
+        root, addresses = stage_events(work, n, size)
         df = (
             spark.readStream.format("tercel")
             .option("servers", addresses)
@@ -293,18 +270,11 @@ def table(runs: dict[str, list[dict[str, Any]]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=400_000)
-    parser.add_argument("--size", type=int, default=200, help="event bytes (about)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--kinds", default=",".join(KINDS), help="the queries to run (files always runs)"
+    add_common_args(
+        parser, 3, "also run kinds staged and tercel with these source options (repeatable)"
     )
     parser.add_argument(
-        "--also",
-        action="append",
-        default=[],
-        metavar="OPT=V[,OPT=V]",
-        help="also run kinds staged and tercel with these source options (repeatable)",
+        "--kinds", default=",".join(KINDS), help="the queries to run (files always runs)"
     )
     args = parser.parse_args()
     variants: dict[str, tuple[str, dict[str, str]]] = {"files": ("files", {})}
