@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -324,6 +325,7 @@ def main() -> None:
         )
     result["load_after"] = os.getloadavg()[0]
     spark.stop()
+    shutil.rmtree(work)  # GBs of events, staging and Parquet
     print(table(runs), file=sys.stderr)
     print(json.dumps(result, indent=2))
 
