@@ -47,6 +47,28 @@ def machine_seconds() -> tuple[float, float]:
 _PF_KTHREAD = 0x00200000
 
 
+def process_table() -> dict[int, tuple[int, int, int, bool]]:
+    """Every process now, from one pass over /proc: pid -> (parent pid, its own CPU ticks,
+    the ticks of the children it reaped, whether it is a kernel thread)."""
+    table: dict[int, tuple[int, int, int, bool]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        table[int(name)] = (
+            int(fields[1]),
+            int(fields[11]) + int(fields[12]),
+            int(fields[13]) + int(fields[14]),
+            bool(int(fields[6]) & _PF_KTHREAD),
+        )
+    return table
+
+
 def tree_and_kernel_seconds(pid: int) -> tuple[float, float]:
     """CPU seconds so far of ``pid``'s process tree, and of all kernel threads, from one pass
     over /proc.
@@ -60,20 +82,11 @@ def tree_and_kernel_seconds(pid: int) -> tuple[float, float]:
     """
     procs: dict[int, tuple[int, int, int]] = {}  # pid -> (ppid, own ticks, reaped children's)
     kernel = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:  # gone meanwhile
-            continue
-        fields = raw[raw.rindex(b")") + 2 :].split()
-        own = int(fields[11]) + int(fields[12])
-        if int(fields[6]) & _PF_KTHREAD:
+    for proc, (ppid, own, reaped, kthread) in process_table().items():
+        if kthread:
             kernel += own
         else:
-            procs[int(name)] = (int(fields[1]), own, int(fields[13]) + int(fields[14]))
+            procs[proc] = (ppid, own, reaped)
     if pid not in procs:
         raise ProcessLookupError(pid)
     children: dict[int, list[int]] = {}

@@ -104,18 +104,24 @@ def _finish(
     }
 
 
-def run_files(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
-    src = work / "json"
-    write_files(src, n, size, files=8)
-    df = spark.readStream.schema(EVENT_SCHEMA).format("json").load(str(src))
-    started = _now()
-    query = (
+def into_parquet(df: Any, work: Path) -> Any:
+    """Start streaming ``df`` into Parquet under ``work/out`` (checkpoint ``work/ck``),
+    ``Trigger.AvailableNow``; the query."""
+    return (
         df.writeStream.format("parquet")
         .option("path", str(work / "out"))
         .option("checkpointLocation", str(work / "ck"))
         .trigger(availableNow=True)
         .start()
     )
+
+
+def run_files(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
+    src = work / "json"
+    write_files(src, n, size, files=8)
+    df = spark.readStream.schema(EVENT_SCHEMA).format("json").load(str(src))
+    started = _now()
+    query = into_parquet(df, work)
     return _finish(query, started, n, spark, work / "out")
 
 
@@ -154,13 +160,7 @@ def run_tercel(
         fill_queues([a, b], "events", n, size)
         df = tercel_stream(spark, f"{a.address},{b.address}", work, options)
         started = _now()
-        query = (
-            df.writeStream.format("parquet")
-            .option("path", str(work / "out"))
-            .option("checkpointLocation", str(work / "ck"))
-            .trigger(availableNow=True)
-            .start()
-        )
+        query = into_parquet(df, work)
         return _finish(query, started, n, spark, work / "out")
 
 
@@ -245,25 +245,33 @@ class StagedSource:
         return Source
 
 
-def run_spark_side(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
-    """The same events read in one batch job into Parquet, from JSON files and from staged
-    segments (``StagedSource``), alternated by the caller; wall time and CPU per item each."""
+def stage_events(work: Path, n: int, size: int) -> tuple[str, str]:
+    """Lease ``n`` events from two servers into ``work/stage`` with the source's own fetcher,
+    then stop the servers; (the staging directory, the servers' addresses, now dead)."""
     from tercel.spark._fetch import Fetcher
     from tercel.spark._options import SourceOptions
     from tercel.spark._staging import StagingLog
 
-    write_files(work / "json", n, size, files=8)
     with ServerProcess(work / "s1") as a, ServerProcess(work / "s2") as b:
         fill_queues([a, b], "events", n, size)
-        stage = str(work / "stage")
-        opts = {"servers": f"{a.address},{b.address}", "queue": "events", "stagingLocation": stage}
-        log = StagingLog(stage)
+        root = str(work / "stage")
+        addresses = f"{a.address},{b.address}"
+        opts = {"servers": addresses, "queue": "events", "stagingLocation": root}
+        log = StagingLog(root)
         log.ensure()
         fetcher = Fetcher(SourceOptions.parse(opts), log)
         end = 0
         while end < n:
             end, _ = fetcher.fetch(end, n - end, False)
         fetcher.close()
+    return root, addresses
+
+
+def run_spark_side(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
+    """The same events read in one batch job into Parquet, from JSON files and from staged
+    segments (``StagedSource``), alternated by the caller; wall time and CPU per item each."""
+    write_files(work / "json", n, size, files=8)
+    stage, _ = stage_events(work, n, size)
     out: dict[str, Any] = {}
     for name, reader in (
         ("files", spark.read.schema(EVENT_SCHEMA).format("json")),
@@ -347,11 +355,18 @@ def source_runs(spark: Any, work: Path, args: argparse.Namespace, result: dict[s
         ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_common_args(parser: argparse.ArgumentParser, rounds: int, also: str) -> None:
+    """``--items``, ``--size``, ``--rounds`` (default ``rounds``) and ``--also`` (help
+    ``also``): the Spark benchmarks' shared options."""
     parser.add_argument("--items", type=int, default=400_000)
     parser.add_argument("--size", type=int, default=200, help="event bytes (about)")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--also", action="append", default=[], metavar="OPT=V[,OPT=V]", help=also)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(parser, 2, "also run the tercel source with these options (repeatable)")
     parser.add_argument("--skip-writer", action="store_true")
     parser.add_argument("--skip-source", action="store_true")
     parser.add_argument(
@@ -360,13 +375,6 @@ def main() -> None:
         help="also: batch reads of JSON files and of already staged segments (no fetch)",
     )
     parser.add_argument("--old", action="store_true", help="also run the pre-issue-23 defaults")
-    parser.add_argument(
-        "--also",
-        action="append",
-        default=[],
-        metavar="OPT=V[,OPT=V]",
-        help="also run the tercel source with these options (repeatable)",
-    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tercel-spark-bench-"))
     result: dict[str, Any] = {

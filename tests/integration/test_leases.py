@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 import time
 from pathlib import Path
 
@@ -357,3 +358,62 @@ def test_blocked_binary_lease_is_served_by_a_set(
     got = read_binary_leases(raw)
     assert [(x[2], x[4]) for x in got] == [(1, b"late")]
     assert raw.read_line().startswith(b"VERSION ")
+
+
+CAPPED = (sys.executable, str(Path(__file__).with_name("capped_serve.py")), "1000")
+"""A real server whose binary lease replies carry at most 1000 payload bytes (2^31 - 1 normally:
+the launcher lowers the cap, so the cut is tested without 2 GiB of items)."""
+
+
+def test_binary_lease_reply_is_cut_at_its_byte_cap(data_dir: Path) -> None:
+    """docs/protocol.md section 11: the payloads of one ``LEASEDB`` reply total at most the cap
+    (a reply exactly at it is whole); the items past it stay at the head of the queue, in
+    order, unsent and not counted as delivered, and the next lease gets them; acked ones never
+    come back, even over a kill -9. (Before, the items past the cap were opened and handed
+    back: each cut counted as a delivery, journaled, so ``max_deliveries`` could dead-letter
+    an item no client ever saw.)"""
+    items = [b"%03d" % i + b"x" * 247 for i in range(10)]  # 250 B: 4 fill the 1000-byte cap
+    with ServerProcess(data_dir, launcher=CAPPED) as srv:
+        conn = Raw(srv.connect())
+        put(conn, "q", *items)
+        conn.send(b"lease q 10 0 60000 binary\r\n")
+        first = read_binary_leases(conn)
+        assert [(x[1], x[2], x[4]) for x in first] == [(i + 1, 1, items[i]) for i in range(4)]
+        conn.call(b"ack q %s\r\n" % ids(first), b"ACKED 4\r\n")
+        # The client reads a cut reply like any other; the cut items come next, in order.
+        with Client(srv.address) as client:
+            _, cols = client.lease_columns("q", 10, None, lease_time=60)
+            assert list(cols.item_ids) == [5, 6, 7, 8]
+            assert list(cols.deliveries) == [1, 1, 1, 1]
+            assert bytes(cols.data) == b"".join(items[4:8])
+        srv.kill()
+        srv.start()
+        conn = Raw(srv.connect())
+        conn.send(b"lease q 10 0 60000 binary\r\n")
+        again = read_binary_leases(conn)  # leased before the crash: their second delivery
+        assert [(x[1], x[2], x[4]) for x in again] == [(i + 1, 2, items[i]) for i in range(4, 8)]
+        conn.send(b"lease q 10 0 60000 binary\r\n")
+        rest = read_binary_leases(conn)
+        assert [(x[1], x[2], x[4]) for x in rest] == [(9, 1, items[8]), (10, 1, items[9])]
+        # A text reply has no int32 offsets and is not cut.
+        conn.call(b"release q %s\r\n" % ids(again + rest), b"RELEASED 6\r\n")
+        assert [x[4] for x in lease(conn, "q", 10)] == items[4:]
+
+
+def test_blocked_binary_lease_is_cut_at_its_byte_cap(data_dir: Path) -> None:
+    """A blocked binary lease takes its first item when it comes, then what else is queued by
+    then, up to the cap with the first item counted: however the sets were split between the
+    two, every reply stays under the cap and every item comes once, in order, first delivery."""
+    items = [b"%03d" % i + b"y" * 397 for i in range(4)]  # 400 B: 2 fit under 1000
+    with ServerProcess(data_dir, launcher=CAPPED) as srv:
+        conn = Raw(srv.connect())
+        conn.send(b"lease q 10 10000 60000 binary\r\nversion\r\n")
+        put(Raw(srv.connect()), "q", *items)
+        replies = [read_binary_leases(conn)]
+        assert conn.read_line().startswith(b"VERSION ")
+        while len(got := [x for reply in replies for x in reply]) < len(items):
+            conn.send(b"lease q 10 0 60000 binary\r\n")
+            replies.append(read_binary_leases(conn))
+            assert replies[-1]
+        assert all(sum(len(x[4]) for x in reply) <= 1000 for reply in replies)
+        assert [(x[2], x[4]) for x in got] == [(1, item) for item in items]

@@ -332,8 +332,12 @@ class PersistentQueue(ReservationSource):
         self._taken(item)
         return item
 
-    def remove_open(self, now: int | None = None) -> tuple[int, QItem] | None:
-        """Take the head item into a new open read; ``(xid, item)`` or None when empty."""
+    def remove_open(
+        self, now: int | None = None, max_size: int | None = None
+    ) -> tuple[int, QItem] | None:
+        """Take the head item into a new open read; ``(xid, item)``, or None when the queue is
+        empty or (``max_size`` given) the head's payload is longer than ``max_size`` bytes:
+        then nothing is opened, journaled or counted as a delivery."""
         if now is None:
             now = self.clock.now_ms()
         if not self._head(now):
@@ -344,6 +348,8 @@ class PersistentQueue(ReservationSource):
                 break  # the dead-letter queue refused it: handed out again, never lost
             if not self._head(now):
                 return None
+        if max_size is not None and len(self._items.first().data) > max_size:
+            return None
         xid = self._new_xid()
         self.log.open_read(xid)
         item = self._items.popleft()

@@ -178,9 +178,17 @@ class ReservationTable:
         return self.adopt_until(queue, got[0], got[1], owner, deadline)
 
     def take_leases(
-        self, queue: PersistentQueue, max_items: int, lease_ms: int, now: int
+        self,
+        queue: PersistentQueue,
+        max_items: int,
+        lease_ms: int,
+        now: int,
+        max_bytes: int | None = None,
     ) -> list[Reservation]:
-        """Lease up to ``max_items`` items from the head of ``queue`` (fewer when it runs dry).
+        """Lease up to ``max_items`` items from the head of ``queue`` (fewer when it runs dry,
+        or, ``max_bytes`` given, before the item whose payload would bring the batch's past
+        ``max_bytes``: that item and the rest stay queued, not opened, their deliveries not
+        counted).
 
         Raises :class:`TooManyLeases` when ``queue`` has no room for even one lease, and the
         log's error when it cannot write (leases already taken stay valid).
@@ -193,9 +201,11 @@ class ReservationTable:
         out: list[Reservation] = []
         deadline = self.deadline_clock() + lease_ms if lease_ms else 0  # one for the batch
         for _ in range(n):
-            got = queue.remove_open(now)
+            got = queue.remove_open(now, max_bytes)
             if got is None:
                 break
+            if max_bytes is not None:
+                max_bytes -= len(got[1].data)
             out.append(self.adopt_until(queue, got[0], got[1], None, deadline))
         return out
 

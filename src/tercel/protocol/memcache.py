@@ -558,8 +558,11 @@ def leased(
     )
 
 
-LEASED_BINARY_MAX: Final = 0x7FFFFFFF
-"""The most payload bytes one ``LEASEDB`` reply carries (its offsets are int32, as Arrow's)."""
+LEASED_BINARY_MAX: int = 0x7FFFFFFF
+"""The most payload bytes one ``LEASEDB`` reply carries (its offsets are int32, as Arrow's).
+Not ``Final``, so that compiled code reads it at run time (one module lookup per lease reply)
+and a test's server launcher can lower it before the server starts
+(``tests/integration/capped_serve.py``): the cut is then tested without 2 GiB of items."""
 _LEASEDB_TAIL: Final = b"\r\nEND\r\n"
 
 

@@ -62,10 +62,18 @@ def _leased_reply(
     out.append(mc.END)
 
 
+def _reply_budget(cmd: LeaseCmd) -> int | None:
+    """The most payload bytes the reply to ``cmd`` may carry: ``mc.LEASED_BINARY_MAX`` for a
+    binary one (int32 offsets), read at each call (a test launcher lowers it); None for text.
+    The lease stops before an item that would pass it, which stays queued, never opened."""
+    return mc.LEASED_BINARY_MAX if cmd.columns else None
+
+
 def _leased_binary(out: list[bytes], table: ReservationTable, leases: list[Reservation]) -> None:
-    """``mc.leased_binary`` of ``leases``; leases whose payloads would pass
-    ``mc.LEASED_BINARY_MAX`` bytes (int32 offsets) are given back to the head of their queue
-    unsent (a client cannot ack what it never saw)."""
+    """``mc.leased_binary`` of ``leases``. Those are cut to ``mc.LEASED_BINARY_MAX`` payload
+    bytes already (:func:`_reply_budget`) but for the first item of a blocked lease, opened by
+    the queue before the reply's size was known: leases past the limit are given back to the
+    head of their queue unsent (a client cannot ack what it never saw)."""
     total = 0
     for k, lease in enumerate(leases):
         total += len(lease.item.data)
@@ -109,7 +117,8 @@ def handle_lease(conn: Connection, cmd: LeaseCmd) -> None:
     queue = ctx.collection.get_or_create(cmd.queue)
     service = ctx.reservations
     table = service.table
-    leases = table.take_leases(queue, cmd.max_items, cmd.lease_ms, ctx.clock.now_ms())
+    now = ctx.clock.now_ms()
+    leases = table.take_leases(queue, cmd.max_items, cmd.lease_ms, now, _reply_budget(cmd))
     if leases or not cmd.wait_ms:
         service.arm()
         _leased_reply(conn.out, table, leases, cmd.columns)
@@ -154,8 +163,11 @@ def _finish_lease(
     room = min(cmd.max_items - 1, table.room(queue))
     if room > 0 and not queue.closed:
         now = conn.ctx.clock.now_ms()
+        budget = _reply_budget(cmd)
+        if budget is not None:
+            budget -= len(first.item.data)
         try:
-            leases += table.take_leases(queue, room, cmd.lease_ms, now)
+            leases += table.take_leases(queue, room, cmd.lease_ms, now, budget)
         except TercelError:
             log.exception("could not lease more of %s; replying with one item", cmd.queue)
     service.arm()
