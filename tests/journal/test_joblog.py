@@ -328,4 +328,3 @@ def test_crash_at_every_compaction_step(tmp_path: Path, point: str) -> None:
     assert store.next_id == 51
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
     journal.close()
-
