@@ -95,12 +95,15 @@ async function post(url) {
   return body;
 }
 
-function showError(err) {
+// Two sources of errors: the poll ("poll") and the operator's actions ("action"). A poll that
+// succeeds clears only a poll error: a refused flush stays on screen until the next action.
+function showError(err, source = "poll") {
   const el = $("error");
   if (err) {
     el.textContent = String(err.message || err);
+    el.dataset.source = source;
     el.hidden = false;
-  } else {
+  } else if (el.dataset.source === source) {
     el.hidden = true;
   }
 }
@@ -228,10 +231,11 @@ async function act(verb, queue) {
   if (!window.confirm(CONFIRM[verb](queue))) return;
   try {
     await post(`queues/${encodeURIComponent(queue)}/${verb}`);
+    showError(null, "action");
     if (verb === "delete" && state.selected === queue) select(null);
     await refresh();
   } catch (err) {
-    showError(err);
+    showError(err, "action");
   }
 }
 
@@ -253,9 +257,10 @@ function wire() {
     if (!window.confirm(`Set the server status to ${s}?`)) return;
     try {
       await post(`status/${s}`);
+      showError(null, "action");
       await refresh();
     } catch (err) {
-      showError(err);
+      showError(err, "action");
     }
   });
   const token = $("token");
