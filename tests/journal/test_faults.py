@@ -98,6 +98,7 @@ def test_emfile_on_open_parks_a_pooled_journal_and_goes_on(tmp_path: Path) -> No
         "reopens": 1,
         "emfile": 4,
         "refused": 0,
+        "put_off": 0,
     }
     for j in (a, b, c):
         j.close()
@@ -327,6 +328,7 @@ def test_a_rotation_out_of_descriptors_is_put_off(tmp_path: Path) -> None:
     faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
     assert not q.rotate()
     assert (q.rotations, q.rotations_put_off, q.failed) == (0, 1, False)
+    assert files.stats()["put_off"] == 1  # the journal_files_put_off stat
     fdatasyncs = faults.calls["fdatasync"]
     assert not q.rotate()  # not tried again until more is written: no fdatasync, no rename
     assert (q.rotations_put_off, faults.calls["fdatasync"]) == (1, fdatasyncs)

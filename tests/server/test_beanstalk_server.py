@@ -345,6 +345,7 @@ def test_serve_with_beanstalk_port_survives_kill_9(tmp_path: Path) -> None:
                 stats += m.recv(65536)
             assert b"STAT beanstalk_cmd_put 1\r\n" in stats
             assert b"STAT beanstalk_curr_jobs_ready 1\r\n" in stats
+            assert b"STAT beanstalk_job_log_put_off 0\r\n" in stats
         proc.kill()
         proc.start()
         c = Raw(proc.ports["beanstalk"])

@@ -206,6 +206,9 @@ class DataDir:
         """Opens that failed with EMFILE or ENFILE (each then evicts and tries again)."""
         self.refusals = 0
         """Opens given up with EMFILE or ENFILE: nothing left to evict, no reserve left."""
+        self.put_off = 0
+        """Rotations and compactions of the journals in this directory put off for want of a
+        descriptor for their new file (counted by the journals; each is tried again later)."""
         self.listings = 0
         """Times the directory was listed (once per start)."""
         if max_open:
@@ -284,8 +287,9 @@ class DataDir:
     def stats(self) -> dict[str, int]:
         """The pool's figures (the ``journal_files_*`` stats, docs/operations.md): ``open``
         (held now) and ``limit`` (``max_open``, 0: unbounded) are levels; ``evictions``,
-        ``reopens``, ``emfile`` (opens that failed with EMFILE/ENFILE) and ``refused`` (such
-        opens given up) count since the start."""
+        ``reopens``, ``emfile`` (opens that failed with EMFILE/ENFILE), ``refused`` (such
+        opens given up) and ``put_off`` (rotations and compactions put off) count since the
+        start."""
         return {
             "open": len(self._held),
             "limit": self.max_open,
@@ -293,6 +297,7 @@ class DataDir:
             "reopens": self.reopens,
             "emfile": self.out_of_descriptors,
             "refused": self.refusals,
+            "put_off": self.put_off,
         }
 
     def forget(self, holder: Holder) -> None:

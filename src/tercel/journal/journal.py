@@ -1061,6 +1061,7 @@ class FileJournal(AppendLog):
         fdatasync and two renames)."""
         self._rotate_after = self._written + (self._written >> 4)
         self.rotations_put_off += 1
+        self._dir.put_off += 1
         log.warning("journal %s: rotation put off: %s", self.path, exc.strerror or exc)
         return False
 
@@ -1210,6 +1211,7 @@ class FileJournal(AppendLog):
             return
         if exc is not None:  # the snapshot or its rename failed: nothing changed
             if isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS:
+                self._dir.put_off += 1
                 log.warning("journal %s: compaction put off: %s", self.path, exc)
             else:
                 log.error("journal %s: compaction failed: %s", self.path, exc)

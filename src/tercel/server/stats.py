@@ -97,6 +97,7 @@ class StatsSnapshot:
     journal_files_reopens: int
     journal_files_emfile: int
     journal_files_refused: int
+    journal_files_put_off: int
     queues_replaying: int
     """Queues on disk not replayed yet (start-up replays them in the background); they are in
     :attr:`queues` with ``replaying`` set."""
@@ -151,6 +152,7 @@ GLOBAL_LINES = (
     "journal_files_reopens",
     "journal_files_emfile",
     "journal_files_refused",
+    "journal_files_put_off",
     "queues_replaying",
 )
 """The global ``stats`` lines: Kestrel's 19 in Kestrel's order, then tercel's own."""
@@ -331,6 +333,7 @@ def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsS
         journal_files_reopens=pool.get("reopens", 0),
         journal_files_emfile=pool.get("emfile", 0),
         journal_files_refused=pool.get("refused", 0),
+        journal_files_put_off=pool.get("put_off", 0),
         queues_replaying=coll.pending,
         status=status.name,
         readable=status.readable,

@@ -315,6 +315,8 @@ class BeanstalkService:
             curr_tubes=len(self.store.tubes),
             total_jobs=s.total_jobs,
             job_timeouts=s.job_timeouts,
+            # rotations and compactions of the job log put off for want of a descriptor
+            job_log_put_off=0 if self.journal is None else self.journal.put_off,
         )
         return out
 
