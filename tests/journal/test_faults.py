@@ -20,6 +20,7 @@ from recorder import Recorder
 from tercel.clock import ManualClock
 from tercel.config import ServerConfig, ServerSettings
 from tercel.core.collection import QueueCollection
+from tercel.core.reservations import ReservationTable
 from tercel.errors import JournalWriteError, TooManyOpenFiles
 from tercel.journal import FileJournal
 from tercel.journal.faults import FaultyFiles, PowerLossFiles, power_loss
@@ -389,3 +390,38 @@ def test_a_group_fsync_needs_no_reopen_after_its_journal_was_parked(tmp_path: Pa
     files.close()
     assert released == [b"STORED"]
     assert replayed(tmp_path, "q") == [b"one", b"two"]
+
+
+def test_reads_returned_out_of_descriptors_go_back_at_the_next_try(tmp_path: Path) -> None:
+    """Open reads returned (their connection closed, their lease ran out) while their queue's
+    parked file cannot be reopened: the ABORT records cannot be journaled, so the items stay
+    taken, and the return is tried again (the server's sweep calls ``retry_returns``) until
+    it goes in. Before: they stayed open until a restart ("reads of q not returned")."""
+    faults = FaultyFiles()
+    files = DataDir(str(tmp_path), max_open=2, ops=faults)
+    coll = QueueCollection(
+        ServerConfig(ServerSettings(data_dir=str(tmp_path))),
+        lambda name, _: FileJournal(str(tmp_path), name, directory=files),
+        ManualClock(),
+    )
+    for data in (b"a", b"b", b"c"):
+        assert coll.add("q", data, None, 1)
+    q = coll.queue("q")
+    assert q is not None
+    table = ReservationTable()
+    owner = object()
+    taken = [table.take(q, 1, owner=owner) for _ in range(2)]
+    assert [r.item.data for r in taken if r is not None] == [b"a", b"b"]
+    q.log.write_out()
+    others = _parked(tmp_path, files, q.log)  # type: ignore[arg-type]
+    faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
+    assert table.release_owner(owner) == 0  # not journaled: still taken, nothing lost
+    assert (q.open_reads, len(q), len(table), q.log.failed) == (2, 1, 0, False)
+    assert table.retry_returns() == 0  # still no descriptor
+    faults.clear()
+    assert table.retry_returns() == 2 and table.retry_returns() == 0
+    assert (q.open_reads, len(q)) == (0, 3)
+    assert [q.remove(1).data for _ in range(3)] == [b"a", b"b", b"c"]  # type: ignore[union-attr]
+    for j in others:
+        j.close()
+    coll.close()

@@ -62,7 +62,7 @@ from tercel.core.source import (
     RETURN_OWNER_GONE,
     ReservationSource,
 )
-from tercel.errors import JournalError, TooManyLeases
+from tercel.errors import JournalError, JournalOutOfDescriptors, TooManyLeases
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,10 @@ class ReservationTable:
         self._deadlines: list[int] = []
         self._due: dict[int, list[int]] = {}
         self.expired = 0
+        self._unreturned: list[tuple[ReservationSource, list[int], int]] = []
+        """Returns put off because their source could not journal them for want of a
+        descriptor (:class:`JournalOutOfDescriptors`): ``(source, xids, reason)``, tried again
+        by :meth:`retry_returns`. The items are still taken: nothing is lost meanwhile."""
 
     def __len__(self) -> int:
         return len(self._open)
@@ -316,14 +320,34 @@ class ReservationTable:
         for source, group in by_source.items():
             for res in group:
                 self._drop(res)
-            try:
-                n += source.return_reserved([res.xid for res in group], reason)
-            except JournalError as exc:  # that source's journal failed; the others go on
-                name = source.source_name()
-                log.error("reads of %s not returned (they return at restart): %s", name, exc)
-            except Exception:  # a bug in one source must not strand the others' reservations
-                log.exception("reads of %s not returned", source.source_name())
+            n += self._give_back(source, [res.xid for res in group], reason)
         return n
+
+    def _give_back(self, source: ReservationSource, xids: list[int], reason: int) -> int:
+        """``source.return_reserved``; a source that cannot journal it now for want of a
+        descriptor keeps the items taken and the return waits for :meth:`retry_returns`;
+        any other failure is logged (the items return at the next start). How many went
+        back."""
+        try:
+            return source.return_reserved(xids, reason)
+        except JournalOutOfDescriptors as exc:  # (returning the same xids again is harmless)
+            self._unreturned.append((source, xids, reason))
+            name = source.source_name()
+            log.warning("reads of %s not returned yet (tried again by the sweep): %s", name, exc)
+        except JournalError as exc:  # that source's journal failed; the others go on
+            name = source.source_name()
+            log.error("reads of %s not returned (they return at restart): %s", name, exc)
+        except Exception:  # a bug in one source must not strand the others' reservations
+            log.exception("reads of %s not returned", source.source_name())
+        return 0
+
+    def retry_returns(self) -> int:
+        """Try again the returns put off for want of a descriptor (:meth:`_give_back`); how
+        many items went back. The server's expiry sweep calls it."""
+        if not self._unreturned:
+            return 0
+        todo, self._unreturned = self._unreturned, []
+        return sum(self._give_back(source, xids, reason) for source, xids, reason in todo)
 
     def extend(self, reservations: Iterable[Reservation], ttl_ms: int) -> int:
         """Move the deadlines to ``ttl_ms`` from now (0: none): renew, touch. How many."""

@@ -465,6 +465,7 @@ class Server:
             t for t in self._timers if not t.cancelled() and t.when() > self.loop.time()
         ]
         try:
+            self.ctx.reservations.table.retry_returns()  # put off for want of a descriptor
             self.collection.flush_all_expired()
             for name in self.collection.delete_expired_queues():
                 log.info("deleted queue %s: empty and older than its max_queue_age", name)
