@@ -74,6 +74,8 @@ LOG_LINES = {
     "rotations_put_off": "rotation put off",
     "compactions_put_off": "compaction put off",
     "queues_not_created": "not created: Too many open files",
+    "returns_put_off": "not returned yet",
+    "returns_left_until_restart": "not returned (they return at restart)",
 }
 """Server log lines counted in the summary (``log_lines``). With ``--emfile`` the first must
 be 0: a journal marked failed for want of a descriptor refused every later write to its
