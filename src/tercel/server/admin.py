@@ -110,7 +110,7 @@ _DOCS = {
     "journal_files_evictions": "Journal descriptors closed by the pool (least recently used).",
     "journal_files_reopens": "Parked journal files opened again on their next use.",
     "journal_files_emfile": "Journal file opens that failed with EMFILE or ENFILE.",
-    "journal_files_refused": "Such opens given up: the request was refused.",
+    "journal_files_refused": "Opens given up: a request refused, a rotation or compaction put off.",
     "journal_files_put_off": "Journal rotations and compactions put off for want of a descriptor.",
     "queues_replaying": "Queues on disk not replayed yet (start-up replays in the background).",
     "replaying": "1 while the queue's replay is not done (its figures: what it read so far).",
