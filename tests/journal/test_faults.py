@@ -35,6 +35,15 @@ def journal(tmp_path: Path, name: str, directory: DataDir) -> FileJournal:
     return j
 
 
+def collection(tmp_path: Path, files: DataDir) -> QueueCollection:
+    """Queues whose journals open their files through ``files``."""
+    return QueueCollection(
+        ServerConfig(ServerSettings(data_dir=str(tmp_path))),
+        lambda name, _: FileJournal(str(tmp_path), name, directory=files),
+        ManualClock(),
+    )
+
+
 def replayed(tmp_path: Path, name: str) -> list[bytes]:
     sink = Recorder()
     j = FileJournal(str(tmp_path), name)
@@ -147,11 +156,7 @@ def test_a_queue_that_cannot_get_a_descriptor_is_refused_cleanly(tmp_path: Path)
     too many open files``); the queue is not created, the others go on."""
     faults = FaultyFiles()
     files = DataDir(str(tmp_path), max_open=8, ops=faults)
-    coll = QueueCollection(
-        ServerConfig(ServerSettings(data_dir=str(tmp_path))),
-        lambda name, _: FileJournal(str(tmp_path), name, directory=files),
-        ManualClock(),
-    )
+    coll = collection(tmp_path, files)
     assert coll.add("kept", b"x", None, 1)
     faults.fail("open", errno.EMFILE, path="/new")
     with pytest.raises(TooManyOpenFiles):
@@ -399,11 +404,7 @@ def test_reads_returned_out_of_descriptors_go_back_at_the_next_try(tmp_path: Pat
     it goes in. Before: they stayed open until a restart ("reads of q not returned")."""
     faults = FaultyFiles()
     files = DataDir(str(tmp_path), max_open=2, ops=faults)
-    coll = QueueCollection(
-        ServerConfig(ServerSettings(data_dir=str(tmp_path))),
-        lambda name, _: FileJournal(str(tmp_path), name, directory=files),
-        ManualClock(),
-    )
+    coll = collection(tmp_path, files)
     for data in (b"a", b"b", b"c"):
         assert coll.add("q", data, None, 1)
     q = coll.queue("q")
