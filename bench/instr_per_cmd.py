@@ -87,6 +87,10 @@ async def _drive(which: str, passes: int, per_read: int, vary: bool) -> None:
         await server.start()
         conn = MemcacheConnection(server.ctx)
         conn.connection_made(_Transport())  # type: ignore[arg-type]
+        # A second, idle connection: the 32 commands of a pass stand for the requests of
+        # several connections, which share the pass (a lone connection's pass runs inline
+        # at the end of each read's batch: Committer.end_batch).
+        MemcacheConnection(server.ctx).connection_made(_Transport())  # type: ignore[arg-type]
         conn.data_received(SET)  # create the queue
         await asyncio.sleep(0)
 

@@ -53,6 +53,12 @@ from tercel.session import PendingRead, Session
 log = logging.getLogger(__name__)
 
 MAX_BUFFERED_WHILE_BLOCKED = 1024 * 1024
+
+INLINE_READ_MAX: Final = 64 * 1024
+"""A read shorter than this drained the socket: the loop reads this connection no more in
+this pass (libuv stops at a read that does not fill its buffer, 256 KiB under uvloop; asyncio
+reads once per pass). Then a lone connection's group-commit pass may run inline
+(:meth:`Committer.end_batch`): no later read of this pass could have joined it."""
 """Stop reading from a client whose operation is parked once this much input waits behind it."""
 
 
@@ -158,7 +164,12 @@ class Connection(Holder):
             self.last_active = ctx.loop.time()
         self.feed(data)
         if self.parked is None:
-            self.process()
+            committer = ctx.committer
+            committer.begin_batch()
+            try:
+                self.process()
+            finally:  # a lone connection's records are written and its replies sent now
+                committer.end_batch(len(data) < INLINE_READ_MAX and len(ctx.connections) == 1)
         elif self.buffered() > MAX_BUFFERED_WHILE_BLOCKED and self.transport is not None:
             self.transport.pause_reading()
 
