@@ -439,31 +439,33 @@ def test_a_period_that_ends_during_another_sync_of_the_journal_syncs_one_period_
     assert not still_unsynced, "the record stayed unsynced with no further write"
 
 
-@pytest.mark.parametrize("solo", [True, False])
-def test_a_lone_connections_pass_runs_at_the_end_of_its_batch(tmp_path: Path, solo: bool) -> None:
+@pytest.mark.parametrize(("solo", "mode"), [(True, None), (False, None), (True, 0)])
+def test_a_lone_connections_pass_runs_at_the_end_of_its_batch(
+    tmp_path: Path, solo: bool, mode: int | None
+) -> None:
     """A batch (``Connection.data_received``) that asks for a pass: with ``solo`` (one
-    connection, its read drained the socket) the pass runs when the batch ends, the record
-    written (and, for a ``sync_journal = true`` queue, fsynced) before the reply is released;
-    otherwise it is queued for the next loop pass, as every pass was before, so that the
-    batches of other connections read in the same pass join it."""
+    connection, its read drained the socket) and no group fsync to run, the pass runs when
+    the batch ends, the record written before the reply is released; otherwise (another
+    connection, or a ``sync_journal = true`` queue) it is queued for the next loop pass, as
+    every pass was before, so that other connections' batches of the pass join it."""
     conns: list[Conn] = []
+    inline = solo and mode is None
 
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
-        before = os.path.getsize(journals["s"].path)
+        before = os.path.getsize(journals["q"].path)
         committer.begin_batch()
-        journals["s"].add(1, 0, 0, b"x" * 100)
-        conn = Conn(journals["s"])
+        journals["q"].add(1, 0, 0, b"x" * 100)
+        conn = Conn(journals["q"])
         committer.hold(conn, b"STORED\r\n")
         conns.append(conn)
         committer.end_batch(solo)
-        if solo:  # done already: written and synced, then released, no loop callback
-            assert conn.released and conn.released[0][1] > before
-            assert not conn.released[0][2] and not committer.busy
+        if inline:  # done already: written, then released, no loop callback
+            assert conn.released and conn.released[0][1] > before and not committer.busy
         else:
             assert not conn.released and committer.busy
         committer.begin_batch()  # a batch that asks for nothing leaves nothing behind
         committer.end_batch(solo)
 
-    committer = run_passes(tmp_path, {"s": 0}, body, aio_min_group=1 << 30)
+    committer = run_passes(tmp_path, {"q": mode}, body, aio_min_group=1 << 30)
     assert [c.released[0][0] for c in conns] == [b"STORED\r\n"]
-    assert committer.fsyncs == 1
+    assert committer.fsyncs == (mode == 0)
