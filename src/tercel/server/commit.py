@@ -8,8 +8,9 @@ at the start of the next pass, before any new I/O callback: it writes every dirt
 one ``write`` each, and only then sends the held replies. So ``STORED`` always follows the
 record's ``write``, and 32 connections in one pass cost one write, not 32 (Redis's
 ``aof_buf``/``beforeSleep``). One exception, the same steps run earlier: when the server has
-a single connection and its read drained the socket, nothing else can join the pass, so it
-runs at the end of that read's batch instead of as a loop callback (:meth:`end_batch`).
+a single connection, its read drained the socket and the pass has no group fsync to run,
+nothing else can join the pass, so it runs at the end of that read's batch instead of as a
+loop callback (:meth:`end_batch`).
 
 Queues with ``sync_journal = true`` add a step: the replies wait for a *group fsync*, one
 ``fdatasync`` per such journal written since the last group. A group that wrote
