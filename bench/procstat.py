@@ -44,6 +44,14 @@ def machine_seconds() -> tuple[float, float]:
     return (sum(ticks) - ticks[3] - ticks[4]) / _TICK, ticks[7] / _TICK
 
 
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid`` so far (every thread, not its children): (user, system)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        raw = f.read()
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
 _PF_KTHREAD = 0x00200000
 
 

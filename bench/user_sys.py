@@ -16,21 +16,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import loadgen
 import servers
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _user_sys(pid: int) -> tuple[float, float]:
-    """CPU seconds of ``pid`` so far, (user, system), all threads."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / _TICK, int(fields[12]) / _TICK
+from procstat import user_system_seconds
 
 
 def main() -> None:
@@ -46,27 +39,32 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tercel-usersys-"))
     print("| round | server | cell | ops/s | user µs/op | system µs/op | total |")
     print("|---|---|---|---|---|---|---|")
-    for r in range(1, a.rounds + 1):
-        for name in a.servers.split(","):
-            for op, conns in cells:
-                run = servers.start(servers.SERVERS[name], work, 1)
-                try:
-                    spec = loadgen.LoadSpec(
-                        proto="bs", port=run.port, op=op, size=a.size, conns=conns,
-                        warmup=0.0, duration=a.duration, cpu=0,
-                    )  # fmt: skip
-                    u0, s0 = _user_sys(run.proc.pid)
-                    res = loadgen.run_load(spec)
-                    u1, s1 = _user_sys(run.proc.pid)
-                finally:
-                    run.kill()
-                n = max(1, res.ops)
-                user, system = 1e6 * (u1 - u0) / n, 1e6 * (s1 - s0) / n
-                print(
-                    f"| {r} | {name} | {op} c={conns} | {res.ops_per_s:,.0f} | {user:.2f} | "
-                    f"{system:.2f} | {user + system:.2f} |",
-                    flush=True,
-                )
+    try:
+        for r in range(1, a.rounds + 1):
+            for name in a.servers.split(","):
+                for op, conns in cells:
+                    row = _measure(name, op, conns, a, work)
+                    print(f"| {r} | {name} | {op} c={conns} | {row} |", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(name: str, op: str, conns: int, a: argparse.Namespace, work: Path) -> str:
+    """One cell on a fresh server ``name``: ops/s and µs per op (user, system, total)."""
+    run = servers.start(servers.SERVERS[name], work, 1)
+    try:
+        spec = loadgen.LoadSpec(
+            proto="bs", port=run.port, op=op, size=a.size, conns=conns,
+            warmup=0.0, duration=a.duration, cpu=0,
+        )  # fmt: skip
+        u0, s0 = user_system_seconds(run.pid)
+        res = loadgen.run_load(spec)
+        u1, s1 = user_system_seconds(run.pid)
+    finally:
+        run.cleanup()
+    n = max(1, res.ops)
+    user, system = 1e6 * (u1 - u0) / n, 1e6 * (s1 - s0) / n
+    return f"{res.ops_per_s:,.0f} | {user:.2f} | {system:.2f} | {user + system:.2f}"
 
 
 if __name__ == "__main__":

@@ -129,7 +129,6 @@ class Committer:
         self._scheduled = False
         self._batches = 0  # connections' batches running (begin_batch .. end_batch): 0 or 1
         self._batch_pass = False  # a pass was asked for while a batch ran
-        self._batch_sync = False  # ... and a sync_journal = true journal is in it
         self._periodic: dict[AppendLog, asyncio.TimerHandle] = {}
         self.fsyncs = 0
         """Group fsyncs run for ``sync_journal = true`` (one per pass that wrote such a journal)."""
@@ -172,7 +171,6 @@ class Committer:
         self.dirty.append(journal)
         if self._mode(journal) == 0:
             journal.sync_due = True
-            self._batch_sync = True
         if not self._scheduled:
             self._want_pass()
 
@@ -198,10 +196,13 @@ class Committer:
         self._scheduled = True
         self._call_soon(self._pass_cb)
 
+    def _sync_due(self) -> bool:
+        """True when a dirty journal is one the next group fsync covers (``sync_journal =
+        true``: :meth:`journal_dirty` marks it ``sync_due``)."""
+        return any(journal.sync_due for journal in self.dirty)
+
     def begin_batch(self) -> None:
         """A connection starts running the commands it read (``Connection.data_received``)."""
-        if not self._batches:
-            self._batch_sync = False
         self._batches += 1
 
     def end_batch(self, solo: bool) -> None:
@@ -221,7 +222,7 @@ class Committer:
         self._batch_pass = False
         if self._scheduled:
             return
-        if solo and not self._batch_sync and not self._waiting and not self.syncing:
+        if solo and not self._waiting and not self.syncing and not self._sync_due():
             self.run()
         else:
             self._scheduled = True

@@ -53,13 +53,13 @@ from tercel.session import PendingRead, Session
 log = logging.getLogger(__name__)
 
 MAX_BUFFERED_WHILE_BLOCKED = 1024 * 1024
+"""Stop reading from a client whose operation is parked once this much input waits behind it."""
 
 INLINE_READ_MAX: Final = 64 * 1024
 """A read shorter than this drained the socket: the loop reads this connection no more in
 this pass (libuv stops at a read that does not fill its buffer, 256 KiB under uvloop; asyncio
 reads once per pass). Then a lone connection's group-commit pass may run inline
 (:meth:`Committer.end_batch`): no later read of this pass could have joined it."""
-"""Stop reading from a client whose operation is parked once this much input waits behind it."""
 
 
 REPLAY: Final[object] = object()
