@@ -55,7 +55,7 @@ def user_system_seconds(pid: int) -> tuple[float, float]:
 _PF_KTHREAD = 0x00200000
 
 
-def process_table() -> dict[int, tuple[int, int, int, bool]]:
+def _process_table() -> dict[int, tuple[int, int, int, bool]]:
     """Every process now, from one pass over /proc: pid -> (parent pid, its own CPU ticks,
     the ticks of the children it reaped, whether it is a kernel thread)."""
     table: dict[int, tuple[int, int, int, bool]] = {}
@@ -90,7 +90,7 @@ def tree_and_kernel_seconds(pid: int) -> tuple[float, float]:
     """
     procs: dict[int, tuple[int, int, int]] = {}  # pid -> (ppid, own ticks, reaped children's)
     kernel = 0
-    for proc, (ppid, own, reaped, kthread) in process_table().items():
+    for proc, (ppid, own, reaped, kthread) in _process_table().items():
         if kthread:
             kernel += own
         else:

@@ -1,10 +1,11 @@
-"""The benchmark suite still runs: a few-second smoke run against tercel alone.
+"""Every benchmark tool in bench/ still runs: a few-second run of each against tercel alone.
 
-The suite itself (``make bench``) is never part of pass/fail; this only checks that its tools
-(load generator, server control, report) work end to end, so they do not rot between the
-benchmark runs. No figure is asserted, only that every run finished cleanly and the report
-has the columns docs/benchmarks.md is made of. A busy host's runs are run again
-(``--rerun-noisy``); forcing every run to count as noisy checks which attempt is kept.
+The benchmarks themselves (``make bench``, docs/benchmarks.md) are never part of pass/fail;
+this only checks that the tools (the suite's load generator, server control and report, and
+the standalone scripts) work end to end, so they do not rot between runs. No figure is
+asserted, only that every run finished cleanly and printed what docs/benchmarks.md quotes. A
+busy host's runs are run again (``--rerun-noisy``); forcing every run to count as noisy checks
+which attempt is kept.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ def test_quick_suite_runs_cleanly_against_tercel(tmp_path: Path) -> None:
             "tercel-nosync,tercel-sync",
             "--scenarios",
             "enqueue,mixed,dequeue",
-            "--no-docs",
             "--rerun-noisy=-1",  # every run counts as noisy: each is run exactly twice
             "--max-reruns=1",
             "--out",
@@ -63,3 +63,49 @@ def test_quick_suite_runs_cleanly_against_tercel(tmp_path: Path) -> None:
         "| peak RSS | errors | noise |"
     )
     assert header in proc.stdout
+    report = out.with_suffix(".md").read_text()
+    assert "## Goals in this run" in report and header in report
+    assert "Command:" in report and "- tercel commit: " in report
+
+
+def bench(*args: str, timeout: float = 300) -> str:
+    """Runs ``bench/<args>`` with this interpreter; its stdout (fails on a non-zero exit)."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / args[0]), *args[1:]],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_readbehind_drains_a_backlog_past_the_memory_window_in_order() -> None:
+    out = bench(
+        "readbehind.py",
+        "--gigabytes",
+        "0.003",
+        "--memory",
+        "1MB",
+        "--markdown",
+        "--baseline-items",
+        "1000",
+    )
+    phases = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [p["label"] for p in phases] == ["read-behind", "in-memory"]
+    assert phases[0]["items"] == 3145 and phases[0]["drain_items_per_s"] > 0
+    assert "read-behind drain rate / in-memory drain rate" in out
+
+
+def test_manyqueues_creates_restarts_and_checks_every_queue() -> None:
+    out = bench("manyqueues.py", "--queues", "300", "--open-files", "64")
+    (run,) = json.loads(out.splitlines()[-1])["runs"]
+    assert run["create_s"] > 0 and run["restart_s"] > 0 and run["rss_restarted_mb"] > 0
+
+
+def test_instr_per_cmd_harness_drives_the_server_in_process() -> None:
+    # The counted part without valgrind: what callgrind would run, a few passes of each.
+    for op in ("set", "get"):
+        bench("instr_per_cmd.py", "--child", op, "3", "--per-read", "16")
+    bench("instr_per_cmd.py", "--child", "set", "3", "--per-read", "2", "--vary")
