@@ -102,6 +102,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--server-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="JSON-lines results file")
+    # Accepted and ignored: the report is always written beside the results (the runs of record
+    # in docs/benchmarks.md quote their commands with it).
+    ap.add_argument("--no-docs", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
         "--no-snapshot",
         action="store_true",
