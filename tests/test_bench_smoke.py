@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
@@ -109,3 +111,28 @@ def test_instr_per_cmd_harness_drives_the_server_in_process() -> None:
     for op in ("set", "get"):
         bench("instr_per_cmd.py", "--child", op, "3", "--per-read", "16")
     bench("instr_per_cmd.py", "--child", "set", "3", "--per-read", "2", "--vary")
+
+
+def test_spark_bench_starts_and_fills_its_queues(tmp_path: Path) -> None:
+    # A Spark session takes minutes on a loaded 2-core machine: the whole script is run by
+    # hand (docs/spark.md §5); this checks that it imports and that its fill (client, server
+    # and event helpers) still works.
+    pytest.importorskip("pyspark")
+    assert "--skip-writer" in bench("spark_bench.py", "--help")
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import spark_bench as b;"
+        "from tercel.client import Client;"
+        "s = b.ServerProcess(sys.argv[2]).start();"
+        "b.fill_queues([s], 'ev', 7, 100);"
+        "c = Client(s.address); q = c.queue_stats().values();"
+        "print(sum(int(x['ev']['items']) for x in q), len(b.events(0, 1, 100)[0]));"
+        "c.close(); s.stop()"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(BENCH), str(tmp_path / "data")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert out.split() == ["7", "100"]
