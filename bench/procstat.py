@@ -1,4 +1,4 @@
-"""Reads CPU time and memory from /proc (Linux only).
+"""Reads CPU time, memory and the machine from /proc (Linux only); every bench tool does so here.
 
 Contract: a function that takes a pid raises ``OSError`` if the process is gone. CPU time is
 utime + stime over every thread, in seconds, with the kernel's clock-tick resolution (usually
@@ -28,6 +28,23 @@ def peak_rss_kb(pid: int) -> int:
 def rss_kb(pid: int) -> int:
     """VmRSS: the current resident set size of ``pid``, in KiB."""
     return _status_kb(pid, b"VmRSS:")
+
+
+def machine() -> tuple[str, int]:
+    """The CPU's model name (``/proc/cpuinfo``) and the RAM in KiB (``/proc/meminfo``)."""
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem_kb = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+                break
+    return model, mem_kb
 
 
 def machine_seconds() -> tuple[float, float]:

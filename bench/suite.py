@@ -33,6 +33,7 @@ from typing import Any
 
 import loadgen
 import manyclients
+import procstat
 import replay
 import report
 import scenarios
@@ -259,17 +260,7 @@ class Runner:
 
 def machine_meta(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """What the report says about this machine and run."""
-    model = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    mem_kb = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                mem_kb = int(line.split()[1])
+    model, mem_kb = procstat.machine()
     repo = BENCH.parent
     git = subprocess.run(
         ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
