@@ -1,7 +1,7 @@
 """Instructions per memcache command through the in-process server, counted by callgrind.
 
 Wall time on a shared VM swings by tens of percent; instruction counts do not, so this is how
-the hot path's changes are measured (docs/benchmarks.md, "Profile-driven changes"). One
+the hot path's changes are measured (docs/benchmarks.md, "Instructions per command"). One
 ``MemcacheConnection`` of a real :class:`~tercel.server.app.Server` (journal on, no sockets:
 a transport that drops replies) is fed 1 KiB ``set`` or ``get`` commands, 32 per event-loop
 pass, ``--per-read`` of them per ``data_received`` (1: one command per read, as at pipeline

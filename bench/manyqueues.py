@@ -42,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import procstat
 from tercel.testing import ServerProcess
 
 BATCH = 1000
@@ -49,16 +50,12 @@ BATCH = 1000
 
 def rss_mb(pid: int) -> float:
     """Resident set of ``pid`` in MB (VmRSS)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return procstat.rss_kb(pid) / 1024
 
 
 def cpu_s(pid: int) -> float:
     """CPU time (user + system) ``pid`` has used so far, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(procstat.user_system_seconds(pid))
 
 
 def read_replies(sock: socket.socket, count: int, buf: bytes) -> bytes:

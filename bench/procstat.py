@@ -1,4 +1,4 @@
-"""Reads CPU time and memory from /proc (Linux only).
+"""Reads CPU time, memory and the machine from /proc (Linux only); every bench tool does so here.
 
 Contract: a function that takes a pid raises ``OSError`` if the process is gone. CPU time is
 utime + stime over every thread, in seconds, with the kernel's clock-tick resolution (usually
@@ -30,6 +30,23 @@ def rss_kb(pid: int) -> int:
     return _status_kb(pid, b"VmRSS:")
 
 
+def machine() -> tuple[str, int]:
+    """The CPU's model name (``/proc/cpuinfo``) and the RAM in KiB (``/proc/meminfo``)."""
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem_kb = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+                break
+    return model, mem_kb
+
+
 def machine_seconds() -> tuple[float, float]:
     """CPU seconds since boot of all CPUs together, from one read of /proc/stat: the time not
     idle, and of it the *steal* (the hypervisor ran other guests while our CPU wanted to run).
@@ -55,7 +72,7 @@ def user_system_seconds(pid: int) -> tuple[float, float]:
 _PF_KTHREAD = 0x00200000
 
 
-def process_table() -> dict[int, tuple[int, int, int, bool]]:
+def _process_table() -> dict[int, tuple[int, int, int, bool]]:
     """Every process now, from one pass over /proc: pid -> (parent pid, its own CPU ticks,
     the ticks of the children it reaped, whether it is a kernel thread)."""
     table: dict[int, tuple[int, int, int, bool]] = {}
@@ -90,7 +107,7 @@ def tree_and_kernel_seconds(pid: int) -> tuple[float, float]:
     """
     procs: dict[int, tuple[int, int, int]] = {}  # pid -> (ppid, own ticks, reaped children's)
     kernel = 0
-    for proc, (ppid, own, reaped, kthread) in process_table().items():
+    for proc, (ppid, own, reaped, kthread) in _process_table().items():
         if kthread:
             kernel += own
         else:

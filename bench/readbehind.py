@@ -1,6 +1,6 @@
 """Read-behind under load: fill a queue far past its memory window, drain it, watch RSS.
 
-Starts ``tercel serve`` (pinned to CPU1, this client to CPU0 when there are two CPUs) with
+Starts ``tercel serve`` (pinned to CPU 1 when there are two CPUs) with
 ``max_memory_size`` set small (16 MB by default), enqueues ``--gigabytes`` of ``--size``-byte
 items over one pipelined connection, then drains them with pipelined plain gets, sampling the
 server's RSS (``VmRSS``) every 100 ms throughout. Every item carries its sequence number; the
@@ -18,12 +18,14 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+import procstat
+from tercel.testing import ServerProcess
 
 REPO = Path(__file__).resolve().parent.parent
 DEPTH = 64
@@ -31,23 +33,17 @@ DEPTH = 64
 
 def _rss_mb(pid: int) -> float:
     try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+        return procstat.rss_kb(pid) / 1024
     except OSError:
-        pass
-    return 0.0
+        return 0.0
 
 
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process and its threads so far (0.0 if gone)."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
+        return sum(procstat.user_system_seconds(pid))
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Sampler(threading.Thread):
@@ -67,22 +63,13 @@ class Sampler(threading.Thread):
             self.peak = max(self.peak, rss)
 
 
-def start_server(data: Path, memory: str) -> tuple[subprocess.Popen[bytes], int]:
-    ports = data.parent / "ports.json"
-    cfg = data.parent / "tercel.toml"
-    cfg.write_text(f'[queues]\nmax_memory_size = "{memory}"\n')
-    cmd = [str(REPO / ".venv/bin/tercel"), "serve", "--data-dir", str(data), "--memcache-port", "0"]
-    cmd += ["--admin-port", "0"]
-    cmd += ["--ports-file", str(ports), "--config", str(cfg), "--log-level", "warning"]
+def start_server(data: Path, memory: str) -> ServerProcess:
+    """``tercel serve`` with ``max_memory_size = memory``, pinned to CPU 1 when there are two."""
+    launcher: tuple[str, ...] = (sys.executable, "-m", "tercel")
     if (os.cpu_count() or 1) > 1 and shutil.which("taskset"):
-        cmd = ["taskset", "-c", "1", *cmd]
-    proc = subprocess.Popen(cmd)
-    deadline = time.monotonic() + 60
-    while not ports.exists():  # a benchmark harness may poll; tests never do
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.01)
-    return proc, json.loads(ports.read_text())["memcache"]
+        launcher = ("taskset", "-c", "1", *launcher)
+    config = f'[queues]\nmax_memory_size = "{memory}"\n'
+    return ServerProcess(data, config, launcher=launcher).start(timeout=60)
 
 
 def _read_until(sock: socket.socket, buf: bytearray, count: int, token: bytes) -> None:
@@ -149,22 +136,23 @@ def run(n: int, size: int, memory: str, label: str) -> dict[str, object]:
     results = REPO / "bench/results"  # ignored by git
     results.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="tercel-rb-", dir=str(results)))
-    proc, port = start_server(tmp / "data", memory)
-    sampler = Sampler(proc.pid)
+    srv = start_server(tmp / "data", memory)
+    assert srv.proc is not None
+    pid, port = srv.proc.pid, srv.port
+    sampler = Sampler(pid)
     sampler.start()
     try:
         t_fill = fill(port, n, size)
         peak_fill = sampler.peak
         on_disk = sum(p.stat().st_size for p in (tmp / "data").iterdir() if p.is_file())
-        cpu0 = _cpu_s(proc.pid)
+        cpu0 = _cpu_s(pid)
         t_drain = drain(port, n, size)
-        cpu_drain = _cpu_s(proc.pid) - cpu0
+        cpu_drain = _cpu_s(pid) - cpu0
         sampler.done.set()
         sampler.join()
         left = sum(p.stat().st_size for p in (tmp / "data").iterdir() if p.is_file())
     finally:
-        proc.terminate()
-        proc.wait()
+        srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     return {
         "label": label,

@@ -14,9 +14,6 @@ Scenarios:
 - ``many-clients``: N consumers blocked on a 1 s blocking get, one producer trickling; every item
   must be delivered exactly once. Blocking peers: Redis BLPOP, beanstalkd reserve-with-timeout.
 - ``replay``: fill N items, SIGKILL, restart, time to the first successful dequeue.
-- Scenarios measured by standalone scripts (listed with their command, never run here):
-  ``lease`` (batched leases), ``readbehind`` (drain a 2 GB backlog past the memory window),
-  ``frontends`` (Thrift and the text protocol against memcache, batches of 100).
 """
 
 from __future__ import annotations
@@ -27,14 +24,7 @@ from servers import SERVERS
 
 LOAD_SCENARIOS = ("enqueue", "dequeue", "mixed", "reliable")
 SPECIAL_SCENARIOS = ("many-clients", "replay")
-HOOK_SCENARIOS: dict[str, str] = {
-    "lease": "runs on its own: `.venv/bin/python bench/lease_bench.py` (results in EXTRA.md)",
-    "readbehind": "runs on its own: `.venv/bin/python bench/readbehind.py --gigabytes 2` "
-    "(results in EXTRA.md)",
-    "frontends": "runs on its own: `.venv/bin/python bench/frontends_bench.py` (Thrift and "
-    "text batches against memcache at depth 100 and leases; results in docs/benchmarks.md)",
-}
-ALL_SCENARIOS = LOAD_SCENARIOS + SPECIAL_SCENARIOS + tuple(HOOK_SCENARIOS)
+ALL_SCENARIOS = LOAD_SCENARIOS + SPECIAL_SCENARIOS
 DEFAULT_SCENARIOS = ALL_SCENARIOS
 
 BLOCKING_SERVERS = ("tercel-50ms", "tercel-bs-50ms", "redis-everysec", "beanstalkd")
@@ -61,8 +51,6 @@ class Cell:
             return f"many-clients {size} consumers={self.conns}"
         if self.scenario == "replay":
             return f"replay {size} items={self.conns}"
-        if self.scenario in HOOK_SCENARIOS:
-            return self.scenario
         return f"{self.scenario} {size} c={self.conns} d={self.depth}"
 
 
@@ -111,8 +99,6 @@ def build_plan(
         elif sc == "replay":
             for size in sizes:
                 add(sc, size, replay_items, 1)
-        elif sc in HOOK_SCENARIOS:
-            plan.append(Cell(sc, 1024, 0, 0, ()))
         else:
             raise ValueError(f"unknown scenario {sc!r}; known: {', '.join(ALL_SCENARIOS)}")
     return plan

@@ -11,6 +11,11 @@ Contract:
 - tercel is started as ``<tercel-cmd> serve --data-dir DIR --host 127.0.0.1 --memcache-port 0
   --ports-file PATH --admin-port 0 --config FILE --log-level warning`` and its port is read
   from the ports file (or, on a restart, ``--memcache-port`` is the port it had).
+
+This is how the suite starts every server, peers and tercel alike (pinned, from a snapshot of
+``src/tercel``). A tool that runs tercel alone (soak, fuzz, readbehind, manyqueues, spark_bench)
+uses :class:`tercel.testing.ServerProcess` instead, the package's testing API; only
+``instr_per_cmd.py`` starts its servers itself, under valgrind.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ Contract:
 - A clean run during which other processes used more than ``--rerun-noisy`` of a CPU is run
   again, at most ``--max-reruns`` times; the quietest attempt counts and the others are kept
   in the results with status "noisy".
-- Each run appends one JSON line to the results file; at the end the Markdown tables
-  (:mod:`report`) go to stdout, and, unless ``--quick`` or ``--no-docs``, to docs/benchmarks.md.
+- Each run appends one JSON line to the results file (``--out``); at the end the Markdown
+  tables (:mod:`report`) go to stdout and, with the machine and the exact command, to the
+  results file's name with ``.md`` (the report docs/benchmarks.md quotes a run of record from).
 - Exit status 0 means every planned run happened and reported zero errors; 1 otherwise.
   ``--allow-missing`` turns servers that are not installed into a warning.
 """
@@ -32,6 +33,7 @@ from typing import Any
 
 import loadgen
 import manyclients
+import procstat
 import replay
 import report
 import scenarios
@@ -101,8 +103,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--server-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="JSON-lines results file")
-    ap.add_argument("--docs", type=Path, default=BENCH.parent / "docs" / "benchmarks.md")
-    ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md")
+    # Accepted and ignored: the report is always written beside the results (the runs of record
+    # in docs/benchmarks.md quote their commands with it).
+    ap.add_argument("--no-docs", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument(
         "--no-snapshot",
         action="store_true",
@@ -256,18 +259,8 @@ class Runner:
 
 
 def machine_meta(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    """What the docs say about this machine and run."""
-    model = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    mem_kb = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                mem_kb = int(line.split()[1])
+    """What the report says about this machine and run."""
+    model, mem_kb = procstat.machine()
     repo = BENCH.parent
     git = subprocess.run(
         ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
@@ -380,11 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(runner.workdir, ignore_errors=True)
     print(report.tables(records))
     print(report.goals(records))
-    if not a.quick and not a.no_docs:
-        meta["wall_s"] = time.monotonic() - t_start
-        meta["results"] = os.path.relpath(out, BENCH.parent)
-        report.write_docs(a.docs, records, meta)
-        print(f"wrote {a.docs}", file=sys.stderr)
+    meta["wall_s"] = time.monotonic() - t_start
+    meta["results"] = os.path.relpath(out, BENCH.parent)
+    report.write_report(out.with_suffix(".md"), records, meta)
+    print(f"wrote {out.with_suffix('.md')}", file=sys.stderr)
     print(
         f"{len(records)} runs, {failed} failed, {time.monotonic() - t_start:.0f} s",
         file=sys.stderr,
@@ -441,12 +433,6 @@ def _one(
         "warmup": a.warmup,
         "duration": a.duration,
     }
-    if cell.scenario in scenarios.HOOK_SCENARIOS:
-        return {
-            **base,
-            "status": "not-available",
-            "reason": scenarios.HOOK_SCENARIOS[cell.scenario],
-        }
     if name in missing:
         return {**base, "status": "unavailable", "reason": missing[name]}
     try:

@@ -81,11 +81,6 @@ def reliable_open_request(queue: bytes, first: bool) -> bytes:
     return b"get %s/close/open\r\n" % queue
 
 
-def reliable_close_request(queue: bytes) -> bytes:
-    """Confirms the last reliable read without opening another (``get q/close``)."""
-    return b"get %s/close\r\n" % queue
-
-
 def bs_delete_request(job_id: int) -> bytes:
     """beanstalkd ``delete <id>`` (reply ``DELETED``, parsed as AUX)."""
     return b"delete %d\r\n" % job_id
@@ -96,14 +91,6 @@ def setup_requests(proto: str, queue: bytes) -> list[bytes]:
     if proto == "bs":
         return [b"use %s\r\n" % queue, b"watch %s\r\n" % queue, b"ignore default\r\n"]
     return []
-
-
-def redis_command(*args: bytes) -> bytes:
-    """Encodes an arbitrary RESP command (used for setup and checks, not in hot loops)."""
-    parts = [b"*%d\r\n" % len(args)]
-    for a in args:
-        parts.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(parts)
 
 
 # --------------------------------------------------------------------------- reply parsers
