@@ -1,4 +1,4 @@
-"""The beanstalkd job model (core/tubes.py) on a manual clock: no sockets, no sleeps."""
+"""The beanstalkd job model (core/tubes/) on a manual clock: no sockets, no sleeps."""
 
 from __future__ import annotations
 
