@@ -35,8 +35,12 @@ class Logs:
         self.path = path
         self.memory: dict[str, MemoryJournal] = {}
         self.opened: list[str] = []
+        self.failing: set[str] = set()
+        """Names whose log fails to open (EIO)."""
 
     def __call__(self, name: str, config: QueueConfig) -> MemoryJournal | FileJournal:
+        if name in self.failing:
+            raise OSError(errno.EIO, "injected")
         self.opened.append(name)
         if self.kind == "file":
             return FileJournal(str(self.path), name)
@@ -66,7 +70,7 @@ class World:
     def items(self, name: str) -> list[bytes]:
         q = self.qc.queue(name)
         assert q is not None, f"no queue {name}"
-        return [i.data for i in q._items]
+        return [i.data for i in q.items_in_memory()]
 
     def restart(self) -> None:
         self.qc.close()
@@ -166,21 +170,13 @@ def test_a_deferred_replay_that_fails_is_the_next_one_again(logs: Logs) -> None:
     for name in ("a", "b", "c", "d"):
         w.add(name, name.encode())
     qc = deferred(w)
-    real = qc._open_log
-    failing = {"b"}
-
-    def open_log(name: str, config: QueueConfig) -> MemoryJournal | FileJournal:
-        if name in failing:
-            raise OSError(errno.EIO, "injected")
-        return real(name, config)  # type: ignore[return-value]
-
-    qc._open_log = open_log
+    logs.failing.add("b")
     assert qc.replay_next() == "a"
     with pytest.raises(OSError):
         qc.replay_next()
     assert qc.pending == 3
     assert w.items("c") == [b"c"]  # replayed at its first reference
-    failing.clear()
+    logs.failing.clear()
     assert [qc.replay_next() for _ in range(3)] == ["b", "d", None]
     assert (len(qc), qc.pending) == (4, 0)
     w.qc.close()
@@ -269,7 +265,7 @@ def test_a_long_replay_runs_in_slices_between_other_work(tmp_path: Path) -> None
     assert qc.replay_slice(time.monotonic, 0.0) is None
     big = qc.queue("big")
     assert big is not None and len(big) == 3000 and qc.pending == 0
-    assert [i.data[:4] for i in big._items][:2] == [b"0000", b"0001"]
+    assert [i.data[:4] for i in big.items_in_memory()][:2] == [b"0000", b"0001"]
     w.qc.close()
 
 
@@ -547,7 +543,7 @@ def test_expire_to_queue(logs: Logs) -> None:
     dead = w.qc.queue("dead")
     assert dead is not None
     # No expiry of its own, a new add time, and the target's max_age applies.
-    assert [(i.add_time, i.expiry) for i in dead._items] == [(T0 + 100, T0 + 600)] * 2
+    assert [(i.add_time, i.expiry) for i in dead.items_in_memory()] == [(T0 + 100, T0 + 600)] * 2
     w.qc.close()
 
 

@@ -27,7 +27,7 @@ def make(doc: dict[str, Any] | None = None) -> tuple[QueueCollection, ManualCloc
 def items(qc: QueueCollection, name: str) -> list[bytes]:
     q = qc.queue(name)
     assert q is not None
-    return [i.data for i in q._items]
+    return [i.data for i in q.items_in_memory()]
 
 
 # ---- the expiry sweep ----------------------------------------------------------------------
@@ -82,7 +82,7 @@ def test_max_age_caps_the_expiry_at_add() -> None:
     qc.add("q", b"sooner", T0 + 50, T0)
     q = qc.queue("q")
     assert q is not None
-    assert [i.expiry for i in q._items] == [T0 + 100, T0 + 100, T0 + 50]
+    assert [i.expiry for i in q.items_in_memory()] == [T0 + 100, T0 + 100, T0 + 50]
     clock.advance(101)
     assert qc.flush_all_expired() == 3
 
@@ -97,7 +97,7 @@ def test_expired_items_move_in_bounded_rounds_to_their_queue() -> None:
     assert qc.flush_all_expired() == 1
     assert items(qc, "dlq") == [b"1", b"2"]
     dlq = qc.queue("dlq")
-    assert dlq is not None and all(i.expiry == 0 for i in dlq._items)
+    assert dlq is not None and all(i.expiry == 0 for i in dlq.items_in_memory())
 
 
 def test_expire_to_an_alias_goes_to_each_destination() -> None:

@@ -7,6 +7,7 @@ build a fresh queue object on the same storage and replay. Time comes from a Man
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,9 @@ from tercel.config import QueueConfig
 from tercel.core.queue import READ_GET, READ_OPEN, READ_PEEK, XID_LIMIT, PersistentQueue, QItem
 from tercel.errors import ItemTooLarge, JournalWriteError
 from tercel.journal import FileJournal, MemoryJournal
+from tercel.journal import records as rec
+from tercel.journal.faults import FaultyFiles
+from tercel.journal.files import DataDir
 
 T0 = 1_700_000_000_000
 
@@ -77,12 +81,12 @@ class Harness:
 
 def state(q: PersistentQueue) -> tuple[list[ItemState], int, int]:
     """Items (id, add time, expiry, data) head first, bytes, open reads."""
-    items = [(i.id, i.add_time, i.expiry, i.data) for i in q._items]
+    items = [(i.id, i.add_time, i.expiry, i.data) for i in q.items_in_memory()]
     return items, q.bytes, q.open_reads
 
 
 def datas(q: PersistentQueue) -> list[bytes]:
-    return [i.data for i in q._items]
+    return [i.data for i in q.items_in_memory()]
 
 
 @pytest.fixture(params=["memory", "file"])
@@ -100,7 +104,7 @@ def h(store: Store) -> Harness:
 def after_restart(q: PersistentQueue) -> tuple[list[ItemState], int, int]:
     """The state a restart must produce: open reads back in their places (item-id order)."""
     items, size, _ = state(q)
-    reopened = [(i.id, i.add_time, i.expiry, i.data) for i in q._open.values()]
+    reopened = [(i.id, i.add_time, i.expiry, i.data) for i in q.open_items().values()]
     merged = sorted(reopened + items, key=lambda i: i[0])
     return merged, size + sum(len(i[3]) for i in reopened), 0
 
@@ -190,16 +194,20 @@ def test_unknown_xids(h: Harness) -> None:
     assert not h.q.abort(1)
 
 
-def test_xids_wrap_and_skip_open_reads(h: Harness) -> None:
-    q = h.q
-    for data in (b"a", b"b", b"c"):
-        q.add(data)
-    x1, _ = q.remove_open()  # type: ignore[misc]
-    assert x1 == 1
-    q._xid = XID_LIMIT - 2
+def test_xids_wrap_past_zero() -> None:
+    """The xid counter wraps below :data:`XID_LIMIT` and never hands out 0. (A log brings the
+    counter near its limit: replay keeps the last xid it read.)"""
+    log = MemoryJournal()
+    for item_id, data in ((1, b"a"), (2, b"b"), (3, b"c")):
+        rec.encode_add(log.data, item_id, T0, 0, data)
+    rec.encode_xid(log.data, rec.OP_OPEN, XID_LIMIT - 2)  # a
+    rec.encode_xid(log.data, rec.OP_CONFIRM, XID_LIMIT - 2)
+    q = PersistentQueue("q", QueueConfig(), log, ManualClock(T0))
+    q.replay()
+    assert q.last_xid == XID_LIMIT - 2
     x2, _ = q.remove_open()  # type: ignore[misc]
     x3, _ = q.remove_open()  # type: ignore[misc]
-    assert (x2, x3) == (XID_LIMIT - 1, 2)  # wraps past 0 and skips the open xid 1
+    assert (x2, x3) == (XID_LIMIT - 1, 1)
 
 
 def test_xids_continue_after_restart(h: Harness) -> None:
@@ -465,17 +473,16 @@ def test_replay_counts_and_age(h: Harness) -> None:
 
 
 def test_a_refused_write_leaves_the_queue_unchanged(tmp_path: Path) -> None:
-    store = Store("file", tmp_path)
-    h = Harness(store)
-    q = h.q
+    faults = FaultyFiles()  # the file seam: every write refused once armed
+    log = FileJournal(str(tmp_path), "q", directory=DataDir(str(tmp_path), ops=faults))
+    q = PersistentQueue("q", QueueConfig(), log, ManualClock(T0))
+    q.replay()
     q.add(b"a")
     q.add(b"b")
     x, _ = q.remove_open()  # type: ignore[misc]
     before = state(q)
-    log = store.logs[-1]
-    ro = os.open(log.path, os.O_RDONLY)
-    os.dup2(ro, log._fd)
-    os.close(ro)
+    for op in ("pwrite", "pwritev"):
+        faults.fail(op, errno.EBADF)
     for op in (
         lambda: q.add(b"c"),
         q.remove,
@@ -487,7 +494,8 @@ def test_a_refused_write_leaves_the_queue_unchanged(tmp_path: Path) -> None:
         with pytest.raises(JournalWriteError):
             op()
         assert state(q) == before
-    store.close()
+    faults.clear()
+    log.close()
 
 
 # ---- waiters -------------------------------------------------------------------------------

@@ -221,12 +221,12 @@ class QueueMachine(RuleBasedStateMachine):
         if not hasattr(self, "q"):
             return
         q, m = self.q, self.model
-        in_memory = [(i.id, i.add_time, i.expiry, i.data) for i in q._items]
+        in_memory = [(i.id, i.add_time, i.expiry, i.data) for i in q.items_in_memory()]
         wanted = [(i.id, i.add_time, i.expiry, i.data) for i in m.items]
         assert in_memory == wanted[: len(in_memory)]  # read-behind keeps only the head
         assert len(q) == len(m.items)
         assert q.bytes == sum(len(i.data) for i in m.items)
-        assert {x: i.id for x, i in q._open.items()} == {x: i.id for x, i in m.open.items()}
+        assert {x: i.id for x, i in q.open_items().items()} == {x: i.id for x, i in m.open.items()}
         assert q.open_reads == len(m.open)
         assert self.expired == m.expired
         assert q.expired_items == len(m.expired) - self.counted[0]

@@ -55,7 +55,7 @@ class Restartable:
 
     def state(self) -> tuple[list[tuple[int, bytes]], int, int]:
         q = self.q
-        return [(i.id, i.data) for i in q._items], len(q), q.bytes
+        return [(i.id, i.data) for i in q.items_in_memory()], len(q), q.bytes
 
     def drain(self) -> list[tuple[int, bytes]]:
         out = []
@@ -145,16 +145,16 @@ def test_snapshot_window_keeps_delivery_counts(tmp_path: Path) -> None:
         assert taken is not None
         xids.append(taken[0])
     assert r.q.abort_many(xids) == 3
-    live = [(i.id, i.deliveries) for i in r.q._items]
+    live = [(i.id, i.deliveries) for i in r.q.items_in_memory()]
     assert live == [(1, 1), (2, 1), (3, 1)]
     assert r.q.compact()
     r.restart()
-    assert [(i.id, i.deliveries) for i in r.q._items] == live
+    assert [(i.id, i.deliveries) for i in r.q.items_in_memory()] == live
     assert r.q.disk_items == 0
     r.q.add(b"d")  # after the snapshot's window: read-behind as usual
     assert r.q.disk_items == 1
     r.restart()
-    assert [(i.id, i.deliveries) for i in r.q._items] == live
+    assert [(i.id, i.deliveries) for i in r.q.items_in_memory()] == live
     assert [item_id for item_id, _ in r.drain()] == [1, 2, 3, 4]
     r.close()
 
@@ -168,10 +168,10 @@ def test_snapshot_open_reads_do_not_wind_the_xid_counter_back(tmp_path: Path) ->
         assert r.q.remove_open() is not None
     assert r.q.abort(2)
     r.q.remove()  # xid 1 stays open
-    assert r.q._xid == 2
+    assert r.q.last_xid == 2
     assert r.q.compact()
     r.restart()  # replay: SNAPSHOT xid=2, ADD, OPEN 1; then ABORT 1
-    assert r.q._xid == 2
+    assert r.q.last_xid == 2
     taken = r.q.remove_open()
     assert taken is not None and (taken[0], taken[1].id) == (3, 1)
     r.close()

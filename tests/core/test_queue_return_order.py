@@ -46,7 +46,7 @@ class World:
         self.q = self.build()
 
     def order(self) -> list[bytes]:
-        return [i.data for i in self.q._items]
+        return [i.data for i in self.q.items_in_memory()]
 
     def close(self) -> None:
         self.q.close()
@@ -78,7 +78,7 @@ def test_open_reads_left_at_restart_come_back_in_order(kind: str, tmp_path: Path
     for _ in range(3):
         assert w.q.remove_open() is not None
     assert w.q.remove_open() is None
-    first = w.q._open
+    first = w.q.open_items()
     assert w.q.abort(max(first))  # c returns; a and b stay open over the restart
     w.restart()
     assert w.order() == [b"a", b"b", b"c"]

@@ -1,9 +1,10 @@
-"""The beanstalkd job model (core/tubes.py) on a manual clock: no sockets, no sleeps."""
+"""The beanstalkd job model (core/tubes/) on a manual clock: no sockets, no sleeps."""
 
 from __future__ import annotations
 
 import pytest
 
+from tercel.clock import ManualClock
 from tercel.core.reservations import ReservationTable
 from tercel.core.tubes import (
     BURIED,
@@ -18,22 +19,6 @@ from tercel.core.tubes import (
     JobStore,
     Worker,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.mono = 1000.0
-        self.wall = 1_700_000_000_000
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def now_ms(self) -> int:
-        return self.wall
-
-    def advance(self, seconds: float) -> None:
-        self.mono += seconds
-        self.wall += round(seconds * 1000)
 
 
 class Log:
@@ -76,9 +61,13 @@ class Client:
         self.woken.append((None if job is None else job.id, why))
 
 
+T0 = 1_700_000_000_000
+"""The manual clock's start, wall and monotonic (ms)."""
+
+
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock(T0)
 
 
 @pytest.fixture
@@ -87,7 +76,7 @@ def log() -> Log:
 
 
 @pytest.fixture
-def store(clock: Clock, log: Log) -> JobStore:
+def store(clock: ManualClock, log: Log) -> JobStore:
     return JobStore(clock, log)
 
 
@@ -95,7 +84,7 @@ def _put(store: JobStore, c: Client, pri: int = 100, delay: int = 0, ttr: int = 
     return store.put(c.worker, pri, delay, ttr, b"x").id
 
 
-def _reserve(store: JobStore, c: Client, timeout: float = 0) -> int | None:
+def _reserve(store: JobStore, c: Client, timeout: int = 0) -> int | None:
     job, _ = store.reserve(c.worker, timeout)
     return None if job is None else job.id
 
@@ -119,7 +108,7 @@ def test_released_job_goes_back_to_its_original_place(store: JobStore) -> None:
     assert [_reserve(store, c) for _ in range(3)] == [1, 2, 3]
 
 
-def test_order_across_watched_tubes_and_pause(store: JobStore, clock: Clock) -> None:
+def test_order_across_watched_tubes_and_pause(store: JobStore, clock: ManualClock) -> None:
     p, w = Client(store), Client(store)
     store.use(p.worker, "a")
     _put(store, p, pri=10)
@@ -128,32 +117,34 @@ def test_order_across_watched_tubes_and_pause(store: JobStore, clock: Clock) -> 
     assert _reserve(store, w) is None  # watches default only
     assert store.watch(w.worker, "a") == 2
     assert store.watch(w.worker, "b") == 3
-    assert store.pause("b", 0)  # 0 means 1 s
+    assert store.pause("b", 1)
     assert _reserve(store, w) == 1
     assert _reserve(store, w) is None
-    clock.advance(1)
+    clock.advance(1000)
     store.tick()
     assert _reserve(store, w) == 2
 
 
-def test_delayed_then_ready_with_absolute_deadline(store: JobStore, clock: Clock, log: Log) -> None:
+def test_delayed_then_ready_with_absolute_deadline(
+    store: JobStore, clock: ManualClock, log: Log
+) -> None:
     c = Client(store)
     job_id = _put(store, c, delay=10)
     assert store.jobs[job_id].state == DELAYED
-    assert log.records[-1][-1] == clock.wall + 10_000
+    assert log.records[-1][-1] == clock.now_ms() + 10_000
     assert store.time_left(store.jobs[job_id]) == 10
     assert store.peek_delayed(c.worker) is store.jobs[job_id]
-    assert store.next_deadline() == clock.mono + 10
-    clock.advance(9.5)
+    assert store.next_deadline() == clock.monotonic_ms() + 10_000
+    clock.advance(9500)
     store.tick()
     assert _reserve(store, c) is None
-    clock.advance(0.5)
+    clock.advance(500)
     store.tick()
     assert store.jobs[job_id].state == READY
     assert _reserve(store, c) == job_id
 
 
-def test_bury_fifo_and_kick_buried_first(store: JobStore, clock: Clock) -> None:
+def test_bury_fifo_and_kick_buried_first(store: JobStore, clock: ManualClock) -> None:
     c = Client(store)
     for _ in range(3):
         _put(store, c)
@@ -186,38 +177,38 @@ def test_kick_job_and_reserve_job(store: JobStore) -> None:
     assert store.jobs[a].state == RESERVED
 
 
-def test_ttr_expiry_and_touch(store: JobStore, clock: Clock) -> None:
+def test_ttr_expiry_and_touch(store: JobStore, clock: ManualClock) -> None:
     c = Client(store)
     job_id = _put(store, c, ttr=5)
     assert _reserve(store, c) == job_id
-    clock.advance(3)
+    clock.advance(3000)
     assert store.touch(c.worker, job_id)
-    clock.advance(4)
+    clock.advance(4000)
     store.tick()
     assert store.jobs[job_id].state == RESERVED  # touched: deadline moved to 8 s
-    clock.advance(1)
+    clock.advance(1000)
     store.tick()
     job = store.jobs[job_id]
     assert job.state == READY and job.timeouts == 1 and store.stats.job_timeouts == 1
     assert not store.touch(c.worker, job_id)
 
 
-def test_a_reserved_job_is_a_reservation_of_the_shared_table(clock: Clock, log: Log) -> None:
-    table = ReservationTable(deadline_clock=lambda: round(clock.monotonic() * 1000))
+def test_a_reserved_job_is_a_reservation_of_the_shared_table(clock: ManualClock, log: Log) -> None:
+    table = ReservationTable(deadline_clock=clock.monotonic_ms)
     store = JobStore(clock, log, table)
     c = Client(store)
     job_id = _put(store, c, ttr=5)
     assert _reserve(store, c) == job_id
     (res,) = table.of_owner(c.worker)  # owned by the worker, due at the TTR
-    assert (res.xid, res.deadline, table.next_deadline()) == (job_id, 1_005_000, 1_005_000)
+    assert (res.xid, res.deadline, table.next_deadline()) == (job_id, T0 + 5000, T0 + 5000)
     assert store.next_deadline() is None  # the store's own timer has nothing: the table's has
-    clock.wall += 3_600_000  # the system clock set an hour ahead moves no TTR
+    clock.jump(3_600_000)  # the system clock set an hour ahead moves no TTR
     assert table.expire() == 0 and store.jobs[job_id].state == RESERVED
-    clock.advance(2)
-    assert store.touch(c.worker, job_id) and res.deadline == 1_007_000  # touch: 5 s from now
-    clock.advance(4)
+    clock.advance(2000)
+    assert store.touch(c.worker, job_id) and res.deadline == T0 + 7000  # touch: 5 s from now
+    clock.advance(4000)
     assert table.expire() == 0
-    clock.advance(1)
+    clock.advance(1000)
     assert table.expire() == 1  # the table's timer, not tick(): a timeout all the same
     job = store.jobs[job_id]
     assert job.state == READY and job.timeouts == 1 and store.stats.job_timeouts == 1
@@ -240,7 +231,7 @@ def test_ttr_zero_is_one_second(store: JobStore) -> None:
     assert store.put(c.worker, 0, 0, 0, b"x").ttr == 1
 
 
-def test_deadline_soon_at_once_and_while_waiting(store: JobStore, clock: Clock) -> None:
+def test_deadline_soon_at_once_and_while_waiting(store: JobStore, clock: ManualClock) -> None:
     c = Client(store)
     job_id = _put(store, c, ttr=1)
     assert _reserve(store, c) == job_id
@@ -252,20 +243,20 @@ def test_deadline_soon_at_once_and_while_waiting(store: JobStore, clock: Clock) 
     job_id = _put(store, c, ttr=3)
     assert _reserve(store, c) == job_id
     assert store.reserve(c.worker, -1) == (None, -1)  # waits
-    clock.advance(1.5)
+    clock.advance(1500)
     store.tick()
     assert c.woken == []
-    clock.advance(0.5)  # 1 s before the deadline
+    clock.advance(500)  # 1 s before the deadline
     store.tick()
     assert c.woken == [(None, WAKE_DEADLINE_SOON)]
 
 
-def test_reserve_with_timeout(store: JobStore, clock: Clock) -> None:
+def test_reserve_with_timeout(store: JobStore, clock: ManualClock) -> None:
     c = Client(store)
     assert store.reserve(c.worker, 0) == (None, WAKE_TIMED_OUT)
     assert store.reserve(c.worker, 2) == (None, -1)
     assert store.stats.waiting == 1
-    clock.advance(2)
+    clock.advance(2000)
     store.tick()
     assert c.woken == [(None, WAKE_TIMED_OUT)]
     assert store.stats.waiting == 0
@@ -320,7 +311,7 @@ def test_tube_lifetime(store: JobStore) -> None:
     assert list(store.tubes) == ["default"]
 
 
-def test_what_is_logged(store: JobStore, log: Log, clock: Clock) -> None:
+def test_what_is_logged(store: JobStore, log: Log, clock: ManualClock) -> None:
     c = Client(store)
     a = _put(store, c)
     assert _reserve(store, c) == a
@@ -337,9 +328,9 @@ def test_what_is_logged(store: JobStore, log: Log, clock: Clock) -> None:
     ]
 
 
-def test_restore_keeps_deadlines_ids_and_bury_order(clock: Clock) -> None:
+def test_restore_keeps_deadlines_ids_and_bury_order(clock: ManualClock) -> None:
     store = JobStore(clock)
-    wall = clock.wall
+    wall = clock.now_ms()
     store.restore(
         JobRecord(7, DELAYED, 1, 30, wall + 25_000, (0, 0, 0, 0, 0), "t", 60, wall - 5000, b"d")
     )
@@ -354,3 +345,63 @@ def test_restore_keeps_deadlines_ids_and_bury_order(clock: Clock) -> None:
     peeked = store.peek_buried(c.worker)
     assert peeked is not None and peeked.id == 3
     assert [j.id for j in store.snapshot()] == [7, 5, 8, 3, 2]
+
+
+def test_pause_zero_unpauses_at_once(store: JobStore, clock: ManualClock) -> None:
+    """``pause-tube <tube> 0`` ends a pause now (beanstalkd pauses for 1 ns): the next reserve
+    gets the tube's jobs, and so does a worker already waiting on it."""
+    p, w = Client(store), Client(store)
+    _put(store, p)
+    assert store.pause("default", 10)
+    assert _reserve(store, w) is None
+    assert store.pause("default", 0)
+    assert _reserve(store, w, timeout=1) == 1
+    assert (store.tubes["default"].pause, store.pause_left(store.tubes["default"])) == (0, 0)
+    assert store.tubes["default"].cmd_pause == 2
+    assert store.pause("default", 10)
+    _put(store, p)
+    assert store.reserve(w.worker, 5) == (None, -1)
+    assert store.pause("default", 0)
+    assert w.woken == [(2, WAKE_JOB)]
+
+
+def test_a_delay_ending_with_a_wait_timeout_hands_the_job_over(
+    store: JobStore, clock: ManualClock
+) -> None:
+    """A delayed job whose delay ends in the same timer pass as a waiting reserve's timeout
+    goes to the waiter, as in beanstalkd (the pass promotes delayed jobs and unpauses tubes
+    before it times out waits): release with delay 2, ``reserve-with-timeout 1`` twice."""
+    c = Client(store)
+    job_id = _put(store, c)
+    assert _reserve(store, c) == job_id
+    assert store.release(c.worker, job_id, 100, 2)
+    assert store.reserve(c.worker, 1) == (None, -1)
+    clock.advance(1000)
+    store.tick()
+    assert c.woken == [(None, WAKE_TIMED_OUT)]
+    assert store.reserve(c.worker, 1) == (None, -1)
+    clock.advance(1000)  # the delay and the wait end at the same millisecond
+    store.tick()
+    assert c.woken[1:] == [(job_id, WAKE_JOB)]
+    clock.advance(1000)
+    store.tick()
+    assert store.jobs[job_id].reserver is c.worker and store.stats.waiting == 0
+
+
+def test_an_unpause_with_a_wait_timeout_hands_the_job_over(
+    store: JobStore, clock: ManualClock
+) -> None:
+    """The same for a pause that ends in the pass where the wait times out."""
+    c = Client(store)
+    _put(store, c)
+    assert store.pause("default", 1)
+    assert store.reserve(c.worker, 1) == (None, -1)
+    clock.advance(1000)
+    store.tick()
+    assert c.woken == [(1, WAKE_JOB)]
+
+
+def test_the_table_must_share_the_store_clock(clock: ManualClock) -> None:
+    """TTR deadlines are written by the store and enforced by the table: one clock."""
+    with pytest.raises(ValueError, match="clock"):
+        JobStore(clock, None, ReservationTable(deadline_clock=ManualClock(T0).monotonic_ms))

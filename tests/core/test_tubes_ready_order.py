@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tercel.clock import ManualClock
 from tercel.core.tubes import JobStore
 
 PRIS = st.sampled_from([0, 1, 5, 1023, 1024, 2**31, 2**32 - 1])
@@ -24,18 +25,10 @@ OPS = st.lists(
 )
 
 
-class Clock:
-    def monotonic(self) -> float:
-        return 100.0
-
-    def now_ms(self) -> int:
-        return 1_700_000_000_000
-
-
 @settings(max_examples=300, deadline=None)
 @given(OPS)
 def test_reserve_takes_the_smallest_pri_then_id(ops: list[tuple[str, int]]) -> None:
-    store = JobStore(Clock())
+    store = JobStore(ManualClock())
     worker = store.connect(lambda job, why: None)
     ready: dict[int, int] = {}  # id -> pri
     buried: list[int] = []  # FIFO
@@ -81,7 +74,7 @@ def test_reserve_takes_the_smallest_pri_then_id(ops: list[tuple[str, int]]) -> N
 
 def test_a_long_fifo_with_returns_in_between() -> None:
     """Past the run's compaction point, released jobs still come back to their places."""
-    store = JobStore(Clock())
+    store = JobStore(ManualClock())
     worker = store.connect(lambda job, why: None)
     ids = [store.put(worker, 7, 0, 60, b"x").id for _ in range(400)]
     taken = []

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import tercel
+from tercel.clock import ManualClock
 from tercel.core.tubes import BURIED, DELAYED, READY, JobRecord, JobStore, Worker
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal.append import PREALLOCATE_FIRST
@@ -21,19 +22,9 @@ from tercel.journal.faults import CRASH_EXIT, JOB_COMPACTION_CRASHES, FaultyFile
 from tercel.journal.joblog import HEADER, JobJournal
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.mono = 50.0
-        self.wall = 1_700_000_000_000
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def now_ms(self) -> int:
-        return self.wall
-
-
-def _open(path: Path, clock: Clock, max_file_size: int = 1 << 20) -> tuple[JobStore, JobJournal]:
+def _open(
+    path: Path, clock: ManualClock, max_file_size: int = 1 << 20
+) -> tuple[JobStore, JobJournal]:
     journal = JobJournal(str(path), max_file_size)
     found = journal.replay()
     store = JobStore(clock, journal)
@@ -52,7 +43,7 @@ def _states(store: JobStore) -> dict[int, tuple[str, int, int, bytes]]:
 
 
 def test_replay_restores_states_ids_and_deadlines(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     store, journal = _open(tmp_path, clock)
     w = _worker(store)
     store.use(w, "a.b/c;(d)")
@@ -73,8 +64,7 @@ def test_replay_restores_states_ids_and_deadlines(tmp_path: Path) -> None:
     journal.close()
     assert sorted(os.listdir(tmp_path)) == ["jobs.1", "lock"]  # no tube name became a path
 
-    clock.mono = 1000.0  # a new process: another monotonic origin; 10 s of wall time later
-    clock.wall += 10_000
+    clock.jump(10_000)  # a new process: 10 s of wall time later, another monotonic origin
     store2, journal2 = _open(tmp_path, clock)
     assert _states(store2) == expected
     assert store2.time_left(store2.jobs[7]) == 20
@@ -88,7 +78,7 @@ def test_replay_restores_states_ids_and_deadlines(tmp_path: Path) -> None:
 
 
 def test_deleted_last_job_id_is_not_reused(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     store, journal = _open(tmp_path, clock)
     w = _worker(store)
     store.put(w, 0, 0, 1, b"a")
@@ -100,7 +90,7 @@ def test_deleted_last_job_id_is_not_reused(tmp_path: Path) -> None:
 
 
 def test_torn_tail_is_cut_and_middle_damage_stops_startup(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     store, journal = _open(tmp_path, clock)
     w = _worker(store)
     store.put(w, 0, 0, 1, b"a" * 100)
@@ -122,7 +112,7 @@ def test_torn_tail_is_cut_and_middle_damage_stops_startup(tmp_path: Path) -> Non
 
 
 def test_rotation_and_compaction_keep_the_state(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     store, journal = _open(tmp_path, clock, max_file_size=4096)
     w = _worker(store)
     for i in range(600):
@@ -146,14 +136,15 @@ def test_a_snapshot_larger_than_one_vectored_write(tmp_path: Path) -> None:
     """A snapshot of more records than one ``pwritev`` takes (IOV_MAX pieces) is written in
     several, whole (a snapshot that overran the limit once failed every compaction with
     EINVAL)."""
-    clock = Clock()
+    clock = ManualClock()
     store, journal = _open(tmp_path, clock)
     w = _worker(store)
     for i in range(1500):
         store.put(w, i % 5, 0, 60, b"job %d" % i)
     journal.write_out()
     expected = _states(store)
-    store.log.compact(store.next_id, (store.record(j, clock.mono) for j in store.snapshot()))
+    now = clock.monotonic_ms()
+    store.log.compact(store.next_id, (store.record(j, now) for j in store.snapshot()))
     journal.close()
     store2, journal2 = _open(tmp_path, clock)
     assert _states(store2) == expected
@@ -164,7 +155,7 @@ def test_a_snapshot_larger_than_one_vectored_write(tmp_path: Path) -> None:
 def test_each_job_knows_the_file_of_its_record(tmp_path: Path) -> None:
     """``stats-job``'s ``file``: the jobs.<n> a job's JOB record went to, the snapshot.<n>
     that holds it after a compaction, and the same numbers after a restart."""
-    clock = Clock()
+    clock = ManualClock()
     store, journal = _open(tmp_path, clock, max_file_size=4096)
     w = _worker(store)
     first = store.put(w, 0, 0, 60, b"a" * 100)
@@ -184,7 +175,7 @@ def test_each_job_knows_the_file_of_its_record(tmp_path: Path) -> None:
     journal2.rotate()
     assert store2.maybe_compact() is False  # the log is small: compacted only on request
     covered = journal2.compact(
-        store2.next_id, (store2.record(j, clock.mono) for j in store2.snapshot())
+        store2.next_id, (store2.record(j, clock.monotonic_ms()) for j in store2.snapshot())
     )
     journal2.close()
     store3, journal3 = _open(tmp_path, clock, max_file_size=4096)
@@ -194,7 +185,7 @@ def test_each_job_knows_the_file_of_its_record(tmp_path: Path) -> None:
 
 
 def test_store_compaction_renumbers_the_jobs(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     store, journal = _open(tmp_path, clock, max_file_size=4096)
     w = _worker(store)
     for i in range(600):
@@ -214,7 +205,7 @@ def test_zeros_written_ahead_once_synced_are_cut_or_ignored(tmp_path: Path) -> N
     """The job log shares the queue journals' write-ahead of zeros (journal/append.py): after
     the first sync each growing write also zeroes the next step; a clean close cuts them, and
     a restart after a crash reads them as the end of the data, not as a torn tail."""
-    clock = Clock()
+    clock = ManualClock()
     store, journal = _open(tmp_path, clock)
     w = _worker(store)
     store.put(w, 0, 0, 60, b"a")
@@ -242,7 +233,7 @@ def test_a_failed_write_fails_the_log_for_good(tmp_path: Path) -> None:
     faults = FaultyFiles()
     journal = JobJournal(str(tmp_path), 1 << 20, ops=faults)
     journal.replay()
-    store = JobStore(Clock(), journal)
+    store = JobStore(ManualClock(), journal)
     w = _worker(store)
     store.put(w, 0, 0, 60, b"kept")
     journal.write_out()
@@ -254,7 +245,7 @@ def test_a_failed_write_fails_the_log_for_good(tmp_path: Path) -> None:
     with pytest.raises(JournalWriteError):
         store.put(w, 0, 0, 60, b"refused")
     journal.close()
-    store2, journal2 = _open(tmp_path, Clock())
+    store2, journal2 = _open(tmp_path, ManualClock())
     assert [j.body for j in store2.jobs.values()] == [b"kept"]
     journal2.close()
 
@@ -267,14 +258,14 @@ def test_out_of_descriptors_puts_rotation_and_compaction_off(tmp_path: Path) -> 
     faults = FaultyFiles()
     journal = JobJournal(str(tmp_path), 4096, ops=faults)
     journal.replay()
-    store = JobStore(Clock(), journal)
+    store = JobStore(ManualClock(), journal)
     w = _worker(store)
     faults.fail("open", errno.EMFILE)  # every open from now on (the directory's is held)
     for i in range(100):
         store.put(w, 0, 0, 60, b"job %d " % i + b"x" * 100)
         journal.write_out()
     assert (journal.seq, journal.failed) == (1, False) and journal.put_off >= 2
-    jobs = (store.record(j, 5.0) for j in store.snapshot())
+    jobs = (store.record(j, store.clock.monotonic_ms()) for j in store.snapshot())
     assert store.log.compact(store.next_id, jobs) is None
     assert sorted(os.listdir(tmp_path)) == ["jobs.1", "lock"]
     faults.clear()
@@ -283,7 +274,7 @@ def test_out_of_descriptors_puts_rotation_and_compaction_off(tmp_path: Path) -> 
     assert journal.seq == 2
     expected = _states(store)
     journal.close()
-    store2, journal2 = _open(tmp_path, Clock(), max_file_size=4096)
+    store2, journal2 = _open(tmp_path, ManualClock(), max_file_size=4096)
     assert _states(store2) == expected and len(expected) == 101
     journal2.close()
 
@@ -291,17 +282,15 @@ def test_out_of_descriptors_puts_rotation_and_compaction_off(tmp_path: Path) -> 
 _CRASH = """
 import sys
 sys.path.insert(0, {src!r})
+from tercel.clock import ManualClock
 from tercel.core.tubes import JobStore
 from tercel.journal.faults import JOB_COMPACTION_CRASHES, FaultyFiles
 from tercel.journal.joblog import JobJournal
 faults = FaultyFiles()
 JOB_COMPACTION_CRASHES[{point!r}](faults)
-class Clock:
-    def monotonic(self): return 5.0
-    def now_ms(self): return 1_700_000_000_000
 journal = JobJournal({path!r}, 1 << 20, ops=faults)
 journal.replay()
-store = JobStore(Clock(), journal)
+store = JobStore(ManualClock(), journal)
 w = store.connect(lambda job, why: None)
 for i in range(50):
     store.put(w, i, 0, 60, b"x%d" % i)
@@ -310,7 +299,8 @@ for i in range(1, 40):
 store.reserve(w, 0)
 store.bury(w, 40, 1)
 journal.write_out()
-store.log.compact(store.next_id, (store.record(j, 5.0) for j in store.snapshot()))
+now = store.clock.monotonic_ms()
+store.log.compact(store.next_id, (store.record(j, now) for j in store.snapshot()))
 """
 
 
@@ -322,7 +312,7 @@ def test_crash_at_every_compaction_step(tmp_path: Path, point: str) -> None:
     script = _CRASH.format(src=src, path=str(tmp_path), point=point)
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], check=False)
     assert done.returncode == CRASH_EXIT
-    store, journal = _open(tmp_path, Clock())
+    store, journal = _open(tmp_path, ManualClock())
     assert sorted(store.jobs) == list(range(40, 51))
     assert store.jobs[40].state == BURIED
     assert store.next_id == 51

@@ -23,6 +23,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 import support
+import tercel
 from tercel.testing import BeanstalkdProcess, ServerProcess
 
 
@@ -115,7 +116,8 @@ def test_transcript_byte_for_byte(bsd: BeanstalkdProcess) -> None:
     stats = c.yaml(b"stats\r\n")
     assert stats["cmd-stats"] == "1" and stats["cmd-put"] == "6"  # rejected puts count too
     assert stats["current-connections"] == "1" and stats["draining"] == "false"
-    assert len(stats) == 51
+    assert len(stats) == 52  # beanstalkd 1.12's 51, then tercel's own version
+    assert stats["version"] == '"1.12"' and list(stats)[-1] == "tercel-version"
     c.send(b"quit\r\n")
     assert c.sock.recv(10) == b""
 
@@ -169,6 +171,37 @@ def test_deadline_soon_with_ttr_one(bsd: BeanstalkdProcess) -> None:
     c = Raw(bsd.port)
     c.send(b"put 0 0 1 1\r\nx\r\nreserve\r\nreserve\r\n")
     c.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\nDEADLINE_SOON\r\n")
+
+
+def test_pause_zero_unpauses_at_once(bsd: BeanstalkdProcess) -> None:
+    """``pause-tube <tube> 0`` with jobs ready: the next reserve gets one at once, as from
+    beanstalkd 1.12 (which pauses for 1 ns), not ``TIMED_OUT`` a second later."""
+    c = Raw(bsd.port)
+    c.send(b"put 0 0 60 1\r\nx\r\npause-tube default 10\r\nreserve-with-timeout 0\r\n")
+    c.expect(b"INSERTED 1\r\nPAUSED\r\nTIMED_OUT\r\n")
+    c.send(b"pause-tube default 0\r\nreserve-with-timeout 1\r\n")
+    c.expect(b"PAUSED\r\nRESERVED 1 1\r\nx\r\n")
+
+
+def test_a_delay_ending_with_a_wait_timeout_hands_the_job_over(bsd: BeanstalkdProcess) -> None:
+    """Release with delay 2, then ``reserve-with-timeout 1`` twice: the second wait ends with
+    the delay, and the job is handed over (beanstalkd promotes delayed jobs before it times
+    out waits), every time."""
+    c = Raw(bsd.port)
+    c.send(b"put 0 0 60 1\r\nx\r\nreserve\r\nrelease 1 0 2\r\n")
+    c.expect(b"INSERTED 1\r\nRESERVED 1 1\r\nx\r\nRELEASED\r\n")
+    c.send(b"reserve-with-timeout 1\r\n")
+    c.expect(b"TIMED_OUT\r\n")
+    c.send(b"reserve-with-timeout 1\r\n")
+    c.expect(b"RESERVED 1 1\r\nx\r\n")
+
+
+def test_stats_version_is_the_protocol_version(bsd: BeanstalkdProcess) -> None:
+    """Clients gate features on ``version`` and parse it as a version number (greenstalk)."""
+    with greenstalk.Client(("127.0.0.1", bsd.port)) as c:
+        stats = c.stats()
+    assert stats["version"] == "1.12"
+    assert stats["tercel-version"] == tercel.__version__
 
 
 @pytest.mark.parametrize("sync", [(), ("-f0",), ("-F",)], ids=["f50", "f0", "F"])

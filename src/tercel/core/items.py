@@ -72,6 +72,12 @@ class Items:
     def __bool__(self) -> bool:
         return len(self._list) > self._head
 
+    @property
+    def slots(self) -> int:
+        """Slots the backing list holds: the items and the taken slots not yet cut off (what
+        the list costs in memory; a read-only view)."""
+        return len(self._list)
+
     def __iter__(self) -> Iterator[QItem]:
         return iter(self._list[self._head :])
 

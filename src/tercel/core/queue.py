@@ -174,6 +174,19 @@ class PersistentQueue(ReservationSource):
         """Items handed out by open reads and not yet confirmed or aborted."""
         return len(self._open)
 
+    def items_in_memory(self) -> list[QItem]:
+        """The items held in memory, head first (a copy: a read-only view for inspection)."""
+        return list(self._items)
+
+    def open_items(self) -> dict[int, QItem]:
+        """The items of the open reads by xid, oldest first (a copy, as above)."""
+        return dict(self._open)
+
+    @property
+    def last_xid(self) -> int:
+        """The xid handed out last (the next open read gets the next free one after it)."""
+        return self._xid
+
     @property
     def waiters(self) -> int:
         """Blocked readers."""

@@ -40,7 +40,7 @@ class Reservations:
             self._timer = None
         if deadline is None or self.closed:
             return
-        delay = max(0, deadline - self.table.deadline_clock()) / 1000
+        delay = max(0, deadline - self.clock.monotonic_ms()) / 1000  # the table's clock
         self._timer_at = deadline
         self._timer = self.loop.call_later(delay + 0.001, self._expire)
 

@@ -21,12 +21,11 @@ import os
 import platform
 import resource
 import socket
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from tercel import __version__
-from tercel.core.tubes import JobRecord, JobStore, NativeJobLog, NativeTubeClock
+from tercel.core.tubes import JobRecord, JobStore, NativeJobLog
 from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, SERVE_DIR, JobJournal
 from tercel.protocol.beanstalk import COUNTED, DEFAULT_MAX_JOB_SIZE, OPS, random_id
 from tercel.server.context import ServerContext
@@ -43,6 +42,11 @@ JOBLOG_NAME = "beanstalk.d"
 its sync mode (:meth:`~tercel.server.commit.Committer.set_sync_mode`) is never a queue's."""
 FRONT_END = "beanstalk"
 """The name the connections are counted under (the listener's name)."""
+
+PROTOCOL_VERSION: Final = "1.12"
+"""``stats``' ``version``: the beanstalkd release whose protocol tercel implements (its commands,
+``reserve-job`` included, and replies), as clients read it to gate features (``kick-job`` needs
+1.8). tercel's own version is the extra key ``tercel-version``, after beanstalkd's 51."""
 
 CMD_COUNTERS: Final = OPS[:COUNTED]
 """The ``cmd-*`` counters of ``stats``, in beanstalkd's order (reserve-job and kick-job have
@@ -121,10 +125,11 @@ class BeanstalkService:
                 log_dir, max_file_size, on_dirty=committer.journal_dirty, name=JOBLOG_NAME
             )
             committer.set_sync_mode(JOBLOG_NAME, sync)
-        # Reserved jobs are reservations of the server's one table (its timer ends a TTR):
-        # The store's monotonic clock is the table's (CLOCK_MONOTONIC, in ms there).
+        # Reserved jobs are reservations of the server's one table (its timer ends a TTR),
+        # on the server's one clock (the store refuses a table on another).
+        self.clock = ctx.clock
         self.store = JobStore(
-            NativeTubeClock(),
+            ctx.clock,
             None if self.journal is None else JournalLog(self.journal),
             ctx.reservations.table,
         )
@@ -135,11 +140,11 @@ class BeanstalkService:
         self.workers = 0
         """Connections open now that have sent a reserve (``current-workers``)."""
         self.draining = False
-        self.started = time.monotonic()
+        self.started = ctx.clock.monotonic_ms()
         self.instance_id = random_id()
         self.hostname = socket.gethostname()
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        self._timer_at = 0
         self._listeners: list[asyncio.Server] = []
         self._port = 0
         _SERVICES[ctx] = self
@@ -238,7 +243,8 @@ class BeanstalkService:
                 return
             self._timer.cancel()
         self._timer_at = when
-        self._timer = self.loop.call_later(max(0.0, when - time.monotonic()), self._fire)
+        delay = max(0, when - self.clock.monotonic_ms()) / 1000
+        self._timer = self.loop.call_later(delay, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
@@ -251,7 +257,7 @@ class BeanstalkService:
     # ---- stats ----------------------------------------------------------------------------
 
     def stats(self) -> list[tuple[str, int | str | bool | float]]:
-        """``stats``' body, in beanstalkd 1.12's key order."""
+        """``stats``' body: beanstalkd 1.12's keys in its order, then ``tercel-version``."""
         s = self.store.stats
         connections, total_connections = self.ctx.connection_counts(FRONT_END)
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -278,10 +284,10 @@ class BeanstalkService:
             ("current-waiting", s.waiting),
             ("total-connections", total_connections),
             ("pid", os.getpid()),
-            ("version", f"{__version__} (tercel)"),
+            ("version", PROTOCOL_VERSION),
             ("rusage-utime", usage.ru_utime),
             ("rusage-stime", usage.ru_stime),
-            ("uptime", int(time.monotonic() - self.started)),
+            ("uptime", (self.clock.monotonic_ms() - self.started) // 1000),
             ("binlog-oldest-index", j.oldest_seq if j is not None else 0),
             ("binlog-current-index", j.seq if j is not None else 0),
             ("binlog-records-migrated", j.records_migrated if j is not None else 0),
@@ -292,6 +298,7 @@ class BeanstalkService:
             ("hostname", self.hostname),
             ("os", uname.version),
             ("platform", platform.machine()),
+            ("tercel-version", __version__),
         ]
         return pairs
 
