@@ -26,7 +26,8 @@ What a web page in a browser must not do with this port (:class:`Guard`, before 
 read it through DNS rebinding — a request whose ``Host`` is neither the listening address (an
 IP literal; any one when listening on a wildcard address), ``localhost`` on loopback, nor one of
 ``admin_hosts`` is refused (421); drive it cross-site — a POST with an ``Origin`` that is not
-such a host, or with a "simple" content type (form or ``text/plain``, which a page may send
+``http://`` such a host on the listening port (a page on another port of the host is another
+origin), or with a "simple" content type (form or ``text/plain``, which a page may send
 without a preflight) is refused (403, 415). With ``admin_token`` set, a POST without
 ``Authorization: Bearer <token>`` is refused (401); the token is required when ``host`` is not
 a loopback address. Each refusal, and each malformed request, is one log line (no traceback).
@@ -53,7 +54,7 @@ from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
 from tercel.server import stats
-from tercel.server.admin_rules import check_admin_settings, is_loopback
+from tercel.server.admin_rules import check_admin_settings, is_loopback, split_origin
 from tercel.server.context import ServerContext
 from tercel.server.dashboard import Dashboard
 from tercel.server.http import error_response, json_response
@@ -340,6 +341,8 @@ class Guard:
             self.names.add(host)  # listening on a name: that name
         if is_loopback(host):
             self.names.add("localhost")
+        self.port = settings.admin_port
+        """The port the listener is bound to (:meth:`AdminServer.start` sets it once bound)."""
 
     def host_ok(self, value: str | None) -> bool:
         """Whether a ``Host`` (or an origin's host) names this server."""
@@ -361,6 +364,16 @@ class Guard:
             return True
         return self.address is not None and self.address.is_loopback and ip.is_loopback
 
+    def origin_ok(self, origin: str) -> bool:
+        """Whether an ``Origin`` is this listener's own: ``http``, a host :meth:`host_ok`
+        accepts, and the listening port (:attr:`port`; a page served from another port of the
+        same host is another origin)."""
+        parts = split_origin(origin)
+        if parts is None:
+            return False
+        scheme, host, port = parts
+        return scheme == "http" and port == self.port and self.host_ok(f"[{host}]")
+
     def refusal(self, request: web.Request) -> tuple[int, str] | None:
         """``(status, reason)`` when ``request`` is refused, else None."""
         if not self.host_ok(request.headers.get("Host")):
@@ -368,10 +381,8 @@ class Guard:
         if request.method in ("GET", "HEAD"):
             return None
         origin = request.headers.get("Origin")
-        if origin is not None:
-            scheme, _, rest = origin.partition("://")
-            if scheme not in ("http", "https") or not self.host_ok(rest.split("/", 1)[0]):
-                return 403, "foreign Origin"
+        if origin is not None and not self.origin_ok(origin):
+            return 403, "foreign Origin"
         if request.content_type in SIMPLE_CONTENT_TYPES and "Content-Type" in request.headers:
             return 415, f"content type {request.content_type} refused on a POST"
         if self.token is not None:
@@ -447,6 +458,7 @@ class AdminServer:
         await site.start()
         self.dashboard.start()
         bound: int = self._runner.addresses[0][1]
+        self.guard.port = bound
         return bound
 
     async def stop(self) -> None:
