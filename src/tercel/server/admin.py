@@ -53,6 +53,7 @@ from prometheus_client.samples import Sample
 from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
+from tercel.logtext import quoted
 from tercel.server import stats
 from tercel.server.admin_rules import check_admin_settings, is_loopback, split_origin
 from tercel.server.context import ServerContext
@@ -398,7 +399,11 @@ class Guard:
             return await handler(request)
         status, reason = refused
         log.warning(
-            "admin: refused %s %s from %s: %s", request.method, request.path, request.remote, reason
+            "admin: refused %s %s from %s: %s",
+            quoted(request.method),
+            quoted(request.path),
+            request.remote,
+            quoted(reason),
         )
         return error_response(status, reason)
 
@@ -409,8 +414,8 @@ class _OneLineLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
     def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info")
         reason = exc if isinstance(exc, BaseException) else "bad request"
-        text = " ".join(str(reason).split())[:200] or type(reason).__name__
-        self.logger.warning("admin: %s: %s", str(msg) % args if args else msg, text)
+        text = quoted(" ".join(str(reason).split())) or type(reason).__name__
+        self.logger.warning("admin: %s: %s", quoted(str(msg) % args if args else str(msg)), text)
 
 
 class AdminServer:
