@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
+import sys
 from pathlib import Path
 
+import pytest
 import thriftpy2
+from thriftpy2.thrift import TApplicationException
 
 import support
 from tercel.protocol.thrift import IDL_PATH
 from tercel.testing import BeanstalkdProcess, ServerProcess
 
 IDL = thriftpy2.load(IDL_PATH, module_name="campaign_kestrel_thrift")
+FAULTY = (sys.executable, str(Path(__file__).resolve().parents[2] / "bench" / "faulty_serve.py"))
 
 
 def beanstalk(port: int) -> support.Raw:
@@ -60,3 +65,41 @@ def test_a_thrift_frame_of_empty_structs_is_refused_and_others_are_served(
         assert mc.read_line().startswith(b"VERSION ")
         kc = support.thrift_client(IDL, srv.ports["thrift"])
         assert kc.put("q", [b"x"], 0) == 1
+
+
+def test_a_queue_created_on_a_full_disk_is_refused_and_earlier_replies_are_sent(
+    tmp_path: Path,
+) -> None:
+    """Every write to a file whose name starts with ``nospace`` fails with ENOSPC (the fault
+    seam), so creating such a queue fails at its journal's header. Each front end gets a clear error
+    for that command, the pipelined commands around it their replies, and no empty journal
+    file is left."""
+    rules = [
+        {"kind": "fail", "op": op, "errno": "ENOSPC", "path": "/nospace"}
+        for op in ("pwrite", "pwritev")
+    ]
+    env = {"TERCEL_SOAK_FAULTS": json.dumps(rules)}
+    ports = ("--thrift-port", "0", "--text-port", "0")
+    data = tmp_path / "data"
+    with ServerProcess(data, extra_args=ports, env=env, launcher=FAULTY) as srv:
+        mc = support.track(support.Raw(srv.connect()))
+        nospace = b"SERVER_ERROR no space left on device\r\n"
+        mc.call(
+            support.set_cmd("ok", b"a")
+            + support.set_cmd("nospace1", b"x")
+            + b"get nospace2\r\nget nospace3/t=10\r\n"
+            + support.set_cmd("ok", b"b"),
+            b"STORED\r\n" + nospace * 3 + b"STORED\r\n",
+        )
+        text = support.text_connection(srv.ports["text"])
+        text.call(
+            b"put nospace4:\nx\n\nput ok:\nc\n\n", b"-Server not available for operation put", b"+1"
+        )
+        kc = support.thrift_client(IDL, srv.ports["thrift"])
+        for call in (lambda: kc.put("nospace5", [b"x"], 0), lambda: kc.peek("nospace6")):
+            with pytest.raises(TApplicationException, match="not available"):
+                call()
+        assert kc.put("ok", [b"d"], 0) == 1
+        assert support.drain(mc, "ok") == [b"a", b"b", b"c", b"d"]
+        assert sorted(p.name for p in data.iterdir() if "nospace" in p.name) == []
+        assert "Traceback" not in srv.log() and "bug while serving" not in srv.log()
