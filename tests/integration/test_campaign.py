@@ -6,6 +6,7 @@ import json
 import socket
 import struct
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import thriftpy2
 from thriftpy2.thrift import TApplicationException
 
 import support
+from tercel import storage
 from tercel.protocol.thrift import IDL_PATH
 from tercel.testing import BeanstalkdProcess, ServerProcess
 
@@ -103,3 +105,38 @@ def test_a_queue_created_on_a_full_disk_is_refused_and_earlier_replies_are_sent(
         assert support.drain(mc, "ok") == [b"a", b"b", b"c", b"d"]
         assert sorted(p.name for p in data.iterdir() if "nospace" in p.name) == []
         assert "Traceback" not in srv.log() and "bug while serving" not in srv.log()
+
+
+def test_idle_connections_leave_descriptors_for_the_admin_port_and_the_journals(
+    tmp_path: Path,
+) -> None:
+    """Under a 128-descriptor limit, 120 idle memcache connections: those beyond the cap the
+    limit leaves room for are refused with the refusal line, while the admin port answers,
+    new queues get their journal files, and a freed slot serves a new client."""
+    limit = 128
+    cap = storage.auto_max_connections(limit, storage.auto_max_open(limit))
+    assert cap is not None and cap < 120
+    with ServerProcess(tmp_path, open_files=limit) as srv:
+        conns = [support.track(support.Raw(srv.connect())) for _ in range(120)]
+        served = []
+        for conn in conns:
+            conn.send(b"version\r\n")
+            line = conn.read_line()
+            if line.startswith(b"VERSION "):
+                served.append(conn)
+            else:
+                assert line == b"SERVER_ERROR too many connections\r\n"
+                assert conn.closed()
+        assert len(served) == cap
+        ping = urllib.request.urlopen(srv.admin_url + "/ping", timeout=10).read()
+        assert ping == b'{"response":"pong"}'
+        for i in range(20):  # each a new journal file
+            served[0].call(support.set_cmd(f"q{i}", b"x"), b"STORED\r\n")
+        served.pop().close()
+        for _ in range(1000):  # until the server has seen the close
+            late = support.track(support.Raw(srv.connect()))
+            late.send(b"version\r\n")
+            if late.read_line().startswith(b"VERSION "):
+                break
+        else:
+            raise AssertionError("no slot was freed")
