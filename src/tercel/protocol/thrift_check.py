@@ -13,7 +13,8 @@ at most :data:`MAX_ARGUMENT_FIELDS`, so its one loop over a declared count is ov
 elements of a declared argument (a put's items). (Walking a 64 MiB list of 67M empty structs
 in an undeclared field took 22 s of pure Python against 0.03 s for the decode, and stalled the
 loop.) Compiled with mypyc (``NATIVE_MODULES``): bytes are read by index on ``i64``
-positions, so the item loop is plain C.
+positions, so the item loop is plain C: a put of 1M empty items is checked in 0.036 s and
+decoded in 0.057 s (64-byte items: 0.028 s against 0.53 s); pure Python takes 0.24 s.
 """
 
 from __future__ import annotations
