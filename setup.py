@@ -56,6 +56,7 @@ NATIVE_MODULES = [
     "tercel/server/kestrel_ops.py",
     "tercel/server/text/connection.py",
     "tercel/server/thrift/connection.py",
+    "tercel/protocol/thrift_check.py",
     "tercel/protocol/beanstalk.py",
     "tercel/core/tubes/model.py",
     "tercel/core/tubes/log.py",

@@ -12,8 +12,9 @@ Every error tercel raises on purpose is one of these::
     ├── UnavailableError      the server's status (or shutdown) forbids the operation
     │   ├── TooManyLeases     the queue's ``max_open_leases`` leases are all open
     │   ├── TooManyQueues     ``max_queues`` queues exist: no new one is created
-    │   └── TooManyOpenFiles  the process is out of file descriptors (EMFILE, ENFILE)
-    │       └── JournalOutOfDescriptors  ... for a journal file (also a JournalError)
+    │   ├── TooManyOpenFiles  the process is out of file descriptors (EMFILE, ENFILE)
+    │   │   └── JournalOutOfDescriptors  ... for a journal file (also a JournalError)
+    │   └── NoSpaceLeft       the file system has no room for a new queue's journal file
     ├── ConfigError           a configuration file or value is invalid
     ├── JournalError          something is wrong with a journal file (carries path and offset)
     │   ├── JournalCorrupt    a bad record that is not a torn tail: start-up must stop
@@ -107,6 +108,15 @@ class TooManyOpenFiles(UnavailableError):
 
     def __init__(self) -> None:
         super().__init__("too many open files")
+
+
+class NoSpaceLeft(UnavailableError):
+    """The file system has no room (ENOSPC, EDQUOT) for the journal file of the queue this
+    request would create: the request is refused and the queue is not created (no file is
+    left behind); nothing else is affected."""
+
+    def __init__(self) -> None:
+        super().__init__("no space left on device")
 
 
 class ConfigError(TercelError):

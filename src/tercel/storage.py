@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import resource
 from collections.abc import Callable
 
 from tercel.clock import Clock
@@ -38,6 +39,7 @@ __all__ = [
     "DataDir",
     "DataDirLock",
     "FileJournal",
+    "auto_max_connections",
     "auto_max_open",
     "list_queue_names",
     "open_log",
@@ -45,6 +47,21 @@ __all__ = [
     "raise_open_files_limit",
     "run_inline",
 ]
+
+RESERVED_DESCRIPTORS = 64
+"""Descriptors client connections never take: the listeners, admin HTTP connections, the data
+dir, log and status files, snapshot and job-log files, the loop's own (``max_connections``)."""
+
+
+def auto_max_connections(soft_limit: int, journals: int) -> int | None:
+    """The most client connections (every front end but the admin port's) the open-file
+    limit ``soft_limit`` leaves room for beside ``journals`` pooled journal descriptors and
+    :data:`RESERVED_DESCRIPTORS`: so idle connections can never take the descriptors the
+    admin port and the journals need. At least 16; None for an unlimited limit."""
+    if soft_limit < 0 or soft_limit == resource.RLIM_INFINITY:
+        return None
+    return max(16, soft_limit - journals - RESERVED_DESCRIPTORS)
+
 
 LOCK_FILE = ".lock"
 """The data dir's lock file (kept; only its ``flock`` matters)."""

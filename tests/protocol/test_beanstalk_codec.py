@@ -83,7 +83,13 @@ CASES: list[tuple[bytes, list[Request]]] = [
     ),
     (b"kick 10\r\n", [Command("kick", count=10)]),
     (b"kick  3 junk\r\n", [Command("kick", count=3)]),
-    (b"kick -1\r\n", [Command("kick", count=2**64 - 1)]),
+    (b"kick -1\r\n", [Command("kick", count=2**32 - 1)]),
+    (b"kick 18446744073709551615\r\n", [Command("kick", count=2**32 - 1)]),  # strtoul
+    (b"kick 4294967296\r\n", [Command("kick", count=0)]),  # beanstalkd's uint count
+    (b"kick -18446744073709551615\r\n", [Command("kick", count=1)]),
+    (b"kick 18446744073709551616\r\n", [BAD]),
+    (b"kick -18446744073709551616\r\n", [BAD]),
+    (b"kick \t+5x\r\n", [Command("kick", count=5)]),
     (b"kick x\r\n", [BAD]),
     (b"kick\r\n", [UNKNOWN]),
     (b"kick-job 3\r\n", [Command("kick-job", job_id=3)]),

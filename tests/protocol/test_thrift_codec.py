@@ -23,6 +23,7 @@ from thriftpy2.transport.memory import TMemoryBuffer
 from codec_fuzz import Codec, fuzz_tests
 from tercel.errors import ProtocolError
 from tercel.protocol import thrift as t
+from tercel.protocol.thrift_check import MAX_ARGUMENT_FIELDS
 from tercel.protocol.thrift_framing import FrameDecoder, frame
 
 IDL = thriftpy2.load(t.IDL_PATH, module_name="client_kestrel_thrift")
@@ -157,6 +158,54 @@ def test_malformed_arguments_are_refused_before_the_library_sees_them(
     assert isinstance(call, t.BadCall)
     assert (call.seqid, call.method, call.kind) == (9, call.method, t.PROTOCOL_ERROR)
     assert call.reason.startswith("malformed arguments")
+
+
+def _undeclared_structs(n: int, last: bytes) -> bytes:
+    """A put whose undeclared field 9 is a list of ``n`` structs: ``n - 1`` empty ones, then
+    ``last``."""
+    head = _PUT + struct.pack("!bhi", 11, 1, 1) + b"q" + struct.pack("!bhbi", 15, 9, 12, n)
+    return head + b"\x00" * (n - 1) + last + b"\x00"
+
+
+def test_an_undeclared_container_of_structs_is_refused_before_its_elements_are_read() -> None:
+    """Walking a list of 67M empty structs held the loop for 22 s: such a field is refused at
+    its header. The last element is malformed: had the walk read the elements, the reason
+    would name it."""
+    call = one(frame(_undeclared_structs(100_000, b"\x63\x00\x01")))
+    assert isinstance(call, t.BadCall)
+    assert call.reason == (
+        "malformed arguments: undeclared field 9 of type 15: only scalars, strings and "
+        "containers of scalars may be skipped"
+    )
+    items = struct.pack("!bhbiii", 15, 2, 11, 2, 0, -1)  # the second item's length is -1
+    bad_element = one(frame(_PUT + items + b"\x00"))
+    assert isinstance(bad_element, t.BadCall)
+    assert bad_element.reason == "malformed arguments: negative length"  # declared: walked
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        struct.pack("!bhi", 8, 9, 5),  # i32
+        struct.pack("!bhi", 11, 9, 2) + b"ab",  # string
+        struct.pack("!bhbi", 15, 9, 10, 2) + b"\x00" * 16,  # list<i64>
+        struct.pack("!bhbbi", 13, 9, 8, 3, 1) + b"\x00" * 5,  # map<i32, byte>
+    ],
+)
+def test_undeclared_scalars_strings_and_containers_of_scalars_are_skipped(field: bytes) -> None:
+    args = K.put_args(queue_name="q", items=[b"a"])
+    declared = message("put", args)[4:]
+    assert declared.endswith(b"\x00")
+    assert one(frame(declared[:-1] + field + b"\x00")) == t.Put(9, "q", [b"a"], 0)
+
+
+def test_at_most_max_argument_fields() -> None:
+    field = struct.pack("!bhb", 3, 9, 1)
+    fits = one(frame(_header(b"get_version") + field * MAX_ARGUMENT_FIELDS + b"\x00"))
+    assert fits == t.GetVersion(9)
+    many = one(frame(_header(b"get_version") + field * 10_000 + b"\x00"))
+    assert isinstance(many, t.BadCall)
+    assert many.reason == f"malformed arguments: more than {MAX_ARGUMENT_FIELDS} fields"
 
 
 def test_wrong_message_type_is_answered() -> None:

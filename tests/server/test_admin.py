@@ -362,10 +362,28 @@ def test_foreign_host_origin_and_simple_content_types_are_refused(tmp_path: Path
         shutdown = post("/shutdown", own, b"Content-Type: application/x-www-form-urlencoded")
         assert raw_http(srv, shutdown) == b"HTTP/1.1 415 Unsupported Media Type"
         assert srv.running
+        for foreign in (b"http://localhost:9", b"http://127.0.0.1", b"https://127.0.0.1:%d"):
+            shutdown = post("/shutdown", own, b"Origin: " + foreign.replace(b"%d", b"%d" % port))
+            assert raw_http(srv, shutdown) == b"HTTP/1.1 403 Forbidden", foreign
+        assert srv.running
         same_origin = post("/status/up", own, b"Origin: http://127.0.0.1:%d" % port)
         assert raw_http(srv, same_origin) == b"HTTP/1.1 200 OK"
+        same_origin = post("/status/up", own, b"Origin: http://localhost:%d" % port)
+        assert raw_http(srv, same_origin) == b"HTTP/1.1 200 OK"
         log = srv.log()
-        assert log.count("admin: refused") == 4 and "Traceback" not in log
+        assert log.count("admin: refused") == 7 and "Traceback" not in log
+
+
+def test_a_refused_path_cannot_forge_a_log_line(tmp_path: Path) -> None:
+    """The refusal line quotes the decoded path: ``%0a`` cannot start a line of its own."""
+    with ServerProcess(tmp_path) as srv:
+        forged = "/x%0a%0dWARNING%20tercel:%20forged%1b[2J"
+        request = post(forged, b"Host: 127.0.0.1", b"Origin: http://evil.example")
+        assert raw_http(srv, request) == b"HTTP/1.1 403 Forbidden"
+        log = srv.log()
+        assert "admin: refused POST /x\\n\\rWARNING tercel: forged\\x1b[2J" in log
+        assert not any(line.startswith("WARNING tercel: forged") for line in log.splitlines())
+        assert "\x1b" not in log
 
 
 def test_malformed_requests_get_a_status_and_no_traceback(tmp_path: Path) -> None:

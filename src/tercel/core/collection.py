@@ -26,6 +26,7 @@ from tercel.errors import (
     BadQueueName,
     ItemTooLarge,
     JournalError,
+    NoSpaceLeft,
     TooManyOpenFiles,
     TooManyQueues,
 )
@@ -141,8 +142,9 @@ class QueueCollection:
     def _create(self, name: str) -> PersistentQueue:
         """Create and replay queue ``name`` (all of its replay, or the rest of it when the
         background replay began it: :meth:`replay_slice`). Raises :class:`TooManyQueues`
-        past ``max_queues`` (except for a queue on disk: every one is loaded), and
-        :class:`TooManyOpenFiles` when no descriptor is left to open its log."""
+        past ``max_queues`` (except for a queue on disk: every one is loaded),
+        :class:`TooManyOpenFiles` when no descriptor is left to open its log, and
+        :class:`NoSpaceLeft` when the file system has no room for it."""
         partial = self._begun.pop(name, None)
         if partial is None:
             partial = self._begin(name)
@@ -582,8 +584,8 @@ class _Replay:
 
 @contextmanager
 def _descriptors(name: str) -> Iterator[None]:
-    """Turn running out of file descriptors while opening or replaying queue ``name``'s
-    log into :class:`TooManyOpenFiles`."""
+    """Turn running out of file descriptors or of disk space while opening or replaying
+    queue ``name``'s log into :class:`TooManyOpenFiles` or :class:`NoSpaceLeft`."""
     try:
         yield
     except OSError as exc:
@@ -593,7 +595,10 @@ def _descriptors(name: str) -> Iterator[None]:
 
 def _check_descriptors(name: str, exc: OSError) -> None:
     """Raise :class:`TooManyOpenFiles` if ``exc`` (raised making queue ``name``) is running
-    out of file descriptors."""
+    out of file descriptors, :class:`NoSpaceLeft` if it is a full file system (or quota)."""
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         log.warning("queue %s not created: %s", name, exc.strerror)
         raise TooManyOpenFiles() from exc
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.warning("queue %s not created: %s", name, exc.strerror)
+        raise NoSpaceLeft() from exc

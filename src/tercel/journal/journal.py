@@ -615,19 +615,28 @@ class FileJournal(AppendLog):
 
     def _open(self, fd: int = -1) -> int | None:
         """Open the current file for appends (after replay, which cut any zeros at its end),
-        or take ``fd``, already opened on it (a rotation); return its format version."""
+        or take ``fd``, already opened on it (a rotation); return its format version. Raises
+        OSError when the file cannot be opened or given its header (a full disk: the file,
+        found or made empty, is then removed, so a refused new queue leaves no file)."""
         ops = self._ops
+        empty = False  # a file of ours without a header: removed if the header fails
         if fd < 0:
             fd = self._dir.open(self.path, os.O_RDWR | os.O_CREAT)
+            empty = True
         try:  # the descriptor is the journal's only once the file has its header
             size = ops.fstat_size(fd)
+            empty = empty and size == 0
             if size == 0:
                 write_all(ops, fd, rec.FILE_HEADER, 0)
                 size = rec.HEADER_SIZE
                 self._name_unsynced = True
+            empty = False
             version = rec.header_version(ops.pread(fd, rec.HEADER_SIZE, 0))
         except BaseException:
             ops.close(fd)
+            if empty:  # no record was in it: a full disk leaves no empty file behind
+                with contextlib.suppress(OSError):
+                    ops.unlink(self.path)
             raise
         self._fd = fd
         self.closed = False

@@ -18,7 +18,9 @@ Parsing follows beanstalkd's ``prot.c`` rule by rule (verified against Debian 1.
   delay, ttr and sizes u32. Trailing bytes after the last number give ``BAD_FORMAT`` except
   where beanstalkd uses ``strtol``/``strtoul`` (``reserve-with-timeout``, ``kick``), which
   stop at the first non-digit and take a missing number as 0 (``reserve-with-timeout``) or
-  reject it (``kick``); a negative reserve timeout waits forever, a negative kick bound wraps.
+  reject it (``kick``); a negative reserve timeout waits forever. The kick bound is read as
+  a 64-bit unsigned number (a negative one wraps, one beyond 2**64 - 1 is ``BAD_FORMAT``) and
+  kept modulo 2**32, as beanstalkd's ``uint count``: ``kick 4294967296`` kicks nothing.
 - ``put``: a declared size above the limit gives ``JOB_TOO_BIG`` after exactly size + 2 bytes
   are skipped (decided before the trailing-garbage check); otherwise size + 2 bytes are read
   and must end in CRLF, else ``EXPECTED_CRLF`` and the bytes after the first size + 2 are
@@ -298,6 +300,24 @@ def _last_number(line: bytes, pos: int, limit: int) -> int:
 
 def _strtol(line: bytes, pos: int) -> tuple[int, bool]:
     """C's strtol over ``line[pos:]``: (value, whether any digit was read). Overflow raises."""
+    value, digits = _c_integer(line, pos)
+    if not -LONG_MAX - 1 <= value <= LONG_MAX:
+        raise _BadFormat
+    return value, digits
+
+
+def _strtoul(line: bytes, pos: int) -> tuple[int, bool]:
+    """C's strtoul (64-bit) over ``line[pos:]``: (value, whether any digit was read); a
+    negative number wraps (``-1`` is 2**64 - 1); a magnitude above 2**64 - 1 raises."""
+    value, digits = _c_integer(line, pos)
+    if not -U64_MAX <= value <= U64_MAX:
+        raise _BadFormat
+    return value & U64_MAX, digits
+
+
+def _c_integer(line: bytes, pos: int) -> tuple[int, bool]:
+    """What C's strtol/strtoul read of ``line[pos:]``: leading white space, a sign, decimal
+    digits; (the signed value, unbounded; whether any digit was read)."""
     n = len(line)
     while pos < n and line[pos] in b" \t\n\v\f\r":
         pos += 1
@@ -310,10 +330,7 @@ def _strtol(line: bytes, pos: int) -> tuple[int, bool]:
         pos += 1
     if pos == start:
         return 0, False
-    value = sign * int(line[start:pos])
-    if not -LONG_MAX - 1 <= value <= LONG_MAX:
-        raise _BadFormat
-    return value, True
+    return sign * int(line[start:pos]), True
 
 
 def _tube(rest: bytes) -> str:
@@ -410,10 +427,10 @@ def _parse(op: str, line: bytes, at: int) -> Request | PutLine:
         job_id, pos = _number(line, at, U64_MAX)
         return Command(op, job_id=job_id, pri=_last_number(line, pos, U32_MAX))
     if op == "kick":
-        value, digits = _strtol(line, at)
+        value, digits = _strtoul(line, at)
         if not digits:
             raise _BadFormat
-        return Command(op, count=value if value >= 0 else value & U64_MAX)
+        return Command(op, count=value & U32_MAX)  # beanstalkd's ``uint count``
     # pause-tube <tube> <delay>
     pos = at
     while pos < len(line) and line[pos] == 0x20:

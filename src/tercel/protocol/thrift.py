@@ -12,14 +12,11 @@ malformed or missing arguments) gives a :class:`BadCall`, to be answered with
 a frame length outside ``1..max_frame``, raises :class:`ProtocolError` (``close``): there is
 no sequence id to answer. Any other exception is a bug.
 
-Untrusted frames never reach thriftpy2 unchecked. :func:`_check_struct` first walks the
-arguments once and checks every length, count, type and the nesting depth against the frame:
-thriftpy2 0.7's Cython decoder trusts declared sizes (a 20-byte frame declaring a 2 GiB string
-crashed the process with SIGSEGV; a list of 2**31 items allocated 2 GB before failing), and
-its pure-Python decoder loops over a declared count even when each element reads nothing (a
-list of 2**31 elements of an unknown type spins for minutes). After the walk, every size is
-bounded by the frame, and the Cython decoder is used: 0.05 us per 64-byte item of a put
-against 0.8 us for the pure-Python one (docs/benchmarks.md, "Thrift").
+Untrusted frames never reach thriftpy2 unchecked: :func:`~tercel.protocol.thrift_check.check_args`
+first walks the arguments once and checks every length, count, type and the nesting depth
+against the frame, at no more cost than the decode (its module docstring). After the walk,
+every size is bounded by the frame, and the Cython decoder is used: 0.05 us per 64-byte item of
+a put against 0.8 us for the pure-Python one (docs/benchmarks.md, "Thrift").
 """
 
 from __future__ import annotations
@@ -38,6 +35,7 @@ from thriftpy2.transport import TCyMemoryBuffer
 from tercel.errors import ProtocolError
 from tercel.names import valid_name
 from tercel.protocol.memcache import NEED_DATA, NeedData
+from tercel.protocol.thrift_check import check_args
 from tercel.protocol.thrift_framing import FrameDecoder, frame
 
 IDL_PATH: Final = str(Path(__file__).with_name("kestrel.thrift"))
@@ -70,9 +68,6 @@ STATUS_NAMES: Final = {NOT_CONFIGURED: "NOT_CONFIGURED", QUIESCENT: "QUIESCENT"}
 
 MAX_NAME: Final = 64
 """The longest method name a header may carry (the longest real one has 16 bytes)."""
-MAX_DEPTH: Final = 64
-"""How deeply structs and containers may nest (Apache Thrift's and thriftpy2's default)."""
-
 
 # ---- calls ----------------------------------------------------------------------------------
 
@@ -289,7 +284,6 @@ class ThriftServerCodec:
 
 
 _I8: Final = struct.Struct("!b")
-_I16: Final = struct.Struct("!h")
 _I32: Final = struct.Struct("!i")
 _VERSION_1: Final = 0x80010000
 _VERSION_MASK: Final = 0xFFFF0000
@@ -333,11 +327,9 @@ def decode_call(payload: bytes) -> ThriftCall:
         return BadCall(seqid, method, UNKNOWN_METHOD, f"unknown method {method}")
     args = getattr(_SERVICE, method + "_args")()
     try:
-        _check_struct(payload, start, MAX_DEPTH)
-        _check_types(payload, start, args.thrift_spec)
-    except (ProtocolError, struct.error) as exc:
-        reason = exc.reason if isinstance(exc, ProtocolError) else "truncated"
-        return BadCall(seqid, method, PROTOCOL_ERROR, f"malformed arguments: {reason}")
+        check_args(payload, start, args.thrift_spec)
+    except ProtocolError as exc:
+        return BadCall(seqid, method, PROTOCOL_ERROR, f"malformed arguments: {exc.reason}")
     try:
         proto = TCyBinaryProtocol(TCyMemoryBuffer(payload[start:]), decode_response=True)
         proto.read_struct(args)
@@ -348,107 +340,6 @@ def decode_call(payload: bytes) -> ThriftCall:
     except (_Refused, TypeError, ValueError) as exc:
         return BadCall(seqid, method, PROTOCOL_ERROR, str(exc) or "bad arguments")
     return call
-
-
-# ---- the walk that checks a struct before thriftpy2 decodes it ---------------------------------
-
-_FIXED: Final = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8}
-"""Wire types of a fixed size: bool, byte, double, i16, i32, i64."""
-_STRING: Final = 11
-_STRUCT: Final = 12
-_MAP: Final = 13
-_SET: Final = 14
-_LIST: Final = 15
-_SMALLEST: Final = _FIXED | {_STRING: 4, _STRUCT: 1, _MAP: 6, _SET: 5, _LIST: 5}
-"""The fewest bytes a value of each wire type takes: bounds a container's declared count."""
-
-
-def _check_struct(buf: bytes, pos: int, depth: int) -> int:
-    """Walk one struct at ``pos``; return the offset after its STOP byte. Raises
-    ProtocolError or struct.error for anything that does not fit the frame."""
-    if depth <= 0:
-        raise ProtocolError("nested too deeply")
-    while True:
-        (ftype,) = _I8.unpack_from(buf, pos)
-        if ftype == 0:
-            return pos + 1
-        pos = _check_value(buf, pos + 3, ftype, depth - 1)
-
-
-def _check_value(buf: bytes, pos: int, ttype: int, depth: int) -> int:
-    size = _FIXED.get(ttype)
-    if size is not None:
-        end = pos + size
-    elif ttype == _STRING:
-        (n,) = _I32.unpack_from(buf, pos)
-        end = pos + 4 + n
-        if n < 0:
-            raise ProtocolError("negative length")
-    elif ttype == _STRUCT:
-        return _check_struct(buf, pos, depth)
-    elif ttype in (_LIST, _SET):
-        etype, n = _I8.unpack_from(buf, pos)[0], _I32.unpack_from(buf, pos + 1)[0]
-        return _check_elements(buf, pos + 5, n, (etype,), depth)
-    elif ttype == _MAP:
-        ktype, vtype = _I8.unpack_from(buf, pos)[0], _I8.unpack_from(buf, pos + 1)[0]
-        (n,) = _I32.unpack_from(buf, pos + 2)
-        return _check_elements(buf, pos + 6, n, (ktype, vtype), depth)
-    else:
-        raise ProtocolError(f"unknown type {ttype}")
-    if end > len(buf):
-        raise ProtocolError("value past the end of the frame")
-    return end
-
-
-_BINARY: Final = 18
-"""thriftpy2's ``binary`` in a spec; ``string`` on the wire."""
-
-
-def _check_types(buf: bytes, pos: int, spec: dict[int, tuple[Any, ...]]) -> None:
-    """Each argument the IDL declares must come with its declared wire type, and a list's or
-    set's elements with theirs: thriftpy2 skips a field of another type, which would then read
-    as absent (a put whose items it could not read acknowledged as ``0`` stored). Run after
-    :func:`_check_struct` (the walk is then within the frame). Raises ProtocolError."""
-    while True:
-        (ftype,) = _I8.unpack_from(buf, pos)
-        if ftype == 0:
-            return
-        (fid,) = _I16.unpack_from(buf, pos + 1)
-        want = spec.get(fid)
-        if want is not None:
-            if ftype != want[0]:
-                raise ProtocolError(f"{want[1]} sent as type {ftype}, not {want[0]}")
-            elem = want[2]
-            if ftype in (_LIST, _SET) and isinstance(elem, int):
-                (etype,) = _I8.unpack_from(buf, pos + 3)
-                (n,) = _I32.unpack_from(buf, pos + 4)
-                wire = _STRING if elem == _BINARY else elem
-                if n and etype != wire:
-                    raise ProtocolError(f"{want[1]} holds type {etype}, not {wire}")
-        pos = _check_value(buf, pos + 3, ftype, MAX_DEPTH)
-
-
-def _check_elements(buf: bytes, pos: int, n: int, types: tuple[int, ...], depth: int) -> int:
-    """Walk ``n`` container elements (each one value per type in ``types``)."""
-    if n == 0:
-        return pos
-    if depth <= 0:
-        raise ProtocolError("nested too deeply")
-    if n < 0 or any(t not in _SMALLEST for t in types):
-        raise ProtocolError("bad container header")
-    smallest = sum(_SMALLEST[t] for t in types)
-    if n * smallest > len(buf) - pos:
-        raise ProtocolError("container larger than the frame")
-    fixed = [_FIXED.get(t) for t in types]
-    if None not in fixed:  # every element has one size: no walk needed
-        end = pos + n * smallest
-        if end > len(buf):
-            raise ProtocolError("value past the end of the frame")
-        return end
-    for _ in range(n):
-        for t in types:
-            pos = _check_value(buf, pos, t, depth - 1)
-    return pos
 
 
 # ---- replies ----------------------------------------------------------------------------------

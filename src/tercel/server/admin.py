@@ -26,7 +26,8 @@ What a web page in a browser must not do with this port (:class:`Guard`, before 
 read it through DNS rebinding — a request whose ``Host`` is neither the listening address (an
 IP literal; any one when listening on a wildcard address), ``localhost`` on loopback, nor one of
 ``admin_hosts`` is refused (421); drive it cross-site — a POST with an ``Origin`` that is not
-such a host, or with a "simple" content type (form or ``text/plain``, which a page may send
+``http://`` such a host on the listening port (a page on another port of the host is another
+origin), or with a "simple" content type (form or ``text/plain``, which a page may send
 without a preflight) is refused (403, 415). With ``admin_token`` set, a POST without
 ``Authorization: Bearer <token>`` is refused (401); the token is required when ``host`` is not
 a loopback address. Each refusal, and each malformed request, is one log line (no traceback).
@@ -52,8 +53,9 @@ from prometheus_client.samples import Sample
 from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
+from tercel.logtext import quoted
 from tercel.server import stats
-from tercel.server.admin_rules import check_admin_settings, is_loopback
+from tercel.server.admin_rules import check_admin_settings, is_loopback, split_origin
 from tercel.server.context import ServerContext
 from tercel.server.dashboard import Dashboard
 from tercel.server.http import error_response, json_response
@@ -340,6 +342,8 @@ class Guard:
             self.names.add(host)  # listening on a name: that name
         if is_loopback(host):
             self.names.add("localhost")
+        self.port = settings.admin_port
+        """The port the listener is bound to (:meth:`AdminServer.start` sets it once bound)."""
 
     def host_ok(self, value: str | None) -> bool:
         """Whether a ``Host`` (or an origin's host) names this server."""
@@ -361,6 +365,16 @@ class Guard:
             return True
         return self.address is not None and self.address.is_loopback and ip.is_loopback
 
+    def origin_ok(self, origin: str) -> bool:
+        """Whether an ``Origin`` is this listener's own: ``http``, a host :meth:`host_ok`
+        accepts, and the listening port (:attr:`port`; a page served from another port of the
+        same host is another origin)."""
+        parts = split_origin(origin)
+        if parts is None:
+            return False
+        scheme, host, port = parts
+        return scheme == "http" and port == self.port and self.host_ok(f"[{host}]")
+
     def refusal(self, request: web.Request) -> tuple[int, str] | None:
         """``(status, reason)`` when ``request`` is refused, else None."""
         if not self.host_ok(request.headers.get("Host")):
@@ -368,10 +382,8 @@ class Guard:
         if request.method in ("GET", "HEAD"):
             return None
         origin = request.headers.get("Origin")
-        if origin is not None:
-            scheme, _, rest = origin.partition("://")
-            if scheme not in ("http", "https") or not self.host_ok(rest.split("/", 1)[0]):
-                return 403, "foreign Origin"
+        if origin is not None and not self.origin_ok(origin):
+            return 403, "foreign Origin"
         if request.content_type in SIMPLE_CONTENT_TYPES and "Content-Type" in request.headers:
             return 415, f"content type {request.content_type} refused on a POST"
         if self.token is not None:
@@ -387,7 +399,11 @@ class Guard:
             return await handler(request)
         status, reason = refused
         log.warning(
-            "admin: refused %s %s from %s: %s", request.method, request.path, request.remote, reason
+            "admin: refused %s %s from %s: %s",
+            quoted(request.method),
+            quoted(request.path),
+            request.remote,
+            quoted(reason),
         )
         return error_response(status, reason)
 
@@ -398,8 +414,8 @@ class _OneLineLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
     def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info")
         reason = exc if isinstance(exc, BaseException) else "bad request"
-        text = " ".join(str(reason).split())[:200] or type(reason).__name__
-        self.logger.warning("admin: %s: %s", str(msg) % args if args else msg, text)
+        text = quoted(" ".join(str(reason).split())) or type(reason).__name__
+        self.logger.warning("admin: %s: %s", quoted(str(msg) % args if args else str(msg)), text)
 
 
 class AdminServer:
@@ -447,6 +463,7 @@ class AdminServer:
         await site.start()
         self.dashboard.start()
         bound: int = self._runner.addresses[0][1]
+        self.guard.port = bound
         return bound
 
     async def stop(self) -> None:

@@ -28,6 +28,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def split_origin(origin: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` of an ``Origin`` header (the scheme's default port when it
+    names none; an IPv6 host without brackets), or None when it is not an ``http``/``https``
+    origin (``null``, another scheme, a path, a malformed port)."""
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    if not sep or scheme not in ("http", "https") or not rest or "/" in rest or "@" in rest:
+        return None
+    if rest.startswith("["):
+        end = rest.find("]")
+        if end < 0:
+            return None
+        host, tail = rest[1:end], rest[end + 1 :]
+    else:
+        host, colon, port = rest.partition(":")
+        tail = colon + port
+    if not tail:
+        return scheme, host, 443 if scheme == "https" else 80
+    if not tail.startswith(":") or not tail[1:].isdigit() or not tail[1:].isascii():
+        return None
+    port_number = int(tail[1:])
+    return (scheme, host, port_number) if 0 < port_number < 65536 else None
+
+
 def check_admin_settings(settings: ServerSettings) -> None:
     """Raise ConfigError when the admin listener may not start under ``settings``: beyond
     loopback it needs ``admin_token``."""

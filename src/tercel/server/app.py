@@ -288,7 +288,13 @@ class Server:
         pool = self.config.server.max_open_journals or storage.auto_max_open(soft)
         self.files = storage.DataDir(self.data_dir, max_open=pool)
         self.ctx.journal_files = self.files.stats
-        log.info("open-file limit %d; at most %d journal files open at once", soft, pool)
+        self.ctx.connection_cap = storage.auto_max_connections(soft, pool)
+        log.info(
+            "open-file limit %d; at most %d journal files open at once, %s client connections",
+            soft,
+            pool,
+            self.ctx.connection_cap or "unlimited",
+        )
         names = self.files.queue_names()  # the one listing of the data dir
         if orphans := self.files.remove_orphans():
             log.info("removed %d file(s) of deleted queues left by a crash", orphans)

@@ -92,6 +92,9 @@ class ServerContext:
         self.bytes_read = 0
         self.bytes_written = 0
         self.connections: set[Closable] = set()
+        self.connection_cap: int | None = None
+        """The most client connections the open-file limit leaves room for (set at start-up:
+        ``storage.auto_max_connections``); ``max_connections`` never goes above it."""
         self.total_connections = 0
         self._per_front_end: dict[str, list[int]] = {}  # name -> [open now, ever opened]
         self._counters: dict[str, Callable[[], dict[str, int]]] = {}
@@ -106,8 +109,12 @@ class ServerContext:
     # ---- connections ----------------------------------------------------------------------
 
     def connection_opened(self, conn: Closable) -> bool:
-        """Count a new connection; False when stopping or ``max_connections`` refuses it."""
+        """Count a new connection; False when stopping or ``max_connections`` (at most
+        :attr:`connection_cap`) refuses it."""
         limit = self.config.server.max_connections
+        cap = self.connection_cap
+        if cap is not None and (limit is None or limit > cap):
+            limit = cap
         if self.stopping or (limit is not None and len(self.connections) >= limit):
             return False
         self.connections.add(conn)
