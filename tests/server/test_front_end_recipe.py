@@ -13,9 +13,9 @@ import pytest
 
 from tercel import native
 from tercel.config import ServerConfig
-from tercel.errors import ProtocolError, TercelError
+from tercel.errors import ConfigError, ProtocolError, TercelError
 from tercel.listening import bind_tcp
-from tercel.server.app import FRONT_ENDS, Server
+from tercel.server.app import FRONT_ENDS, Server, listener_table
 from tercel.server.connection import Connection
 from tercel.server.context import ServerContext
 from tercel.server.frontend import FrontEnd, Running, StartHook
@@ -179,3 +179,22 @@ def test_a_row_with_no_port_and_no_socket_does_not_start(tmp_path: Path) -> None
             await server.stop()
 
     assert set(asyncio.run(scenario())) == {"memcache"}
+
+
+def test_the_listener_table() -> None:
+    """A row listens when its ``[server]`` key gives a port or a socket was bound for it; a
+    port given to a row that is not built is a configuration error."""
+    config = ServerConfig().with_server(text_port=0)
+    rows = (*FRONT_ENDS, PING)
+    assert [(fe.name, port) for fe, port in listener_table(config, rows)] == [
+        ("memcache", 22133),
+        ("text", 0),
+    ]
+    assert [fe.name for fe, _ in listener_table(config, rows, bound=["ping"])] == [
+        "memcache",
+        "text",
+        "ping",
+    ]
+    unbuilt = FrontEnd("text", "text_port", None)
+    with pytest.raises(ConfigError, match="not built"):
+        listener_table(config, (unbuilt,))
