@@ -198,3 +198,27 @@ def test_the_listener_table() -> None:
     unbuilt = FrontEnd("text", "text_port", None)
     with pytest.raises(ConfigError, match="not built"):
         listener_table(config, (unbuilt,))
+
+
+def test_a_server_without_queues_touches_no_data_dir(tmp_path: Path) -> None:
+    """``queues=False`` (``tercel beanstalkd``'s lifecycle): only the given rows run, and the
+    data dir is neither locked, read nor made."""
+    data = tmp_path / "data"
+    config = ServerConfig().with_server(data_dir=str(data), memcache_port=None, admin_port=None)
+
+    async def scenario() -> bytes:
+        sockets = {"ping": bind_tcp("127.0.0.1", 0)}
+        server = Server(config, sockets=sockets, front_ends=(PING,), queues=False)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.ports["ping"])
+            writer.write(b"PING\r\n")
+            reply = await reader.readexactly(6)
+            writer.close()
+            await writer.wait_closed()
+        finally:
+            await server.stop()
+        return reply
+
+    assert asyncio.run(scenario()) == b"PONG\r\n"
+    assert not data.exists()

@@ -130,6 +130,10 @@ many per loop pass (a pass per queue cost about a third more CPU at 100,000 queu
 command on a queue replayed (or new) waits at most this plus one step."""
 
 
+def _no_queues(name: str, cfg: QueueConfig) -> QueueLog:
+    raise ConfigError(f"queue {name}: this server serves no queues")
+
+
 class Server:
     """A running tercel server (create, ``await start()``, ``await serve()``, ``await stop()``).
 
@@ -160,7 +164,9 @@ class Server:
         self._compactor: ThreadPoolExecutor | None = None
         """The thread of :meth:`_background` (made at its first use: not before serving)."""
         # The collection opens no journal before start(), so the committer can come second.
-        self.collection = QueueCollection(config, self._open_log, self.clock)
+        # Without queues it stays empty: it refuses to open one (nothing locks the data dir).
+        open_log = self._open_log if queues else _no_queues
+        self.collection = QueueCollection(config, open_log, self.clock)
         self.files = storage.DataDir(config.server.data_dir)
         """The data dir's one listing and descriptor pool (bounded by :meth:`start`)."""
         self.committer = Committer(self.loop, self.collection.sync_mode)
