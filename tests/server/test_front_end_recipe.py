@@ -22,7 +22,8 @@ from tercel.server.frontend import FrontEnd, Running, StartHook
 
 if "tercel.server.connection" in native.compiled_modules():  # pragma: no cover
     # Recipe step 5: a compiled base cannot have interpreted subclasses, and this toy is not
-    # compiled (a real front end is listed in setup.py's NATIVE_MODULES).
+    # compiled (a real front end is listed in setup.py's NATIVE_MODULES). `make test` runs it
+    # in its pure-Python pass (`unit-pure`).
     pytest.skip("the connection base is compiled", allow_module_level=True)
 
 
