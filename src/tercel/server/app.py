@@ -272,12 +272,7 @@ class Server:
             # The rest waits for the background replay to end (or ADMIN_AFTER_REPLAY_S): the
             # first commands wait for their queues' replay, not for this.
             await asyncio.wait({self._replayer}, timeout=ADMIN_AFTER_REPLAY_S)
-        from tercel import native  # (pathlib and importlib, and a walk of the package)
-
-        compiled, stale = native.compiled_modules(), native.stale_modules()
-        log.info("%s", native.build_summary(compiled))
-        if stale:
-            log.warning("compiled modules older than their sources (run make): %s", stale)
+            self._log_build()
         if srv.admin_port is not None:
             # aiohttp and prometheus-client take longer to import than everything else
             # together: on a thread, while the other listeners already serve.
@@ -286,6 +281,18 @@ class Server:
             sock = self._sockets.pop("admin", None)
             ctx.ports["admin"] = await self.admin.start(srv.host, srv.admin_port, sock=sock)
             log.info("admin HTTP listening on %s:%d", srv.host, ctx.ports["admin"])
+
+    def _log_build(self) -> None:
+        """Log which modules run compiled, and warn of stale ones. (Not in ``tercel
+        beanstalkd``, which never did: importing pathlib and importlib and walking the package
+        holds the loop for tens of ms at a cold start, and client test suites send their first
+        request right after starting the binary.)"""
+        from tercel import native  # (pathlib and importlib, and a walk of the package)
+
+        compiled, stale = native.compiled_modules(), native.stale_modules()
+        log.info("%s", native.build_summary(compiled))
+        if stale:
+            log.warning("compiled modules older than their sources (run make): %s", stale)
 
     def _start_front_end(self, fe: FrontEnd, hook: StartHook) -> None:
         """Run ``fe``'s start hook (it may raise: nothing listens yet) and register its
