@@ -35,7 +35,6 @@ from tercel.server.admin_rules import check_admin_settings
 from tercel.server.commit import Committer
 from tercel.server.context import ServerContext
 from tercel.server.frontend import FrontEnd, Running, StartHook, stateless
-from tercel.server.memcache.connection import MemcacheConnection
 from tercel.server.status import Status
 
 if TYPE_CHECKING:
@@ -47,6 +46,10 @@ log = logging.getLogger(__name__)
 
 
 def _memcache() -> StartHook:
+    """Imported here like the others (a server without a memcache port, ``tercel
+    beanstalkd``'s, does not load it)."""
+    from tercel.server.memcache.connection import MemcacheConnection
+
     return stateless(MemcacheConnection)
 
 
