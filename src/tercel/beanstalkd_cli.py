@@ -13,6 +13,12 @@ Start-up order: the flags are parsed and the socket bound and listening with not
 ``os``, ``sys`` and ``socket`` imported, so client test suites that connect right after
 starting the binary find the port accepting; asyncio, the store and any replay come after.
 ``--ports-file PATH`` (tercel's own, for tests) writes ``{"beanstalk": port}`` once serving.
+
+Then it runs ``tercel serve``'s lifecycle (:func:`tercel.server.app.run_server`) on one row, the
+beanstalkd front end with these flags as its settings, without the data dir's Kestrel queues.
+Exit codes (``tercel.exit_codes``): 0, 5 for bad flags and 10 when another server holds the
+``-b`` directory (beanstalkd's), 3 for a job log that cannot be replayed, 1 when it cannot
+listen.
 """
 
 from __future__ import annotations
@@ -21,7 +27,12 @@ import os
 import socket
 import sys
 
+from tercel import exit_codes
 from tercel.listening import bind_tcp
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see tercel.exit_codes
+if TYPE_CHECKING:
+    from tercel.server.app import Server
 
 USAGE = """Use: tercel beanstalkd [OPTIONS]
 
@@ -39,8 +50,6 @@ Options:
 """
 
 MAX_JOB_SIZE_CAP = 1_073_741_824
-EXIT_USAGE = 5
-EXIT_LOCKED = 10
 
 
 class Options:
@@ -112,7 +121,7 @@ def parse(argv: list[str]) -> Options | int:
             i += 1
     except ValueError as exc:
         sys.stderr.write(f"tercel beanstalkd: {exc}\n{USAGE}")
-        return EXIT_USAGE
+        return exit_codes.BEANSTALKD_USAGE
     return opts
 
 
@@ -142,7 +151,60 @@ def main(argv: list[str]) -> int:
         sock = bind(parsed)
     except OSError as exc:
         sys.stderr.write(f"tercel beanstalkd: cannot listen on {parsed.addr}: {exc}\n")
-        return 1
-    from tercel.server.beanstalk.standalone import run
-
+        return exit_codes.FAILED
     return run(parsed, sock)
+
+
+def run(opts: Options, sock: socket.socket) -> int:
+    """Serve on ``sock`` until SIGTERM/SIGINT (SIGUSR1 turns drain mode on); the exit code."""
+    import asyncio
+    import functools
+    import logging
+    import signal
+
+    from tercel.config import ServerConfig
+    from tercel.errors import JournalCorrupt
+    from tercel.server.app import run_server
+    from tercel.server.beanstalk.frontend import BeanstalkFrontEnd, Settings, start
+    from tercel.server.frontend import FrontEnd
+    from tercel.server.loop import new_loop
+
+    logging.basicConfig(
+        level=logging.DEBUG if opts.verbose > 1 else logging.INFO if opts.verbose else 30,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    log = logging.getLogger("tercel.beanstalk")
+    settings = Settings(
+        opts.log_dir,
+        sync=opts.sync,
+        max_job_size=opts.max_job_size,
+        max_file_size=opts.max_file_size,
+    )
+    # No [server] key: the row listens on the socket bound above only.
+    row = FrontEnd("beanstalk", None, lambda: functools.partial(start, settings=settings))
+
+    def drain(server: Server) -> None:
+        running = server.running.get("beanstalk")
+        if isinstance(running, BeanstalkFrontEnd):
+            running.drain()
+
+    config = ServerConfig().with_server(memcache_port=None, admin_port=None)
+    serving = run_server(
+        config,
+        opts.ports_file,
+        reload_signal=False,
+        sockets={"beanstalk": sock},
+        front_ends=(row,),
+        queues=False,
+        signals={signal.SIGUSR1: drain},
+    )
+    try:
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            runner.run(serving)
+    except BlockingIOError:
+        log.error("%s is in use by another server", opts.log_dir)
+        return exit_codes.BEANSTALKD_LOCKED
+    except JournalCorrupt as exc:
+        log.error("job log is corrupt, refusing to start: %s", exc)
+        return exit_codes.CORRUPT
+    return exit_codes.OK

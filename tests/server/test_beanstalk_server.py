@@ -24,7 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import support
 import tercel
-from tercel.testing import BeanstalkdProcess, ServerProcess
+from tercel import exit_codes
+from tercel.journal.joblog import HEADER
+from tercel.testing import BeanstalkdProcess, ServerProcess, ServerStartError
 
 
 @pytest.fixture
@@ -280,10 +282,35 @@ def test_unix_socket_and_second_instance_refused(tmp_path: Path) -> None:
             s.sendall(b"list-tube-used\r\n")
             assert s.recv(100) == b"USING default\r\n"
         second = BeanstalkdProcess(tmp_path / "wal")
-        with pytest.raises(Exception, match="exited with 10"):
+        with pytest.raises(ServerStartError, match=f"exited with {exit_codes.BEANSTALKD_LOCKED}"):
             second.start()
     finally:
         proc.kill()
+
+
+def test_sigterm_stops_cleanly_and_a_corrupt_job_log_exits_3(tmp_path: Path) -> None:
+    """``tercel beanstalkd`` runs the server's one lifecycle: SIGTERM writes the job log and
+    exits 0 (the jobs are back at the next start); a job log damaged before its last file
+    stops the start with exit code 3 (``exit_codes.CORRUPT``), nothing listening."""
+    wal = tmp_path / "wal"
+    with BeanstalkdProcess(wal) as proc:
+        c = Raw(proc.port)
+        c.send(b"put 0 0 60 3\r\nabc\r\n")
+        c.expect(b"INSERTED 1\r\n")
+        c.sock.close()
+        assert proc.stop() == exit_codes.OK
+    with BeanstalkdProcess(wal) as proc:
+        c = Raw(proc.port)
+        c.send(b"peek-ready\r\n")
+        c.expect(b"FOUND 1 3\r\nabc\r\n")
+        c.sock.close()
+    first = wal / "jobs.1"
+    damaged = bytearray(first.read_bytes())
+    damaged[len(HEADER) + 20] ^= 0xFF
+    first.write_bytes(bytes(damaged))
+    (wal / "jobs.2").write_bytes(HEADER)
+    with pytest.raises(ServerStartError, match=f"exited with {exit_codes.CORRUPT}"):
+        BeanstalkdProcess(wal).start()
 
 
 def test_greenstalk(bsd: BeanstalkdProcess) -> None:

@@ -1,10 +1,14 @@
-"""The composition root: wires config -> journals -> queues -> context -> listeners, and runs
-them until stopped. Imported by nothing but the CLI (and ``bench/``).
+"""The composition root: wires config -> journals -> queues -> context -> front ends, and runs
+them until stopped: the one lifecycle of ``tercel serve`` and ``tercel beanstalkd``. Imported by
+nothing but the command lines (and ``bench/``).
 
 The journal and the core meet through :mod:`tercel.storage` only: each queue gets its journal
-from ``storage.open_log``, and the data dir's one lock is ``storage.DataDirLock``. The listeners
-come from :data:`FRONT_ENDS`, one row per front end: the ``[server]`` key of its port and the
-loader of its connections' factory (docs/architecture.md, "How to add a front end").
+from ``storage.open_log``, and the data dir's one lock is ``storage.DataDirLock``. The front
+ends come from :data:`FRONT_ENDS`, one row per front end (``server/frontend.py``): the
+``[server]`` key of its port and the loader of its start hook (docs/architecture.md, "How to
+add a front end"). :class:`Server` starts each row that listens through its hook and stops it
+in its one stop sequence; ``tercel beanstalkd`` runs the same server on its own row, without
+the data dir's queues (``queues=False``).
 """
 
 from __future__ import annotations
@@ -17,8 +21,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, cast
 
@@ -30,9 +33,8 @@ from tercel.core.log import QueueLog
 from tercel.errors import ConfigError, TooManyOpenFiles
 from tercel.server.admin_rules import check_admin_settings
 from tercel.server.commit import Committer
-from tercel.server.connection import Connection
 from tercel.server.context import ServerContext
-from tercel.server.memcache.connection import MemcacheConnection
+from tercel.server.frontend import FrontEnd, Running, StartHook, stateless
 from tercel.server.status import Status
 
 if TYPE_CHECKING:
@@ -43,67 +45,61 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-ConnectionFactory = Callable[[ServerContext], Connection]
-"""Makes the connection of one accepted socket."""
+def _memcache() -> StartHook:
+    """Imported here like the others (a server without a memcache port, ``tercel
+    beanstalkd``'s, does not load it)."""
+    from tercel.server.memcache.connection import MemcacheConnection
+
+    return stateless(MemcacheConnection)
 
 
-@dataclass(frozen=True)
-class FrontEnd:
-    """One row of the listener table."""
-
-    name: str
-    """The listener's name: its key in the ports file and in ``/server_info``."""
-    setting: str
-    """The ``[server]`` key (and ``--<key>`` flag) of its port; None there: no listener."""
-    load: Callable[[], ConnectionFactory] | None
-    """Imports its connection class and returns the factory of each accepted socket's
-    connection; None: this front end is not built yet. Called by :meth:`Server.start` for the
-    configured front ends only, before anything listens: an import that fails stops the
-    start, never a live server at its first connection."""
-
-
-def _memcache_connection() -> ConnectionFactory:
-    return MemcacheConnection
-
-
-def _text_connection() -> ConnectionFactory:
+def _text() -> StartHook:
     from tercel.server.text.connection import TextConnection
 
-    return TextConnection
+    return stateless(TextConnection)
 
 
-def _thrift_connection() -> ConnectionFactory:
+def _thrift() -> StartHook:
     """thriftpy2 and the IDL it parses cost ~60 ms of start-up that servers without a Thrift
     port should not pay, so this runs only when the Thrift port is configured."""
     from tercel.server.thrift.connection import ThriftConnection
 
-    return ThriftConnection
+    return stateless(ThriftConnection)
 
 
-def _beanstalk_connection() -> ConnectionFactory:
-    """The beanstalkd front end keeps its own job store and job log
-    (:mod:`tercel.server.beanstalk.service`, started with the server); its connections are the
-    shared layer's."""
-    from tercel.server.beanstalk.connection import BeanstalkConnection
+def _beanstalk() -> StartHook:
+    """The beanstalkd front end keeps its own job store and job log (its start hook makes
+    them and replays the log; its stop writes and closes it)."""
+    from tercel.server.beanstalk.frontend import start
 
-    return BeanstalkConnection
+    return start
 
 
 FRONT_ENDS: tuple[FrontEnd, ...] = (
-    FrontEnd("memcache", "memcache_port", _memcache_connection),
-    FrontEnd("text", "text_port", _text_connection),
-    FrontEnd("thrift", "thrift_port", _thrift_connection),
-    FrontEnd("beanstalk", "beanstalk_port", _beanstalk_connection),
+    FrontEnd("memcache", "memcache_port", _memcache),
+    FrontEnd("text", "text_port", _text),
+    FrontEnd("thrift", "thrift_port", _thrift),
+    FrontEnd("beanstalk", "beanstalk_port", _beanstalk),
 )
-"""Every front end tercel has; a listener is started for each whose port is configured."""
+"""Every front end ``tercel serve`` has; a listener is started for each whose port is
+configured."""
 
 
-def listener_table(config: ServerConfig) -> list[tuple[FrontEnd, int]]:
-    """The front ends to start under ``config``, with their configured ports (0: any free
-    one). Raises ConfigError for a port given to a front end that is not built."""
+def listener_table(
+    config: ServerConfig,
+    front_ends: Sequence[FrontEnd] = FRONT_ENDS,
+    bound: Iterable[str] = (),
+) -> list[tuple[FrontEnd, int]]:
+    """The rows of ``front_ends`` to start under ``config``, with their configured ports (0:
+    any free one): those whose ``[server]`` setting gives a port, and those whose socket was
+    bound for them (``bound``: their names; the socket is used, the port is not). Raises
+    ConfigError for a port given to a front end that is not built."""
+    given = set(bound)
     table: list[tuple[FrontEnd, int]] = []
-    for fe in FRONT_ENDS:
-        port: int | None = getattr(config.server, fe.setting)
+    for fe in front_ends:
+        port: int | None = None if fe.setting is None else getattr(config.server, fe.setting)
+        if port is None and fe.name in given:
+            port = 0
         if port is None:
             continue
         if fe.load is None:
@@ -112,7 +108,7 @@ def listener_table(config: ServerConfig) -> list[tuple[FrontEnd, int]]:
     return table
 
 
-def _load(fe: FrontEnd) -> ConnectionFactory:
+def _load(fe: FrontEnd) -> StartHook:
     assert fe.load is not None  # listener_table() lists built front ends only
     return fe.load()
 
@@ -137,10 +133,18 @@ many per loop pass (a pass per queue cost about a third more CPU at 100,000 queu
 command on a queue replayed (or new) waits at most this plus one step."""
 
 
+def _no_queues(name: str, cfg: QueueConfig) -> QueueLog:
+    raise ConfigError(f"queue {name}: this server serves no queues")
+
+
 class Server:
     """A running tercel server (create, ``await start()``, ``await serve()``, ``await stop()``).
 
-    Handlers never see this object: they get its :attr:`ctx`.
+    ``front_ends``: the listener table's rows (``tercel serve``'s :data:`FRONT_ENDS` by
+    default). ``queues``: serve the Kestrel queues of the config's data dir (lock it, read its
+    status file, replay its journals, sweep expired items); False for a server whose front ends
+    keep their own state (``tercel beanstalkd``): nothing is then read or written there, and
+    the collection stays empty. Handlers never see this object: they get its :attr:`ctx`.
     """
 
     def __init__(
@@ -148,15 +152,24 @@ class Server:
         config: ServerConfig,
         clock: Clock | None = None,
         sockets: dict[str, socket.socket] | None = None,
+        *,
+        front_ends: Sequence[FrontEnd] = FRONT_ENDS,
+        queues: bool = True,
     ) -> None:
         self._sockets = dict(sockets or {})
         """Listening sockets bound early by the command line, by front-end name."""
+        self.front_ends = tuple(front_ends)
+        self.queues = queues
+        self.running: dict[str, Running] = {}
+        """The started front ends by name, in start order (their hooks' results)."""
         self.clock: Clock = clock or SystemClock()
         self.loop = asyncio.get_running_loop()
         self._compactor: ThreadPoolExecutor | None = None
         """The thread of :meth:`_background` (made at its first use: not before serving)."""
         # The collection opens no journal before start(), so the committer can come second.
-        self.collection = QueueCollection(config, self._open_log, self.clock)
+        # Without queues it stays empty: it refuses to open one (nothing locks the data dir).
+        open_log = self._open_log if queues else _no_queues
+        self.collection = QueueCollection(config, open_log, self.clock)
         self.files = storage.DataDir(config.server.data_dir)
         """The data dir's one listing and descriptor pool (bounded by :meth:`start`)."""
         self.committer = Committer(self.loop, self.collection.sync_mode)
@@ -222,8 +235,8 @@ class Server:
     # ---- start and stop -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Lock the data dir, list its queues, bind the listeners, then start the admin
-        listener and the background replay.
+        """Lock the data dir, list its queues, start the front ends (their hooks) and their
+        listeners, then the admin listener and the background replay.
 
         Everything that may fail at start-up is done before the first listener serves (a
         journal found corrupt by the background replay stops the server, see
@@ -232,46 +245,37 @@ class Server:
         (:meth:`QueueCollection.defer`), so a command waits only for its own queue's replay.
         """
         srv = self.config.server
-        table = listener_table(self.config)
-        os.makedirs(self.data_dir, exist_ok=True)
-        self._lock_data_dir()
+        table = listener_table(self.config, self.front_ends, self._sockets)
+        if self.queues:
+            os.makedirs(self.data_dir, exist_ok=True)
+            self._lock_data_dir()
         if srv.admin_port is not None:
             check_admin_settings(srv)  # a ConfigError now, not once the others serve
         # The configured front ends' modules (thriftpy2 and its IDL for Thrift). Not on a
         # thread: nothing else runs meanwhile (the journals replay after serving), and a thread
         # and its pool's imports cost the memcache-only start ~2 ms.
-        loaded = [_load(fe) for fe, _ in table]
+        hooks = [_load(fe) for fe, _ in table]
         ctx = self.ctx
-        ctx.status.load()
-        ctx.status_changed()
-        if ctx.status.current is not Status.UP:
-            log.warning("status is %s (from %s)", ctx.status.current.name, ctx.status.path)
-        self._list_queues()
-        if srv.beanstalk_port is not None:
-            from tercel.server.beanstalk.service import start_in_server
-
-            start_in_server(ctx, self.data_dir, self.config.defaults)
-        servers = [
-            await self._listen(fe, port, factory)
-            for (fe, port), factory in zip(table, loaded, strict=True)
-        ]
-        for fe, listener in zip((fe for fe, _ in table), servers, strict=True):
+        if self.queues:
+            ctx.status.load()
+            ctx.status_changed()
+            if ctx.status.current is not Status.UP:
+                log.warning("status is %s (from %s)", ctx.status.current.name, ctx.status.path)
+            self._list_queues()
+        for (fe, _), hook in zip(table, hooks, strict=True):
+            self._start_front_end(fe, hook)
+        for fe, port in table:
+            listener = await self._listen(fe, port, self.running[fe.name])
             self._listeners.append(listener)
-            sock = listener.sockets[0].getsockname()
-            ctx.ports[fe.name] = sock[1]
-            log.info("%s listening on %s:%d", fe.name, sock[0], sock[1])
+            ctx.ports[fe.name] = self._listening(fe, listener)
         # Serving from here on. What follows is not needed by the first command.
-        self._replayer = self.loop.create_task(self._replay_in_background())
         self._schedule_sweeps()
-        # The rest waits for the background replay to end (or ADMIN_AFTER_REPLAY_S): the
-        # first commands wait for their queues' replay, not for this.
-        await asyncio.wait({self._replayer}, timeout=ADMIN_AFTER_REPLAY_S)
-        from tercel import native  # (pathlib and importlib, and a walk of the package)
-
-        compiled, stale = native.compiled_modules(), native.stale_modules()
-        log.info("%s", native.build_summary(compiled))
-        if stale:
-            log.warning("compiled modules older than their sources (run make): %s", stale)
+        if self.queues:
+            self._replayer = self.loop.create_task(self._replay_in_background())
+            # The rest waits for the background replay to end (or ADMIN_AFTER_REPLAY_S): the
+            # first commands wait for their queues' replay, not for this.
+            await asyncio.wait({self._replayer}, timeout=ADMIN_AFTER_REPLAY_S)
+            self._log_build()
         if srv.admin_port is not None:
             # aiohttp and prometheus-client take longer to import than everything else
             # together: on a thread, while the other listeners already serve.
@@ -280,6 +284,37 @@ class Server:
             sock = self._sockets.pop("admin", None)
             ctx.ports["admin"] = await self.admin.start(srv.host, srv.admin_port, sock=sock)
             log.info("admin HTTP listening on %s:%d", srv.host, ctx.ports["admin"])
+
+    def _log_build(self) -> None:
+        """Log which modules run compiled, and warn of stale ones. (Not in ``tercel
+        beanstalkd``, which never did: importing pathlib and importlib and walking the package
+        holds the loop for tens of ms at a cold start, and client test suites send their first
+        request right after starting the binary.)"""
+        from tercel import native  # (pathlib and importlib, and a walk of the package)
+
+        compiled, stale = native.compiled_modules(), native.stale_modules()
+        log.info("%s", native.build_summary(compiled))
+        if stale:
+            log.warning("compiled modules older than their sources (run make): %s", stale)
+
+    def _start_front_end(self, fe: FrontEnd, hook: StartHook) -> None:
+        """Run ``fe``'s start hook (it may raise: nothing listens yet) and register its
+        figures under its name."""
+        running = hook(self.ctx)
+        self.running[fe.name] = running
+        if running.counters is not None:
+            self.ctx.add_counters(fe.name, running.counters)
+        if running.labelled is not None:
+            self.ctx.add_labelled(fe.name, *running.labelled)
+
+    def _listening(self, fe: FrontEnd, listener: asyncio.Server) -> int:
+        """Log where ``fe`` listens; its TCP port (0 on a Unix socket)."""
+        addr = listener.sockets[0].getsockname()
+        if isinstance(addr, str):  # a Unix socket's path
+            log.info("%s listening on %s", fe.name, addr)
+            return 0
+        log.info("%s listening on %s:%d", fe.name, addr[0], addr[1])
+        return int(addr[1])
 
     def _list_queues(self) -> None:
         """Size the descriptor pool, list the data dir once and note its queues as pending
@@ -378,15 +413,16 @@ class Server:
                 time.monotonic() - t0,
             )
 
-    async def _listen(self, fe: FrontEnd, port: int, factory: ConnectionFactory) -> asyncio.Server:
+    async def _listen(self, fe: FrontEnd, port: int, running: Running) -> asyncio.Server:
         """Create the (not yet serving) listener of one front end."""
-        ctx = self.ctx
 
         def protocol() -> asyncio.BaseProtocol:
             # A duck-typed protocol (see server/connection.py): the loop only calls its methods.
-            return cast(asyncio.BaseProtocol, factory(ctx))
+            return cast(asyncio.BaseProtocol, running.connection())
 
         sock = self._sockets.pop(fe.name, None)
+        if sock is not None and sock.family == socket.AF_UNIX:  # tercel beanstalkd -l unix:
+            return await self.loop.create_unix_server(protocol, sock=sock, backlog=1024)
         if sock is not None:  # bound early by the command line
             return await self.loop.create_server(protocol, sock=sock, backlog=1024)
         host = self.config.server.host
@@ -419,7 +455,8 @@ class Server:
         await self.ctx.stop_requested()
 
     async def stop(self) -> None:
-        """Stop accepting, end every session (open reads go back), write, fsync, close."""
+        """Stop accepting, stop the front ends (last started first), end every session
+        (open reads go back), write, fsync, close. Also after a start that failed halfway."""
         ctx = self.ctx
         ctx.stopping = True
         ctx.status_changed()
@@ -432,10 +469,8 @@ class Server:
         ctx.reservations.close()
         if self.admin is not None:
             await self.admin.stop()
-        if self.config.server.beanstalk_port is not None:
-            from tercel.server.beanstalk.service import stop_in_server
-
-            await stop_in_server(ctx)
+        for running in reversed(list(self.running.values())):
+            await running.stop()
         for conn in list(ctx.connections):
             conn.end_session()
         self.committer.flush_now()
@@ -460,7 +495,7 @@ class Server:
 
     def _schedule_sweeps(self) -> None:
         period = self.config.server.expiration_timer_frequency / 1000
-        if period > 0:
+        if period > 0 and self.queues:
             self._timers.append(self.loop.call_later(period, self._sweep))
         timeout = self.config.server.client_timeout
         if timeout:
@@ -498,19 +533,31 @@ async def run_server(
     reload_signal: bool = True,
     sockets: dict[str, socket.socket] | None = None,
     early_signals: Iterable[int] = (),
+    *,
+    front_ends: Sequence[FrontEnd] = FRONT_ENDS,
+    queues: bool = True,
+    signals: Mapping[int, Callable[[Server], None]] | None = None,
 ) -> None:
-    """Install the signal handlers, start a server, serve until told to stop, stop cleanly.
+    """Install the signal handlers, start a server, serve until told to stop, stop cleanly:
+    ``tercel serve``'s and ``tercel beanstalkd``'s one lifecycle (``front_ends`` and
+    ``queues``: as :class:`Server`'s).
 
-    The handlers go in before anything listens, and ``early_signals`` (caught by the command
-    line before the loop ran) are acted on as if they came now: a SIGTERM or SIGHUP in the
-    first moments of a start is a clean stop or a reload, never a kill by the signal.
+    SIGTERM and SIGINT stop, SIGHUP reloads the config (unless ``reload_signal`` is False);
+    ``signals`` adds handlers of the caller's, each called with the server (which may not be
+    started yet). The handlers go in before anything listens, and ``early_signals`` (caught by
+    the command line before the loop ran) are acted on as if they came now: a SIGTERM or SIGHUP
+    in the first moments of a start is a clean stop or a reload, never a kill by the signal.
+    Raises what stopped the start (or the background replay) once the server is stopped.
     """
-    server = Server(config, sockets=sockets)
+    server = Server(config, sockets=sockets, front_ends=front_ends, queues=queues)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_stop)
     if reload_signal:
         loop.add_signal_handler(signal.SIGHUP, _reload_logged, server.ctx)
+    extra = dict(signals or {})
+    for signum, handler in extra.items():
+        loop.add_signal_handler(signum, handler, server)
     for signum in early_signals:
         if signum == signal.SIGHUP:
             loop.call_soon(_reload_logged, server.ctx)
@@ -527,9 +574,9 @@ async def run_server(
     finally:
         log.info("shutting down")
         await server.stop()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, *extra):
             with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
+                loop.remove_signal_handler(signum)
     if server.failure is not None:
         raise server.failure
 

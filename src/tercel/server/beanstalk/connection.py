@@ -31,7 +31,7 @@ from tercel.core.tubes import (
 from tercel.errors import JournalWriteError, TercelError
 from tercel.protocol import beanstalk as bp
 from tercel.protocol.beanstalk import Command, Invalid, Request
-from tercel.server.beanstalk.service import FRONT_END, service_of
+from tercel.server.beanstalk.service import FRONT_END, BeanstalkService
 from tercel.server.connection import Connection
 from tercel.server.context import ServerContext
 
@@ -44,12 +44,11 @@ _WAKE_REPLIES: Final = {WAKE_TIMED_OUT: bp.TIMED_OUT, WAKE_DEADLINE_SOON: bp.DEA
 
 
 class BeanstalkConnection(Connection):
-    """One beanstalkd client (see the module docstring)."""
+    """One beanstalkd client of ``svc``'s server (see the module docstring)."""
 
-    def __init__(self, ctx: ServerContext) -> None:
+    def __init__(self, ctx: ServerContext, svc: BeanstalkService) -> None:
         super().__init__(ctx, FRONT_END)
         self.reads_clock = False  # the job store reads its own clocks, when it needs them
-        svc = service_of(ctx)
         self.svc = svc
         self.store = svc.store
         self.codec = bp.BeanstalkCodec(svc.max_job_size)

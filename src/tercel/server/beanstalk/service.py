@@ -1,16 +1,16 @@
-"""The beanstalkd front end's shared state: the job store, its log, the one timer, the
-counters ``stats`` shows, and the listeners of ``tercel beanstalkd``.
+"""The beanstalkd front end's shared state: the job store, its log, the one timer and the
+counters ``stats`` shows.
 
-One :class:`BeanstalkService` per :class:`~tercel.server.context.ServerContext`: inside
-``tercel serve`` (``--beanstalk-port``, journaled in ``<data_dir>/beanstalk.d``) or alone under
-``tercel beanstalkd`` (``-b DIR`` or memory only; :mod:`.standalone` builds a context without
-queues for it). Either way the connections are the shared layer's
+One :class:`BeanstalkService` per server, made by the front end's start hook
+(:mod:`tercel.server.beanstalk.frontend`): inside ``tercel serve`` (``--beanstalk-port``,
+journaled in ``<data_dir>/beanstalk.d``) or under ``tercel beanstalkd`` (``-b DIR`` or memory
+only). Either way the connections are the shared layer's
 (:class:`~tercel.server.connection.Connection`, counted under ``beanstalk``), the job log is
 written by the context's group committer and the server's status applies. Connections
-(:mod:`tercel.server.beanstalk.connection`) call the store and then
-:meth:`BeanstalkService.rearm`, which keeps one loop timer set for the store's next deadline
-(delayed job, wait timeout, DEADLINE_SOON, unpause) and arms the reservation table's timer,
-which ends a TTR (a reserved job is a reservation of the server's one table).
+(:mod:`tercel.server.beanstalk.connection`, given this service when made) call the store and
+then :meth:`BeanstalkService.rearm`, which keeps one loop timer set for the store's next
+deadline (delayed job, wait timeout, DEADLINE_SOON, unpause) and arms the reservation table's
+timer, which ends a TTR (a reserved job is a reservation of the server's one table).
 """
 
 from __future__ import annotations
@@ -22,16 +22,13 @@ import platform
 import resource
 import socket
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Final
 
 from tercel import __version__
 from tercel.core.tubes import JobRecord, JobStore, NativeJobLog
 from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, SERVE_DIR, JobJournal
 from tercel.protocol.beanstalk import COUNTED, DEFAULT_MAX_JOB_SIZE, OPS, random_id
 from tercel.server.context import ServerContext
-
-if TYPE_CHECKING:
-    from tercel.config import QueueConfig
 
 log = logging.getLogger("tercel.beanstalk")
 
@@ -145,9 +142,6 @@ class BeanstalkService:
         self.hostname = socket.gethostname()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
-        self._listeners: list[asyncio.Server] = []
-        self._port = 0
-        _SERVICES[ctx] = self
 
     # ---- start and stop -------------------------------------------------------------------
 
@@ -179,39 +173,10 @@ class BeanstalkService:
         self.rearm()
         return len(found.jobs)
 
-    async def listen(self, sock: socket.socket) -> str:
-        """Serve connections on a bound, listening socket; its address for the logs."""
-        from tercel.server.beanstalk.connection import BeanstalkConnection
-
-        ctx = self.ctx
-
-        def factory() -> asyncio.BaseProtocol:
-            return cast(asyncio.BaseProtocol, BeanstalkConnection(ctx))
-
-        if sock.family == socket.AF_UNIX:
-            server = await self.loop.create_unix_server(factory, sock=sock, backlog=1024)
-        else:
-            server = await self.loop.create_server(factory, sock=sock, backlog=1024)
-        self._listeners.append(server)
-        name: Any = sock.getsockname()  # a str (Unix) or a tuple
-        if isinstance(name, str):
-            return name
-        if not self._port:
-            self._port = int(name[1])
-        return f"{name[0]}:{name[1]}"
-
-    def port(self) -> int:
-        """The TCP port of the first TCP listener (0 if none). (Read from the socket given to
-        :meth:`listen`: uvloop's ``Server.sockets`` is a list where typeshed says tuple, which
-        compiled code refuses.)"""
-        return self._port
-
-    async def stop(self) -> None:
-        """Stop listening, close the connections (their jobs go back to ready), write and
-        sync the log, close it. (The context's committer is its owner's to close.)"""
-        _SERVICES.pop(self.ctx, None)
-        for server in self._listeners:
-            server.close()
+    def stop(self) -> None:
+        """Stop the timer, close the connections (their jobs go back to ready), write and
+        sync the log, close it. (The listener and the context's committer are the server's
+        to close.)"""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -221,8 +186,6 @@ class BeanstalkService:
         self.ctx.committer.flush_now()
         if self.journal is not None:
             self.journal.close()
-        for server in self._listeners:
-            await server.wait_closed()
 
     # ---- the timer ------------------------------------------------------------------------
 
@@ -343,37 +306,3 @@ class BeanstalkService:
             }
             for name, t in self.store.tubes.items()
         }
-
-
-# ---- the service of a context ---------------------------------------------------------------
-
-_SERVICES: dict[ServerContext, BeanstalkService] = {}
-"""The service of each running server, by its context (one per process in practice)."""
-
-
-def service_of(ctx: ServerContext) -> BeanstalkService:
-    """The beanstalkd service of ``ctx``'s server (created before any connection)."""
-    return _SERVICES[ctx]
-
-
-def start_in_server(ctx: ServerContext, data_dir: str, defaults: QueueConfig) -> BeanstalkService:
-    """Create and replay the service of ``tercel serve``: journaled in ``<data_dir>/beanstalk.d``
-    with the default queue settings' ``journal`` and ``sync_journal``."""
-    svc = BeanstalkService(
-        ctx,
-        os.path.join(data_dir, JOBLOG_DIR) if defaults.journal else None,
-        sync=defaults.sync_journal,
-    )
-    restored = svc.replay()
-    if restored:
-        log.info("restored %d beanstalk job(s)", restored)
-    ctx.add_counters(FRONT_END, svc.counters)
-    ctx.add_labelled(FRONT_END, "tube", svc.tube_counters)
-    return svc
-
-
-async def stop_in_server(ctx: ServerContext) -> None:
-    """Close the connections, write and sync the job log, close it."""
-    svc = _SERVICES.get(ctx)
-    if svc is not None:
-        await svc.stop()
