@@ -210,6 +210,8 @@ def test_serve_says_which_build_runs_and_logs_the_replay(tmp_path: Path) -> None
     assert build in log
     assert "replaying 2 queue(s) from" in log
     assert "replayed 2 queue(s), 3 items in" in log
+    ready = f"ready: memcache {srv.address}, admin 127.0.0.1:{srv.ports['admin']}; dashboard "
+    assert ready in log and f"tercel get jobs --server {srv.address}\n" in log
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:abc", "[::1]:x"])

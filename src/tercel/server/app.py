@@ -492,8 +492,11 @@ async def run_server(
     reload_signal: bool = True,
     sockets: dict[str, socket.socket] | None = None,
     early_signals: Iterable[int] = (),
+    *,
+    on_ready: Callable[[dict[str, int]], None] | None = None,
 ) -> None:
     """Install the signal handlers, start a server, serve until told to stop, stop cleanly.
+    ``on_ready`` gets the bound ports (``{"memcache": N, ...}``) once every listener serves.
 
     The handlers go in before anything listens, and ``early_signals`` (caught by the command
     line before the loop ran) are acted on as if they came now: a SIGTERM or SIGHUP in the
@@ -517,6 +520,8 @@ async def run_server(
                 server.write_ports_file(ports_file)
             except OSError as exc:
                 log.error("cannot write the ports file %s: %s", ports_file, exc)
+        if on_ready is not None:
+            on_ready(server.ports)
         await server.serve()
     finally:
         log.info("shutting down")
