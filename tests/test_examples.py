@@ -218,3 +218,19 @@ def test_readme_beanstalk_example_runs(tmp_path: Path) -> None:
         namespace: dict[str, Any] = {}
         exec(compile(code, "README.md", "exec"), namespace)
         assert namespace["job"].body == "hello"
+
+
+def test_protocol_md_shows_the_bad_name_message_the_cli_prints() -> None:
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    shown = re.search(r"(?m)^\$ \.venv/bin/tercel get a/b\n(.*)$", doc)
+    assert shown is not None
+    done = subprocess.run(
+        [sys.executable, "-m", "tercel", "get", "a/b"], capture_output=True, check=False
+    )
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines()[-1] == shown.group(1)
+
+
+def test_no_doc_cites_a_folder_the_repository_does_not_have() -> None:
+    for doc in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        assert "reference/" not in doc.read_text(), doc

@@ -140,6 +140,7 @@ def test_dashboard_shows_queues_live_and_flushes_after_a_confirmation(
         )
         assert urls and all(u.startswith(srv.admin_url + "/") for u in urls), urls
 
+        # TERCEL_DASHBOARD_SHOT=path keeps the screenshot where a person can look at it
         shot = Path(os.environ.get("TERCEL_DASHBOARD_SHOT", tmp_path / "dashboard.png"))
         assert browser.save_screenshot(str(shot))
         with Image.open(shot) as img:
