@@ -37,7 +37,7 @@ QUEUE_COLUMNS = (
     ("waiters", "waiters"),
     ("total", "total_items"),
     ("expired", "expired_items"),
-    ("last_wait_ms", "age"),
+    ("last_taken_age_ms", "age"),
 )
 GLOBAL_LINES = ("version", "uptime", "curr_items", "total_items", "bytes", "curr_connections")
 
@@ -108,7 +108,7 @@ def add_parsers(sub: Any) -> None:
     tail.add_argument("--lease-time", type=float, default=30.0, help="seconds per lease")
     _output_options(tail)
     queues = sub.add_parser(
-        "queues", parents=[common], help="list queues: items, bytes, last wait, rates in and out"
+        "queues", parents=[common], help="list queues: items, bytes, ages, rates in and out"
     )
     queues.add_argument("--json", action="store_true", help="one JSON document on stdout")
     queues.add_argument(
@@ -261,15 +261,16 @@ def _stats(client: Client, args: argparse.Namespace) -> int:
 @dataclass(frozen=True, slots=True)
 class QueueRow:
     """One queue on one server, as ``tercel queues`` shows it (``--json``: these keys).
-    ``last_wait_ms`` is Kestrel's ``age`` stat: how long the last item taken had waited in the
-    queue (the dashboard's "head age" is another figure: how long the head item has waited)."""
+    ``last_taken_age_ms`` is Kestrel's ``age`` stat: how long ago the last item taken (by a get
+    or an open read) was added, 0 when the queue holds no bytes; the dashboard's "head age" is
+    another figure, the age of the item now at the head."""
 
     server: str
     queue: str
     items: int
     bytes: int
     mem_bytes: int
-    last_wait_ms: int
+    last_taken_age_ms: int
     open: int
     waiters: int
     in_per_s: float | None
@@ -345,7 +346,8 @@ def human_ms(ms: int) -> str:
 def format_queues(rows: list[QueueRow]) -> Iterator[str]:
     """The ``tercel queues`` table (a server column only for more than one server)."""
     servers = len({r.server for r in rows}) > 1
-    head = ["queue", "items", "bytes", "in memory", "last wait", "open", "waiters", "in/s", "out/s"]
+    head = ["queue", "items", "bytes", "in memory", "last-taken age", "open", "waiters"]
+    head += ["in/s", "out/s"]
     table = [(["server"] if servers else []) + head]
     for r in rows:
         rates = ["-" if v is None else f"{v:.1f}" for v in (r.in_per_s, r.out_per_s)]
@@ -354,7 +356,7 @@ def format_queues(rows: list[QueueRow]) -> Iterator[str]:
             str(r.items),
             human_bytes(r.bytes),
             human_bytes(r.mem_bytes),
-            human_ms(r.last_wait_ms),
+            human_ms(r.last_taken_age_ms),
             str(r.open),
             str(r.waiters),
             *rates,

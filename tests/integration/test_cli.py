@@ -159,7 +159,7 @@ def test_queue_rows_rates_from_two_samples() -> None:
     assert [(r.server, r.queue) for r in rows] == [("s1", "new"), ("s1", "q"), ("s2", "q")]
     q = got[("s1", "q")]
     assert (q.in_per_s, q.out_per_s) == (10.0, 13.0)  # 20 added, items fell by 6: 26 left
-    assert (q.bytes, q.last_wait_ms) == (40, 1500)
+    assert (q.bytes, q.last_taken_age_ms) == (40, 1500)
     assert (got[("s1", "new")].in_per_s, got[("s1", "new")].open) == (1.5, 1)
     assert (got[("s2", "q")].open, got[("s2", "q")].waiters) == (2, 1)
     # a queue deleted and recreated between the samples: its total fell, no negative rate

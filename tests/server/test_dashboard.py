@@ -102,7 +102,7 @@ def test_dashboard_shows_queues_live_and_flushes_after_a_confirmation(
         wait_for(browser, "queue depth chart", lambda d: chart_last(d, "queueDepth") == 5)
         assert title.text == "jobs: items waiting (15 min)"
         head_age = browser.find_element(By.XPATH, '//th[text()="head age"]')
-        assert "last wait" in (head_age.get_attribute("title") or "")  # the CLI's other figure
+        assert "last-taken age" in (head_age.get_attribute("title") or "")  # the CLI's other figure
 
         # the search box narrows the table
         browser.find_element(By.ID, "search").send_keys("oth")
