@@ -234,3 +234,19 @@ def test_protocol_md_shows_the_bad_name_message_the_cli_prints() -> None:
 def test_no_doc_cites_a_folder_the_repository_does_not_have() -> None:
     for doc in [README, *sorted((ROOT / "docs").glob("*.md"))]:
         assert "reference/" not in doc.read_text(), doc
+
+
+def test_make_serve_passes_args_on_quietly() -> None:
+    """``make serve ARGS=...`` (dry run, the build steps taken as done): one command, ARGS at
+    its end, and ``@`` on it so make does not echo it."""
+    done = subprocess.run(
+        ["make", "-n", "-o", ".venv/.native", "serve", "ARGS=--beanstalk-port 11300"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
+    assert done.stdout.decode().splitlines() == [
+        ".venv/bin/tercel serve --data-dir ./tercel-data --beanstalk-port 11300"
+    ]
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\n\t@$(BIN)/tercel serve --data-dir ./tercel-data $(ARGS)\n" in makefile
