@@ -350,10 +350,10 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> ServerCo
     value at once (one line, ``; `` between them), an unknown key with the closest known one
     ("did you mean ...?")."""
     problems: list[str] = []
-    for table in sorted(set(data) - {"server", "queues", "aliases"}):
-        close = difflib.get_close_matches(table, ("server", "queues", "aliases"), n=1)
+    for unknown in sorted(set(data) - {"server", "queues", "aliases"}):
+        close = difflib.get_close_matches(unknown, ("server", "queues", "aliases"), n=1)
         hint = f" (did you mean [{close[0]}]?)" if close else ""
-        problems.append(f"unknown table [{table}]{hint}")
+        problems.append(f"unknown table [{unknown}]{hint}")
     server_table = _table(data, "server", problems)
     server_kw = _parse_table(server_table, _SERVER_PARSERS, "server", problems)
 

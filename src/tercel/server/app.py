@@ -515,13 +515,13 @@ async def run_server(
             server.request_stop()
     try:
         await server.start()
+        if on_ready is not None:  # first: whoever waits for the ports file finds it said
+            on_ready(server.ports)
         if ports_file:
             try:
                 server.write_ports_file(ports_file)
             except OSError as exc:
                 log.error("cannot write the ports file %s: %s", ports_file, exc)
-        if on_ready is not None:
-            on_ready(server.ports)
         await server.serve()
     finally:
         log.info("shutting down")
