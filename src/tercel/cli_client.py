@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -396,7 +396,9 @@ def _missing(client: Client, args: argparse.Namespace) -> set[str]:
     return set(args.queues) - known
 
 
-def _each_queue(client: Client, args: argparse.Namespace, act: Any, done: str) -> int:
+def _each_queue(
+    client: Client, args: argparse.Namespace, act: Callable[[str], None], done: str
+) -> int:
     """``act(queue)`` on every server for each queue named; a queue found on no server is
     said on stderr and makes the exit code EMPTY (the others are still acted on)."""
     missing = _missing(client, args)
