@@ -11,10 +11,11 @@ SOURCES := $(shell find src/tercel -name '*.py')
 
 # The server alone: what `make serve` needs.
 $(BASE): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip "setuptools>=77"
-	TERCEL_NATIVE=0 $(BIN)/pip install -q -e . "mypy>=1.20"
-	touch $(BASE)
+	@echo "make: setting up $(VENV) (pip install -e .)"
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip "setuptools>=77"
+	@TERCEL_NATIVE=0 $(BIN)/pip install -q -e . "mypy>=1.20"
+	@touch $(BASE)
 
 # The hot path compiled by mypyc from the same sources (setup.py lists the modules): about 45 s
 # of CPU (mypyc, then one large C file), 1.5-2.5 minutes of wall time on a busy 2-core machine,
@@ -22,15 +23,15 @@ $(BASE): pyproject.toml
 # pure Python, which works the same, slower (docs/architecture.md, "Native modules"). The build
 # may reuse unchanged objects from build/ with their old times: the touch marks them as current.
 $(NATIVE): $(BASE) setup.py $(SOURCES)
-	find src -name '*.so' -delete
-	if [ "$${TERCEL_NATIVE:-1}" = 1 ]; then \
+	@find src -name '*.so' -delete
+	@if [ "$${TERCEL_NATIVE:-1}" = 1 ]; then \
 		echo "make: compiling the request path with mypyc (1.5-2.5 min; TERCEL_NATIVE=0 skips it)"; \
 		TERCEL_NATIVE=1 $(BIN)/python setup.py -q build_ext --inplace >/dev/null \
 		&& find src -name '*.so' -exec touch {} + \
 		|| { echo "make: the mypyc build failed; tercel runs as pure Python" >&2; \
 		     find src -name '*.so' -delete; }; \
 	fi
-	touch $(NATIVE)
+	@touch $(NATIVE)
 
 native: $(NATIVE)
 
@@ -43,8 +44,11 @@ $(STAMP): $(BASE)
 		|| { apt-get update && apt-get install -y chromium chromium-driver; }
 	touch $(STAMP)
 
+# Options for `tercel serve` in ARGS, e.g. make serve ARGS="--beanstalk-port 11300"; the server
+# logs a "ready:" line with its addresses, the dashboard's URL and a first command to try.
+ARGS ?=
 serve: $(NATIVE)
-	$(BIN)/tercel serve --data-dir ./tercel-data
+	@$(BIN)/tercel serve --data-dir ./tercel-data $(ARGS)
 
 check: $(STAMP)
 	$(BIN)/ruff check setup.py src tests bench examples

@@ -286,3 +286,40 @@ def test_expire_to_queue_cycles_are_refused() -> None:
     # A chain that ends, and a queue expiring to itself (ignored at run time), are fine.
     parse_config({"queues": {"a": {"expire_to_queue": "b"}, "b": {"expire_to_queue": "c"}}})
     parse_config({"queues": {"a": {"expire_to_queue": "a"}}})
+
+
+def test_every_problem_is_reported_at_once_with_the_closest_key() -> None:
+    doc = {
+        "sever": {},
+        "server": {"memcache_prot": 1, "admin_port": "x", "max_items": 3},
+        "queues": {"max_itemz": 3, "jobs": {"max_size": "lots", "dead_leter_queue": "dlq"}},
+        "aliases": {"a/b": ["c"]},
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc)
+    text = str(info.value)
+    assert "\n" not in text  # one line: it is also a reload's SERVER_ERROR reply
+    assert text.startswith("8 problems: unknown table [sever] (did you mean [server]?); ")
+    for needle in (
+        "server: unknown key 'memcache_prot' (did you mean memcache_port?)",
+        "server.admin_port: expected a port number",
+        "server: unknown key 'max_items' (a queue setting)",
+        "queues: unknown key 'max_itemz' (did you mean max_items?)",
+        "queues.jobs.max_size: expected a size",
+        "queues.jobs: unknown key 'dead_leter_queue' (did you mean dead_letter_queue?)",
+        "aliases: bad alias name 'a/b': a queue name is 1-200 characters",
+    ):
+        assert needle in text, needle
+    with pytest.raises(ConfigError) as one:
+        parse_config({"queues": {"host": "x"}})
+    assert str(one.value) == "queues: unknown key 'host' (a [server] setting)"
+
+
+def test_a_cycle_and_another_problem_are_both_reported(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text('[server]\nhots = "x"\n[aliases]\na = ["b"]\nb = ["a"]\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert text.startswith("2 problems: server: unknown key 'hots' (did you mean host?)")
+    assert "aliases: cycle a -> b -> a" in text

@@ -4,8 +4,10 @@ names every setting, the systemd unit and the Dockerfile run commands that work.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -101,3 +103,150 @@ def test_readme_pymemcache_example_runs_and_sees_not_stored(tmp_path: Path) -> N
         finally:
             quiet.close()
             told.close()
+
+
+# ---- the README, as a new user pastes it ---------------------------------------------------
+
+README = ROOT / "README.md"
+TERCEL = ".venv/bin/tercel"
+
+
+def blocks(text: str, lang: str) -> list[str]:
+    """The fenced code blocks of ``text`` in language ``lang``, in order."""
+    return re.findall(rf"(?ms)^```{lang}\n(.*?)^```", text)
+
+
+def shell_lines(block: str) -> list[str]:
+    """The commands of a sh block, their trailing comments cut."""
+    return [re.sub(r"\s+#.*$", "", line) for line in block.splitlines() if line.strip()]
+
+
+def test_readme_starts_with_make_serve_and_make_test() -> None:
+    first = blocks(README.read_text(), "sh")[0]
+    assert [line.split("#")[0].strip() for line in first.splitlines()] == [
+        "make serve",
+        "make test",
+    ]
+
+
+def test_readme_ready_line_is_the_one_the_server_logs() -> None:
+    from tercel.cli import ready_line
+
+    line = ready_line("127.0.0.1", {"memcache": 22133, "admin": 2223}, TERCEL)
+    assert f"INFO tercel: {line}\n" in README.read_text()
+
+
+def test_every_tercel_command_is_the_venv_one() -> None:
+    """Pasted on a fresh clone after ``make serve``, a bare ``tercel`` is not on PATH."""
+    for block in blocks(README.read_text(), "sh"):
+        for line in shell_lines(block):
+            assert not re.search(r"(^|[|;&]\s*)tercel\b", line), line
+
+
+def test_readme_serve_synopsis_has_every_option() -> None:
+    from tercel.cli import SERVE_OPTIONS
+
+    flags = {f"--{flag}" for flag, _, _ in SERVE_OPTIONS} | {"--log-level"}
+    for doc in (README, ROOT / "docs" / "configuration.md"):
+        synopsis = re.search(r"(?m)^tercel serve \[.*\n(?: +.*\n)*", doc.read_text())
+        assert synopsis is not None, doc
+        assert set(re.findall(r"--[a-z-]+", synopsis.group(0))) == flags, doc
+
+
+def _venv_shim(folder: Path) -> None:
+    """``folder/.venv/bin/tercel``: this Python's tercel, so README lines run as written."""
+    shim = folder / ".venv" / "bin" / "tercel"
+    shim.parent.mkdir(parents=True)
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m tercel "$@"\n')
+    shim.chmod(0o755)
+
+
+def _bash(
+    line: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, timeout=60, check=False
+    )
+
+
+def test_readme_shell_commands_run_as_pasted(tmp_path: Path) -> None:
+    """Every command of the README's sh blocks, verbatim, in order, against a server in the
+    role of ``make serve`` (``$TERCEL_SERVERS`` points the default at it); long-running ones
+    (``serve``, ``beanstalkd``) only parse, the journal tools run once the server is stopped;
+    ``make`` lines are left out."""
+    from tercel import beanstalkd_cli
+    from tercel.cli import _build_parser
+
+    _venv_shim(tmp_path)
+    sh_blocks = blocks(README.read_text(), "sh")[1:]  # the first is make serve / make test
+    with ServerProcess(tmp_path / "tercel-data") as srv:
+        env = dict(os.environ, TERCEL_SERVERS=srv.address)
+        later, outputs = [], []
+        for line in (line for block in sh_blocks for line in shell_lines(block)):
+            argv = shlex.split(line.split("|")[-1])
+            if argv[:2] == [TERCEL, "serve"]:
+                assert _build_parser().parse_args(argv[1:]).command == "serve"
+            elif argv[:2] == [TERCEL, "beanstalkd"]:
+                assert not isinstance(beanstalkd_cli.parse(argv[2:]), int), line
+            elif argv[:2] == [TERCEL, "journal"]:
+                later.append(line)
+            elif argv[0] != "make":  # make targets: the Makefile's own business
+                assert TERCEL in line, line
+                done = _bash(line, tmp_path, env)
+                assert done.returncode == 0, (line, done.stderr)
+                outputs.append(done.stdout)
+    assert outputs[2:5] == [b"one\n", b"two\nthree\n", b"4\n"]  # First steps, as commented
+    assert (tmp_path / "item.bin").read_bytes() == b"x"  # --raw: no newline
+    assert later
+    for line in later:
+        done = _bash(line, tmp_path)
+        assert done.returncode == 0, (line, done.stderr)
+
+
+def test_readme_client_example_runs(tmp_path: Path) -> None:
+    snippet = next(b for b in blocks(README.read_text(), "python") if "tercel.client" in b)
+    assert '"127.0.0.1:22133"' in snippet
+    with ServerProcess(tmp_path / "d") as srv:
+        code = snippet.replace('"127.0.0.1:22133"', f'"{srv.address}"')
+        exec(compile(code, "README.md", "exec"), {})
+
+
+def test_readme_beanstalk_example_runs(tmp_path: Path) -> None:
+    snippet = next(b for b in blocks(README.read_text(), "python") if "greenstalk" in b)
+    with ServerProcess(tmp_path / "d", extra_args=("--beanstalk-port", "0")) as srv:
+        code = snippet.replace("11300)", f"{srv.ports['beanstalk']})")
+        namespace: dict[str, Any] = {}
+        exec(compile(code, "README.md", "exec"), namespace)
+        assert namespace["job"].body == "hello"
+
+
+def test_protocol_md_shows_the_bad_name_message_the_cli_prints() -> None:
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    shown = re.search(r"(?m)^\$ \.venv/bin/tercel get a/b\n(.*)$", doc)
+    assert shown is not None
+    done = subprocess.run(
+        [sys.executable, "-m", "tercel", "get", "a/b"], capture_output=True, check=False
+    )
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines()[-1] == shown.group(1)
+
+
+def test_no_doc_cites_a_folder_the_repository_does_not_have() -> None:
+    for doc in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        assert "reference/" not in doc.read_text(), doc
+
+
+def test_make_serve_passes_args_on_quietly() -> None:
+    """``make serve ARGS=...`` (dry run, the build steps taken as done): one command, ARGS at
+    its end, and ``@`` on it so make does not echo it."""
+    done = subprocess.run(
+        ["make", "-n", "-o", ".venv/.native", "serve", "ARGS=--beanstalk-port 11300"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    )
+    assert done.stdout.decode().splitlines() == [
+        ".venv/bin/tercel serve --data-dir ./tercel-data --beanstalk-port 11300"
+    ]
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\n\t@$(BIN)/tercel serve --data-dir ./tercel-data $(ARGS)\n" in makefile

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tercel.names import MAX_NAME_BYTES, fanout_parent, valid_name, valid_name_bytes
+from tercel.names import (
+    MAX_NAME_BYTES,
+    RULE,
+    fanout_parent,
+    name_problem,
+    valid_name,
+    valid_name_bytes,
+)
 
 GOOD = ["a", "Q", "0", "work", "a_b-c:d$e%f", "a+b", "a+b+c", "x" * MAX_NAME_BYTES]
 BAD = [
@@ -66,3 +73,36 @@ def test_fanout_parent() -> None:
     assert fanout_parent("a") is None
     assert fanout_parent("a+b") == "a"
     assert fanout_parent("a+b+c") == "a"
+
+
+def test_name_problem_states_the_rule_and_the_slash() -> None:
+    assert name_problem("orders+audit") is None
+    why = name_problem("a.b")
+    assert why is not None and RULE in why and "'a.b'" in why
+    slash = name_problem("jobs/open")
+    assert slash is not None and "'/' separates Kestrel's get options" in slash
+    for name in BAD:
+        assert name_problem(name) is not None
+
+
+@pytest.mark.parametrize("name", [n for n in BAD if n])
+def test_the_client_refuses_what_the_server_would_with_the_same_words(name: str) -> None:
+    """The client codec checks names with the server's rule, before anything is sent; the
+    server's memcache codec refuses the same names."""
+    from tercel.errors import BadRequest, ProtocolError
+    from tercel.protocol.commands import Flush, Set
+    from tercel.protocol.memcache import MemcacheServerCodec
+    from tercel.protocol.memcache_client import MemcacheClientCodec, get_key
+
+    client = MemcacheClientCodec()
+    for build in (lambda: client.send(Flush(name)), lambda: get_key(name, open=True)):
+        with pytest.raises(BadRequest, match="bad queue name") as refused:
+            build()
+        assert RULE in str(refused.value)
+    for good in GOOD:
+        assert client.send(Set(good, 0, 0, b"x")).startswith(b"set " + good.encode())
+    if " " not in name and "\n" not in name and "\t" not in name and "\x00" not in name:
+        server = MemcacheServerCodec()
+        server.receive_data(b"flush " + name.encode() + b"\r\n")
+        with pytest.raises(ProtocolError, match="bad queue name"):
+            server.next_command()

@@ -20,7 +20,7 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see the module docstring
 if TYPE_CHECKING:
     import argparse
     import logging
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from tercel.config import ServerConfig
 
@@ -193,9 +193,17 @@ def serve(args: argparse.Namespace | ServeArgs) -> int:
     finally:
         gc.freeze()
         gc.enable()
+
+    def ready(ports: dict[str, int]) -> None:
+        log.info("%s", ready_line(srv.host, ports, _program()))
+
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:
-            runner.run(run_server(config, args.ports_file, sockets=sockets, early_signals=early))
+            runner.run(
+                run_server(
+                    config, args.ports_file, sockets=sockets, early_signals=early, on_ready=ready
+                )
+            )
     except JournalCorrupt as exc:
         log.error("journal is corrupt, refusing to start: %s", exc)
         log.error(
@@ -210,6 +218,51 @@ def serve(args: argparse.Namespace | ServeArgs) -> int:
         log.error("cannot start: %s", exc)
         return exit_codes.FAILED
     return exit_codes.OK
+
+
+def _address(host: str, port: int) -> str:
+    """``host:port`` a client on this machine can connect to (a wildcard host is loopback;
+    an IPv6 address in brackets)."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def ready_line(host: str, ports: Mapping[str, int], program: str = "tercel") -> str:
+    """The line ``tercel serve`` logs once every listener serves: each listener's address,
+    the dashboard's URL, and a first command to try (``program`` is how tercel was run)."""
+    where = ", ".join(f"{name} {_address(host, port)}" for name, port in ports.items())
+    parts = [f"ready: {where}"]
+    if "admin" in ports:
+        parts.append(f"dashboard http://{_address(host, ports['admin'])}/")
+    if "memcache" in ports:
+        address = _address(host, ports["memcache"])
+        server = "" if address == "127.0.0.1:22133" else f" --server {address}"  # the default
+        parts.append(f"try: {program} put jobs hello{server} && {program} get jobs{server}")
+    return "; ".join(parts)
+
+
+def _program() -> str:
+    """How to run the ``tercel`` command as it was run: ``tercel`` when that is on PATH,
+    else its path (``.venv/bin/tercel``), or ``<python> -m tercel``."""
+    import os
+    import shutil
+
+    script = sys.argv[0]
+    if os.path.basename(script) == "__main__.py":
+        return f"{_path(sys.executable)} -m tercel"
+    found = shutil.which(os.path.basename(script))
+    if found and os.path.samefile(found, script):
+        return os.path.basename(script)
+    return _path(script)
+
+
+def _path(path: str) -> str:
+    import os
+
+    rel = os.path.relpath(path)
+    if rel.startswith(".."):
+        return os.path.abspath(path)
+    return rel if "/" in rel else f"./{rel}"
 
 
 def _log() -> logging.Logger:

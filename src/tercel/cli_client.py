@@ -2,9 +2,12 @@
 shell, through :class:`tercel.client.Client`.
 
 Servers come from ``--server host:port`` (repeatable), else ``$TERCEL_SERVERS``
-(comma-separated), else ``127.0.0.1:22133``. Items are written to stdout one per line, raw.
-Exit codes (:mod:`tercel.exit_codes`): 0 done, 1 a client error (printed on stderr), 4
-``get``/``peek`` found nothing, 130 interrupted.
+(comma-separated), else ``127.0.0.1:22133``. Items are written to stdout one per line (``-0``:
+each followed by a NUL byte; ``--raw``: their bytes exactly, nothing between or after). Queue
+names are checked here with the server's own rule (:mod:`tercel.names`) before anything is sent.
+Exit codes (:mod:`tercel.exit_codes`): 0 done, 1 a client error (printed on stderr), 2 bad
+arguments (a bad queue name included), 4 found nothing (``get``/``peek``: no item at all;
+``flush``/``delete``: a queue that exists on no server, said on stderr), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from tercel import exit_codes
 from tercel.errors import ClientError
+from tercel.names import name_problem
 
 if TYPE_CHECKING:  # imported when a verb runs: `tercel serve` starts without the client
     from tercel.client import Client
@@ -33,9 +37,30 @@ QUEUE_COLUMNS = (
     ("waiters", "waiters"),
     ("total", "total_items"),
     ("expired", "expired_items"),
-    ("age_ms", "age"),
+    ("last_taken_age_ms", "age"),
 )
 GLOBAL_LINES = ("version", "uptime", "curr_items", "total_items", "bytes", "curr_connections")
+
+
+def queue_name(text: str) -> str:
+    """argparse's ``type`` for a queue argument: the name, or a usage error (exit 2) that
+    states the rule (:func:`tercel.names.name_problem`)."""
+    problem = name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _output_options(parser: argparse.ArgumentParser) -> None:
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument(
+        "--raw",
+        action="store_true",
+        help="write each item's bytes exactly, with nothing after it (binary items)",
+    )
+    how.add_argument(
+        "-0", "--null", action="store_true", help="end each item with a NUL byte, not a newline"
+    )
 
 
 def add_parsers(sub: Any) -> None:
@@ -48,7 +73,7 @@ def add_parsers(sub: Any) -> None:
     )
     common.add_argument("--timeout", type=float, default=5.0, help="seconds per reply")
     put = sub.add_parser("put", parents=[common], help="add items to a queue")
-    put.add_argument("queue")
+    put.add_argument("queue", type=queue_name)
     put.add_argument("items", nargs="*", help="items (default: one per line of stdin)")
     put.add_argument("--expiry", type=float, help="seconds until the items expire")
     put.add_argument(
@@ -65,20 +90,25 @@ def add_parsers(sub: Any) -> None:
         help="stdin holds items separated by NUL bytes, not lines (find -print0 style)",
     )
     get = sub.add_parser("get", parents=[common], help="take items from a queue")
-    get.add_argument("queue")
-    get.add_argument("-n", "--count", type=int, default=1, help="how many items (default 1)")
+    get.add_argument("queue", type=queue_name)
+    get.add_argument(
+        "-n", "--count", type=int, default=1, help="at most this many items (default 1)"
+    )
     get.add_argument("--wait", type=float, help="seconds to wait for each item")
+    _output_options(get)
     peek = sub.add_parser("peek", parents=[common], help="show the head item")
-    peek.add_argument("queue")
+    peek.add_argument("queue", type=queue_name)
+    _output_options(peek)
     stats = sub.add_parser("stats", parents=[common], help="print server and queue stats")
     stats.add_argument("queues", nargs="*", help="only these queues")
     tail = sub.add_parser("tail", parents=[common], help="print and consume a queue's items")
-    tail.add_argument("queue")
+    tail.add_argument("queue", type=queue_name)
     tail.add_argument("-f", "--follow", action="store_true", help="keep waiting for items")
     tail.add_argument("--batch", type=int, default=100, help="items per lease (default 100)")
     tail.add_argument("--lease-time", type=float, default=30.0, help="seconds per lease")
+    _output_options(tail)
     queues = sub.add_parser(
-        "queues", parents=[common], help="list queues: items, bytes, age, rates in and out"
+        "queues", parents=[common], help="list queues: items, bytes, ages, rates in and out"
     )
     queues.add_argument("--json", action="store_true", help="one JSON document on stdout")
     queues.add_argument(
@@ -88,11 +118,11 @@ def add_parsers(sub: Any) -> None:
         help="seconds between the two samples the rates come from (default 1; 0: no rates)",
     )
     flush = sub.add_parser("flush", parents=[common], help="drop every item of queues")
-    flush.add_argument("queues", nargs="+", metavar="queue")
+    flush.add_argument("queues", nargs="+", metavar="queue", type=queue_name)
     delete = sub.add_parser(
         "delete", parents=[common], help="delete queues, their items and journal files"
     )
-    delete.add_argument("queues", nargs="+", metavar="queue")
+    delete.add_argument("queues", nargs="+", metavar="queue", type=queue_name)
     status = sub.add_parser(
         "status", parents=[common], help="print the server status, or set it on every server"
     )
@@ -106,8 +136,10 @@ def _servers(args: argparse.Namespace) -> list[str]:
     return [s.strip() for s in env.split(",") if s.strip()] or ["127.0.0.1:22133"]
 
 
-def _write(data: bytes) -> None:
-    sys.stdout.buffer.write(data + b"\n")
+def _write(data: bytes, args: argparse.Namespace) -> None:
+    """One item on stdout: then a newline, a NUL (``-0``) or nothing (``--raw``)."""
+    end = b"" if args.raw else b"\0" if args.null else b"\n"
+    sys.stdout.buffer.write(data + end)
     sys.stdout.buffer.flush()
 
 
@@ -164,11 +196,12 @@ def _put(client: Client, args: argparse.Namespace) -> int:
 
 
 def _get(client: Client, args: argparse.Namespace) -> int:
-    for _ in range(args.count):
+    """Up to ``--count`` items; EMPTY only when there was not even one."""
+    for n in range(args.count):
         data = client.get(args.queue, args.wait)
         if data is None:
-            return exit_codes.EMPTY
-        _write(data)
+            return exit_codes.OK if n else exit_codes.EMPTY
+        _write(data, args)
     return exit_codes.OK
 
 
@@ -176,7 +209,7 @@ def _peek(client: Client, args: argparse.Namespace) -> int:
     data = client.peek(args.queue)
     if data is None:
         return exit_codes.EMPTY
-    _write(data)
+    _write(data, args)
     return exit_codes.OK
 
 
@@ -189,7 +222,7 @@ def _tail(client: Client, args: argparse.Namespace) -> int:
                 continue
             return exit_codes.OK
         for item in batch:
-            _write(item.data)
+            _write(item.data, args)
         client.ack(batch)
 
 
@@ -228,14 +261,16 @@ def _stats(client: Client, args: argparse.Namespace) -> int:
 @dataclass(frozen=True, slots=True)
 class QueueRow:
     """One queue on one server, as ``tercel queues`` shows it (``--json``: these keys).
-    ``age_ms`` is Kestrel's ``age``: how long the last item taken had waited (0 when empty)."""
+    ``last_taken_age_ms`` is Kestrel's ``age`` stat: how long ago the last item taken (by a get
+    or an open read) was added, 0 when the queue holds no bytes; the dashboard's "head age" is
+    another figure, the age of the item now at the head."""
 
     server: str
     queue: str
     items: int
     bytes: int
     mem_bytes: int
-    age_ms: int
+    last_taken_age_ms: int
     open: int
     waiters: int
     in_per_s: float | None
@@ -311,7 +346,8 @@ def human_ms(ms: int) -> str:
 def format_queues(rows: list[QueueRow]) -> Iterator[str]:
     """The ``tercel queues`` table (a server column only for more than one server)."""
     servers = len({r.server for r in rows}) > 1
-    head = ["queue", "items", "bytes", "in memory", "age", "open", "waiters", "in/s", "out/s"]
+    head = ["queue", "items", "bytes", "in memory", "last-taken age", "open", "waiters"]
+    head += ["in/s", "out/s"]
     table = [(["server"] if servers else []) + head]
     for r in rows:
         rates = ["-" if v is None else f"{v:.1f}" for v in (r.in_per_s, r.out_per_s)]
@@ -320,7 +356,7 @@ def format_queues(rows: list[QueueRow]) -> Iterator[str]:
             str(r.items),
             human_bytes(r.bytes),
             human_bytes(r.mem_bytes),
-            human_ms(r.age_ms),
+            human_ms(r.last_taken_age_ms),
             str(r.open),
             str(r.waiters),
             *rates,
@@ -354,16 +390,33 @@ def _queues(client: Client, args: argparse.Namespace) -> int:
     return exit_codes.OK
 
 
-def _flush(client: Client, args: argparse.Namespace) -> int:
+def _missing(client: Client, args: argparse.Namespace) -> set[str]:
+    """The queues of ``args.queues`` that exist on no server (one ``dump_stats`` each)."""
+    known = {name for queues in client.queue_stats().values() for name in queues}
+    return set(args.queues) - known
+
+
+def _each_queue(
+    client: Client, args: argparse.Namespace, act: Callable[[str], None], done: str
+) -> int:
+    """``act(queue)`` on every server for each queue named; a queue found on no server is
+    said on stderr and makes the exit code EMPTY (the others are still acted on)."""
+    missing = _missing(client, args)
     for queue in args.queues:
-        client.flush(queue)
-    return exit_codes.OK
+        if queue in missing:
+            print(f"tercel {args.command}: no queue {queue!r} on any server", file=sys.stderr)
+        else:
+            act(queue)
+            print(f"{done} {queue}", file=sys.stderr)
+    return exit_codes.EMPTY if missing else exit_codes.OK
+
+
+def _flush(client: Client, args: argparse.Namespace) -> int:
+    return _each_queue(client, args, client.flush, "flushed")
 
 
 def _delete(client: Client, args: argparse.Namespace) -> int:
-    for queue in args.queues:
-        client.delete(queue)
-    return exit_codes.OK
+    return _each_queue(client, args, client.delete, "deleted")
 
 
 def _status(client: Client, args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ file leaves the old config untouched. See ``docs/configuration.md`` for every ke
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import tomllib
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tercel.errors import ConfigError
-from tercel.names import fanout_parent, valid_name
+from tercel.names import RULE, fanout_parent, valid_name
 
 UNLIMITED = 2**63 - 1
 """The value of a size or count limit that is not set (Kestrel's Long.MaxValue)."""
@@ -182,13 +183,31 @@ _QUEUE_PARSERS: dict[str, Any] = {
 }
 
 
-def _queue_overrides(table: Mapping[str, object], where: str) -> dict[str, Any]:
+def _unknown_key(key: str, known: Mapping[str, object], where: str) -> str:
+    """``<where>: unknown key 'k'``, with the table it belongs in when it is a key of the
+    other one, else the closest known key (``difflib``)."""
+    why = f"{where}: unknown key {key!r}"
+    other = _SERVER_PARSERS if known is _QUEUE_PARSERS else _QUEUE_PARSERS
+    if key in other:
+        return f"{why} (a {'[server]' if other is _SERVER_PARSERS else 'queue'} setting)"
+    close = difflib.get_close_matches(key, known, n=1)
+    return f"{why} (did you mean {close[0]}?)" if close else why
+
+
+def _parse_table(
+    table: Mapping[str, object], parsers: Mapping[str, Any], where: str, problems: list[str]
+) -> dict[str, Any]:
+    """The settings of ``table`` parsed; each bad key or value is added to ``problems``."""
     out: dict[str, Any] = {}
     for key, raw in table.items():
-        parser = _QUEUE_PARSERS.get(key)
+        parser = parsers.get(key)
         if parser is None:
-            raise ConfigError(f"{where}: unknown key {key!r}")
-        out[key] = parser(raw, f"{where}.{key}")
+            problems.append(_unknown_key(key, parsers, where))
+            continue
+        try:
+            out[key] = parser(raw, f"{where}.{key}")
+        except ConfigError as exc:
+            problems.append(str(exc))
     return out
 
 
@@ -312,7 +331,10 @@ class ServerConfig:
         return dataclasses.replace(self, server=dataclasses.replace(self.server, **changes))
 
 
-def _check_aliases(aliases: dict[str, tuple[str, ...]]) -> None:
+def _check_aliases(config: ServerConfig) -> None:
+    """Refuse alias cycles (a -> b -> a)."""
+    aliases = config.aliases
+
     def visit(name: str, path: tuple[str, ...]) -> None:
         for dest in aliases.get(name, ()):
             if dest in path:
@@ -324,48 +346,56 @@ def _check_aliases(aliases: dict[str, tuple[str, ...]]) -> None:
 
 
 def parse_config(data: Mapping[str, Any], source: str | None = None) -> ServerConfig:
-    """Validate a parsed TOML document. Raises :class:`ConfigError` naming the bad key."""
-    unknown = set(data) - {"server", "queues", "aliases"}
-    if unknown:
-        raise ConfigError(f"unknown table(s): {', '.join(sorted(unknown))}")
-    server_table = data.get("server", {})
-    if not isinstance(server_table, dict):
-        raise ConfigError("[server] must be a table")
-    server_kw: dict[str, Any] = {}
-    for key, raw in server_table.items():
-        parser = _SERVER_PARSERS.get(key)
-        if parser is None:
-            raise ConfigError(f"server: unknown key {key!r}")
-        server_kw[key] = parser(raw, f"server.{key}")
+    """Validate a parsed TOML document. Raises :class:`ConfigError` naming every bad key and
+    value at once (one line, ``; `` between them), an unknown key with the closest known one
+    ("did you mean ...?")."""
+    problems: list[str] = []
+    for unknown in sorted(set(data) - {"server", "queues", "aliases"}):
+        close = difflib.get_close_matches(unknown, ("server", "queues", "aliases"), n=1)
+        hint = f" (did you mean [{close[0]}]?)" if close else ""
+        problems.append(f"unknown table [{unknown}]{hint}")
+    server_table = _table(data, "server", problems)
+    server_kw = _parse_table(server_table, _SERVER_PARSERS, "server", problems)
 
-    queues_table = data.get("queues", {})
-    if not isinstance(queues_table, dict):
-        raise ConfigError("[queues] must be a table")
+    queues_table = _table(data, "queues", problems)
     default_kw = {k: v for k, v in queues_table.items() if not isinstance(v, dict)}
-    defaults = QueueConfig(**_queue_overrides(default_kw, "queues"))
+    defaults = QueueConfig(**_parse_table(default_kw, _QUEUE_PARSERS, "queues", problems))
     overrides: dict[str, dict[str, Any]] = {}
     for name, table in queues_table.items():
         if isinstance(table, dict):
             if not valid_name(name):
-                raise ConfigError(f"queues: bad queue name {name!r}")
-            overrides[name] = _queue_overrides(table, f"queues.{name}")
+                problems.append(f"queues: bad queue name {name!r}: {RULE}")
+                continue
+            overrides[name] = _parse_table(table, _QUEUE_PARSERS, f"queues.{name}", problems)
 
-    aliases_table = data.get("aliases", {})
-    if not isinstance(aliases_table, dict):
-        raise ConfigError("[aliases] must be a table")
     aliases: dict[str, tuple[str, ...]] = {}
-    for name, dests in aliases_table.items():
+    for name, dests in _table(data, "aliases", problems).items():
         if not valid_name(name):
-            raise ConfigError(f"aliases: bad alias name {name!r}")
-        if not isinstance(dests, list) or not all(
+            problems.append(f"aliases: bad alias name {name!r}: {RULE}")
+        elif not isinstance(dests, list) or not all(
             isinstance(d, str) and valid_name(d) for d in dests
         ):
-            raise ConfigError(f"aliases.{name}: expected a list of queue names")
-        aliases[name] = tuple(dests)
-    _check_aliases(aliases)
+            problems.append(f"aliases.{name}: expected a list of queue names")
+        else:
+            aliases[name] = tuple(dests)
     config = ServerConfig(ServerSettings(**server_kw), defaults, overrides, aliases, source)
-    _check_expiry_chains(config)
+    for check in (_check_aliases, _check_expiry_chains):
+        try:
+            check(config)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        count = f"{len(problems)} problems: " if len(problems) > 1 else ""
+        raise ConfigError(count + "; ".join(problems))
     return config
+
+
+def _table(data: Mapping[str, Any], name: str, problems: list[str]) -> Mapping[str, Any]:
+    table = data.get(name, {})
+    if isinstance(table, dict):
+        return table
+    problems.append(f"[{name}] must be a table")
+    return {}
 
 
 def _check_expiry_chains(config: ServerConfig) -> None:

@@ -31,8 +31,10 @@ from tercel.names import valid_name
 
 @dataclass(slots=True)
 class Item:
-    """An item taken or peeked: its payload, its open-read ``xid`` (0 unless ``open=True``),
-    and its per-queue ``id``."""
+    """An item taken or peeked: its payload, its open-read ``xid`` (0 unless taken with
+    ``open=True``), and its per-queue ``id`` (which identifies the item, in logs and
+    journals; it is never an argument). :meth:`PersistentQueue.confirm` and
+    :meth:`~PersistentQueue.abort` take the item itself, or its ``xid``."""
 
     data: bytes
     xid: int
@@ -79,6 +81,10 @@ class PersistentQueue:
             raise
         self._sync = self._queue.config.sync_journal == 0
         self._closed = False
+        # The open reads handed out, both ways (item id <-> xid): to refuse an id given where
+        # an xid belongs.
+        self._xid_of: dict[int, int] = {}
+        self._id_of: dict[int, int] = {}
 
     def _durable(self) -> None:
         if self._sync and self._journal.needs_sync:
@@ -116,7 +122,7 @@ class PersistentQueue:
         q = self._check()
         if open:
             got = q.remove_open()
-            item = None if got is None else Item(got[1].data, got[0], got[1].id)
+            item = None if got is None else self._opened(got[0], got[1])
         else:
             taken = q.remove()
             item = None if taken is None else Item(taken.data, 0, taken.id)
@@ -128,17 +134,49 @@ class PersistentQueue:
         head = self._check().peek()
         return None if head is None else Item(head.data, 0, head.id)
 
-    def confirm(self, xid: int) -> bool:
-        """Finish open read ``xid`` for good; False when it is not open."""
+    def _opened(self, xid: int, item: core.QItem) -> Item:
+        self._xid_of[item.id] = xid
+        self._id_of[xid] = item.id
+        return Item(item.data, xid, item.id)
+
+    def _xid(self, read: Item | int, verb: str) -> int:
+        """The xid of ``read`` (an item taken with ``open=True``, or its xid). ValueError for
+        an item that is no open read, or an item's ``id`` given where its xid belongs."""
+        if isinstance(read, Item):
+            if read.xid == 0:
+                raise ValueError(f"{verb}: the item was not taken with open=True")
+            return read.xid
+        if read not in self._id_of and read in self._xid_of:
+            raise ValueError(
+                f"{verb}({read}): {read} is an open item's id; {verb} takes the item itself "
+                f"or its xid ({self._xid_of[read]})"
+            )
+        return read
+
+    def confirm(self, read: Item | int) -> bool:
+        """Finish an open read for good: ``read`` is the item :meth:`remove` (``open=True``)
+        returned, or its ``xid``. False when it is not open (confirmed or aborted before, or
+        returned by a close). ValueError for an item that was not taken open, or its ``id``
+        given instead of its ``xid``."""
+        xid = self._xid(read, "confirm")
         ok = self._check().confirm(xid)
+        self._forget(xid)
         self._durable()
         return ok
 
-    def abort(self, xid: int) -> bool:
-        """Return open read ``xid``'s item to its place in the queue; False when it is not open."""
+    def abort(self, read: Item | int) -> bool:
+        """Return an open read's item to its place in the queue (``read`` as for
+        :meth:`confirm`); False when it is not open."""
+        xid = self._xid(read, "abort")
         ok = self._check().abort(xid)
+        self._forget(xid)
         self._durable()
         return ok
+
+    def _forget(self, xid: int) -> None:
+        item_id = self._id_of.pop(xid, None)
+        if item_id is not None:
+            self._xid_of.pop(item_id, None)
 
     async def wait_remove(self, timeout: float | None, open: bool = False) -> Item | None:
         """:meth:`remove`, waiting up to ``timeout`` seconds (None: forever) for an item added
@@ -169,7 +207,7 @@ class PersistentQueue:
             self._durable()
             return Item(got.data, 0, got.id)
         self._durable()
-        return Item(got.data, xid, got.id)
+        return self._opened(xid, got)
 
     def close(self) -> None:
         """Close the journal and release the lock (open reads return at the next open)."""

@@ -14,12 +14,13 @@ FAILED: Final = 1
 """A client or server error (printed on stderr): no server reachable, an error reply, a
 listener that cannot bind; ``journal check`` found damage."""
 USAGE: Final = 2
-"""Bad arguments (argparse) or a bad configuration file."""
+"""Bad arguments (argparse; a bad queue name included) or a bad configuration file."""
 CORRUPT: Final = 3
 """``serve`` or ``beanstalkd`` refused to start: a journal (the job log) is damaged anywhere
 but its torn tail."""
 EMPTY: Final = 4
-"""``get`` or ``peek`` found no item (the queue is empty, missing, or the wait ran out)."""
+"""Found nothing: ``get`` or ``peek`` found no item at all (the queue is empty, missing, or the
+wait ran out), or ``flush``/``delete`` named a queue that exists on no server."""
 BEANSTALKD_USAGE: Final = 5
 """``tercel beanstalkd``: bad flags (beanstalkd 1.12's own code for them)."""
 BEANSTALKD_LOCKED: Final = 10

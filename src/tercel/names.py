@@ -31,6 +31,25 @@ def valid_name(name: str) -> bool:
     return valid_name_bytes(raw)
 
 
+RULE = (
+    f"a queue name is 1-{MAX_NAME_BYTES} characters of A-Z a-z 0-9 _ - : $ %, "
+    "with + only between two parts (a fanout child, orders+audit)"
+)
+"""The rule of :func:`valid_name` in words, for error messages (``docs/protocol.md`` §2)."""
+
+
+def name_problem(name: str) -> str | None:
+    """None for a valid name, else why it is not one, in words a user can act on: the rule,
+    and for a ``/`` that it is the separator of Kestrel's get options (``jobs/t=1000/open``),
+    so a name can never hold one."""
+    if valid_name(name):
+        return None
+    why = f"bad queue name {name[:80]!r}: {RULE}"
+    if "/" in name:
+        why += "; '/' separates Kestrel's get options (jobs/open), it cannot be part of a name"
+    return why
+
+
 def fanout_parent(name: str) -> str | None:
     """The parent of a fanout child (``a+b`` -> ``a``), or None for a plain queue."""
     plus = name.find("+")

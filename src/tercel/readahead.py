@@ -41,7 +41,8 @@ asyncio.futures asyncio.protocols asyncio.sslproto asyncio.transports asyncio.lo
 asyncio.staggered asyncio.locks asyncio.mixins asyncio.tasks asyncio.trsock asyncio.runners
 asyncio.queues asyncio.streams asyncio.subprocess asyncio.taskgroups asyncio.timeouts
 asyncio.threads asyncio.unix_events asyncio.base_subprocess asyncio.selector_events
-tercel.server tercel.server.app tercel.storage tercel.clock librt librt.time tercel.core tercel.core.log
+tercel.server tercel.server.app tercel.storage tercel.clock librt librt.time tercel.core
+tercel.core.log
 tercel.steps tercel.core.queue tercel.core.items mypy_extensions tercel.core.source tercel.journal
 tercel.journal.journal mmap tercel.journal.checkpoint tercel.journal.records zlib_ng
 zlib_ng._version zlib_ng.zlib_ng gzip zlib _compression tercel.journal.append

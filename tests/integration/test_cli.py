@@ -70,11 +70,60 @@ def test_get_and_peek_of_an_empty_queue_exit_with_their_own_code(
     assert tercel("get", qname).returncode == exit_codes.EMPTY
     assert tercel("get", qname, "--wait", "0.1").returncode == exit_codes.EMPTY
     assert tercel("put", qname, "one").returncode == exit_codes.OK
-    assert tercel("get", qname, "-n", "2").returncode == exit_codes.EMPTY  # the second one
-    bad = tercel("get", "../x")
-    assert bad.returncode == exit_codes.FAILED and b"bad queue name" in bad.stderr
+    assert tercel("get", qname, "-n", "2").returncode == exit_codes.OK  # one of two is found
+    assert tercel("get", qname, "-n", "2").returncode == exit_codes.EMPTY  # not even one
     usage = tercel("status", "sideways")
     assert usage.returncode == exit_codes.USAGE
+
+
+def test_get_n_prints_what_it_found_and_raw_writes_bytes_exactly(
+    tercel: Tercel, qname: str
+) -> None:
+    assert tercel("put", qname, "a", "b").returncode == 0
+    some = tercel("get", qname, "-n", "5")
+    assert (some.returncode, some.stdout) == (exit_codes.OK, b"a\nb\n")
+    binary = b"\x00\xff\nend"
+    for _ in range(3):
+        assert tercel("put", qname, "--file", "-", stdin=binary).returncode == 0
+    peeked = tercel("peek", qname, "--raw")
+    assert (peeked.returncode, peeked.stdout) == (0, binary)
+    assert tercel("get", qname, "--raw").stdout == binary  # no newline added
+    assert tercel("get", qname, "-n", "2", "-0").stdout == binary + b"\0" + binary + b"\0"
+    both = tercel("get", qname, "--raw", "-0")
+    assert both.returncode == exit_codes.USAGE
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("a/b", b"'/' separates Kestrel's get options"),
+        ("../x", b"A-Z a-z 0-9 _ - : $ %"),
+        ("caf\u00e9", b"bad queue name"),
+        ("a b", b"bad queue name 'a b'"),
+    ],
+)
+def test_a_bad_queue_name_is_a_usage_error_that_states_the_rule(
+    tercel: Tercel, name: str, says: bytes
+) -> None:
+    for verb in ("get", "put", "peek", "flush", "delete", "tail"):
+        done = tercel(verb, name, *(["x"] if verb == "put" else []))
+        assert done.returncode == exit_codes.USAGE, (verb, done.stderr)
+        assert says in done.stderr and b"name b'" not in done.stderr  # no bytes repr
+        assert b"Traceback" not in done.stderr
+
+
+def test_flush_and_delete_of_a_missing_queue_say_so(tercel: Tercel, qname: str) -> None:
+    for verb in ("flush", "delete"):
+        missing = tercel(verb, qname + "_nope")
+        assert missing.returncode == exit_codes.EMPTY
+        assert f"no queue '{qname}_nope' on any server".encode() in missing.stderr
+    assert tercel("put", qname, "x").returncode == 0
+    partly = tercel("flush", qname, qname + "_nope")
+    assert partly.returncode == exit_codes.EMPTY  # the one that exists is flushed all the same
+    assert f"flushed {qname}\n".encode() in partly.stderr
+    assert tercel("get", qname).returncode == exit_codes.EMPTY
+    gone = tercel("delete", qname)
+    assert gone.returncode == exit_codes.OK and f"deleted {qname}".encode() in gone.stderr
 
 
 def test_queues_table_and_json(tercel: Tercel, qname: str) -> None:
@@ -110,7 +159,7 @@ def test_queue_rows_rates_from_two_samples() -> None:
     assert [(r.server, r.queue) for r in rows] == [("s1", "new"), ("s1", "q"), ("s2", "q")]
     q = got[("s1", "q")]
     assert (q.in_per_s, q.out_per_s) == (10.0, 13.0)  # 20 added, items fell by 6: 26 left
-    assert (q.bytes, q.age_ms) == (40, 1500)
+    assert (q.bytes, q.last_taken_age_ms) == (40, 1500)
     assert (got[("s1", "new")].in_per_s, got[("s1", "new")].open) == (1.5, 1)
     assert (got[("s2", "q")].open, got[("s2", "q")].waiters) == (2, 1)
     # a queue deleted and recreated between the samples: its total fell, no negative rate
@@ -161,6 +210,8 @@ def test_serve_says_which_build_runs_and_logs_the_replay(tmp_path: Path) -> None
     assert build in log
     assert "replaying 2 queue(s) from" in log
     assert "replayed 2 queue(s), 3 items in" in log
+    ready = f"ready: memcache {srv.address}, admin 127.0.0.1:{srv.ports['admin']}; dashboard "
+    assert ready in log and f"tercel get jobs --server {srv.address}\n" in log
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:abc", "[::1]:x"])

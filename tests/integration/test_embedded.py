@@ -119,3 +119,26 @@ def test_wait_remove(tmp_path: Path) -> None:
 
     with tercel.PersistentQueue(tmp_path, "w") as q:
         asyncio.run(main(q))
+
+
+def test_confirm_takes_the_item_or_its_xid_never_its_id(tmp_path: Path) -> None:
+    with tercel.PersistentQueue(tmp_path, "ids") as q:
+        for data in (b"x", b"y", b"a", b"b", b"c", b"d"):
+            q.add(data)
+        q.remove(), q.remove()  # ids now run ahead of xids
+        first = q.remove(open=True)
+        assert first is not None and first.id != first.xid
+        assert q.confirm(first) and not q.confirm(first)  # the item itself
+        second = q.remove(open=True)
+        assert second is not None
+        with pytest.raises(ValueError, match=f"is an open item's id.*its xid \\({second.xid}\\)"):
+            q.confirm(second.id)
+        with pytest.raises(ValueError, match="is an open item's id"):
+            q.abort(second.id)
+        assert q.open_reads == 1  # the refused calls changed nothing
+        assert q.abort(second) and q.confirm(q.remove(open=True).xid)  # type: ignore[union-attr]
+        taken = q.remove()
+        assert taken is not None and taken.xid == 0
+        with pytest.raises(ValueError, match="not taken with open=True"):
+            q.confirm(taken)
+        assert not q.confirm(12345)  # an xid that is not open: False, as before

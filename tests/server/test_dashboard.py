@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -79,6 +80,7 @@ def test_dashboard_shows_queues_live_and_flushes_after_a_confirmation(
     with ServerProcess(tmp_path / "data", config) as srv:
         raw = Raw(srv.connect())
         raw.call(set_cmd("other", b"o"), b"STORED\r\n")
+        raw.call(b"get aaa\r\n", b"END\r\n")  # an empty queue, first by name
         browser.get(srv.admin_url + "/")
         wait_for(browser, "status badge", lambda d: d.find_element(By.ID, "status").text == "UP")
         wait_for(browser, "row of other", lambda d: cell(d, "other", "items") == "1")
@@ -87,9 +89,20 @@ def test_dashboard_shows_queues_live_and_flushes_after_a_confirmation(
         wait_for(browser, "row of jobs", lambda d: cell(d, "jobs", "items") == "5")
         assert cell(browser, "jobs", "bytes") == "4.88 KiB"
         wait_for(browser, "server depth chart", lambda d: chart_last(d, "serverDepth") == 6)
+        # Before any click the charts show the largest queue (not "aaa", empty, first by name).
+        title = browser.find_element(By.ID, "queue-depth-title")
+        wait_for(browser, "largest queue charted", lambda d: title.text.startswith("jobs: "))
+        assert "(the largest queue; click a row to choose)" in title.text
+        wait_for(browser, "queue depth chart", lambda d: chart_last(d, "queueDepth") == 5)
+        # A click picks a queue for good: the charts stay on it when another grows.
+        browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="other"] td.name').click()
+        assert title.text == "other: items waiting (15 min)"
+        wait_for(browser, "picked queue charted", lambda d: chart_last(d, "queueDepth") == 1)
         browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="jobs"] td.name').click()
         wait_for(browser, "queue depth chart", lambda d: chart_last(d, "queueDepth") == 5)
-        assert "jobs" in browser.find_element(By.ID, "queue-depth-title").text
+        assert title.text == "jobs: items waiting (15 min)"
+        head_age = browser.find_element(By.XPATH, '//th[text()="head age"]')
+        assert "last-taken age" in (head_age.get_attribute("title") or "")  # the CLI's other figure
 
         # the search box narrows the table
         browser.find_element(By.ID, "search").send_keys("oth")
@@ -127,7 +140,8 @@ def test_dashboard_shows_queues_live_and_flushes_after_a_confirmation(
         )
         assert urls and all(u.startswith(srv.admin_url + "/") for u in urls), urls
 
-        shot = tmp_path / "dashboard.png"
+        # TERCEL_DASHBOARD_SHOT=path keeps the screenshot where a person can look at it
+        shot = Path(os.environ.get("TERCEL_DASHBOARD_SHOT", tmp_path / "dashboard.png"))
         assert browser.save_screenshot(str(shot))
         with Image.open(shot) as img:
             assert img.size[0] >= 1000 and img.size[1] >= 800

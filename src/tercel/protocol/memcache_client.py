@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from tercel.errors import BadReply, BadRequest
+from tercel.names import name_problem, valid_name_bytes
 from tercel.protocol.commands import (
     Ack,
     Command,
@@ -161,8 +162,8 @@ def get_key(
     peek: bool = False,
 ) -> bytes:
     """``queue[/t=ms][/close][/open][/abort][/peek]``: a Kestrel get key. BadRequest for a
-    ``queue`` that is not one word (:func:`_word`)."""
-    key = _word(queue).decode("ascii")
+    ``queue`` that is not a queue name (:func:`_name`)."""
+    key = _name(queue).decode("ascii")
     if timeout_ms is not None and timeout_ms > 0:
         key += f"/t={timeout_ms}"
     for flag, word in ((close, "close"), (open, "open"), (abort, "abort"), (peek, "peek")):
@@ -178,6 +179,15 @@ def _word(text: str | bytes) -> bytes:
     if not raw or not raw.isascii() or any(c <= 32 or c == 127 for c in raw):
         raise BadRequest(f"bad queue name {raw[:80]!r}: not one printable ASCII word")
     return raw
+
+
+def _name(queue: str | bytes) -> bytes:
+    """``queue`` as a request's queue name; BadRequest stating the rule when the server would
+    refuse it (the server's own rule, :mod:`tercel.names`)."""
+    raw = queue.encode("utf-8") if isinstance(queue, str) else queue
+    if valid_name_bytes(raw):
+        return raw
+    raise BadRequest(name_problem(raw.decode("utf-8", "replace")) or "bad queue name")
 
 
 def _error(line: bytes) -> ErrorReply | None:
@@ -226,7 +236,7 @@ class MemcacheClientCodec:
                 return b"%b %b\r\n" % (b"gets" if cmd.cas else b"get", _word(cmd.key)), self._value
             case Set():
                 head = b"set %b %d %d %d" % (
-                    _word(cmd.queue),
+                    _name(cmd.queue),
                     cmd.flags,
                     cmd.exptime,
                     len(cmd.data),
@@ -234,13 +244,13 @@ class MemcacheClientCodec:
                 return head + b"\r\n" + cmd.data + b"\r\n", line
             case Delete() | Flush():
                 verb = b"delete" if isinstance(cmd, Delete) else b"flush"
-                return b"%b %b\r\n" % (verb, _word(cmd.queue)), line
+                return b"%b %b\r\n" % (verb, _name(cmd.queue)), line
             case FlushAll():
                 return b"flush_all\r\n", line
             case FlushExpired():
-                return b"flush_expired %b\r\n" % _word(cmd.queue), line
+                return b"flush_expired %b\r\n" % _name(cmd.queue), line
             case DumpStats():
-                return b" ".join((b"dump_stats", *(_word(q) for q in cmd.queues))) + b"\r\n", (
+                return b" ".join((b"dump_stats", *(_name(q) for q in cmd.queues))) + b"\r\n", (
                     self._blocks
                 )
             case Simple():
@@ -250,25 +260,25 @@ class MemcacheClientCodec:
                 tail = b"" if cmd.value is None else b" " + _word(cmd.value)
                 return b"status%b\r\n" % tail, line
             case Lease():
-                args = (_word(cmd.queue), cmd.max_items, cmd.wait_ms, cmd.lease_ms)
+                args = (_name(cmd.queue), cmd.max_items, cmd.wait_ms, cmd.lease_ms)
                 if cmd.columns:
                     return b"lease %b %d %d %d binary\r\n" % args, self._lease_columns
                 return b"lease %b %d %d %d\r\n" % args, self._lease
             case Ack() | Release():
                 verb = b"ack" if isinstance(cmd, Ack) else b"release"
-                return b" ".join((verb, _word(cmd.queue), *_id_bytes(cmd.ids))) + b"\r\n", line
+                return b" ".join((verb, _name(cmd.queue), *_id_bytes(cmd.ids))) + b"\r\n", line
             case Renew():
-                head = b"renew %b %d" % (_word(cmd.queue), cmd.lease_ms)
+                head = b"renew %b %d" % (_name(cmd.queue), cmd.lease_ms)
                 return b" ".join((head, *_id_bytes(cmd.ids))) + b"\r\n", line
             case Monitor():
                 tail = b"" if cmd.max_items is None else b" %d" % cmd.max_items
                 return b"monitor %b %d%b\r\n" % (
-                    _word(cmd.queue),
+                    _name(cmd.queue),
                     cmd.seconds,
                     tail,
                 ), self._values
             case Confirm():
-                return b"confirm %b %d\r\n" % (_word(cmd.queue), cmd.count), line
+                return b"confirm %b %d\r\n" % (_name(cmd.queue), cmd.count), line
         raise ValueError(f"the client codec cannot send {type(cmd).__name__}")
 
     # ---- replies --------------------------------------------------------------------------

@@ -537,10 +537,12 @@ async def run_server(
     front_ends: Sequence[FrontEnd] = FRONT_ENDS,
     queues: bool = True,
     signals: Mapping[int, Callable[[Server], None]] | None = None,
+    on_ready: Callable[[dict[str, int]], None] | None = None,
 ) -> None:
     """Install the signal handlers, start a server, serve until told to stop, stop cleanly:
     ``tercel serve``'s and ``tercel beanstalkd``'s one lifecycle (``front_ends`` and
-    ``queues``: as :class:`Server`'s).
+    ``queues``: as :class:`Server`'s). ``on_ready`` gets the bound ports (``{"memcache": N,
+    ...}``) once every listener serves.
 
     SIGTERM and SIGINT stop, SIGHUP reloads the config (unless ``reload_signal`` is False);
     ``signals`` adds handlers of the caller's, each called with the server (which may not be
@@ -565,6 +567,8 @@ async def run_server(
             server.request_stop()
     try:
         await server.start()
+        if on_ready is not None:  # first: whoever waits for the ports file finds it said
+            on_ready(server.ports)
         if ports_file:
             try:
                 server.write_ports_file(ports_file)

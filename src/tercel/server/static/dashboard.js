@@ -8,6 +8,7 @@ const $ = (id) => document.getElementById(id);
 
 const state = {
   selected: null,
+  picked: false, // true once the operator clicked a row: the charts then stay on that queue
   search: "",
   busy: false,
   rows: new Map(),
@@ -184,14 +185,30 @@ function renderQueues(doc) {
   }
   const more = doc.matched > doc.queues.length ? ` (first ${doc.queues.length})` : "";
   $("shown").textContent = `${doc.matched} of ${doc.server.queues} queues${more}`;
-  if (state.selected === null && doc.queues.length) select(doc.queues[0].name);
+  if (!state.picked) {
+    const top = largest(doc.queues);
+    if (top !== state.selected) select(top, false);
+  }
 }
 
-function select(name) {
+// The queue the charts show until the operator clicks one: the one with the most items, then
+// the busiest (items in + out per second), then the first by name; null without queues.
+function largest(queues) {
+  let best = null;
+  const busy = (q) => (q.in_per_s || 0) + (q.out_per_s || 0);
+  for (const q of queues) {
+    if (best === null || q.items > best.items || (q.items === best.items && busy(q) > busy(best))) best = q;
+  }
+  return best === null ? null : best.name;
+}
+
+function select(name, picked = true) {
   state.selected = name;
+  state.picked = picked && name !== null;
   for (const [n, tr] of state.rows) tr.classList.toggle("selected", n === name);
   $("queue-charts").hidden = name === null;
-  $("queue-depth-title").textContent = `${name}: items waiting (15 min)`;
+  const why = state.picked ? "" : " (the largest queue; click a row to choose)";
+  $("queue-depth-title").textContent = `${name}: items waiting (15 min)${why}`;
   $("queue-rate-title").textContent = `${name}: items in and out per second`;
 }
 
