@@ -8,7 +8,6 @@ file leaves the old config untouched. See ``docs/configuration.md`` for every ke
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
 import tomllib
@@ -190,6 +189,8 @@ def _unknown_key(key: str, known: Mapping[str, object], where: str) -> str:
     other = _SERVER_PARSERS if known is _QUEUE_PARSERS else _QUEUE_PARSERS
     if key in other:
         return f"{why} (a {'[server]' if other is _SERVER_PARSERS else 'queue'} setting)"
+    import difflib  # only on a bad key: a start does not pay for the import
+
     close = difflib.get_close_matches(key, known, n=1)
     return f"{why} (did you mean {close[0]}?)" if close else why
 
@@ -351,6 +352,8 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> ServerCo
     ("did you mean ...?")."""
     problems: list[str] = []
     for unknown in sorted(set(data) - {"server", "queues", "aliases"}):
+        import difflib  # as in _unknown_key
+
         close = difflib.get_close_matches(unknown, ("server", "queues", "aliases"), n=1)
         hint = f" (did you mean [{close[0]}]?)" if close else ""
         problems.append(f"unknown table [{unknown}]{hint}")
