@@ -49,8 +49,9 @@ tercel.journal.files resource tercel.journal.reader tercel.journal.tail tercel.j
 tercel.core.collection tercel.core.stats tercel.server.admin_rules tercel.server.commit
 concurrent.futures.thread queue _queue tercel.server.aio tercel.server.metrics
 tercel.server.connection tercel.server.context tercel.server.deadlines tercel.core.reservations
-tercel.server.status tercel.session tercel.server.memcache tercel.server.memcache.connection
-tercel.protocol tercel.protocol.memcache tercel.protocol.commands tercel.server.stats
+tercel.server.status tercel.server.memcache tercel.server.memcache.connection tercel.protocol
+tercel.protocol.memcache tercel.protocol.commands tercel.server.stats tercel.server.kestrel
+tercel.server.kestrel.ops tercel.server.kestrel.connection tercel.session
 tercel.server.memcache.leases tercel.server.loop uvloop uvloop.includes uvloop.loop
 uvloop._noop uvloop._version
 """
