@@ -33,7 +33,7 @@ from tercel.errors import (
 from tercel.server.context import ServerContext
 from tercel.server.kestrel.connection import KestrelConnection
 from tercel.server.status import Status, parse_status
-from tercel.session import PendingRead
+from tercel.session import Delivery, PendingRead
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +267,33 @@ class Monitor:
 # ---- leases and reservations by id ----------------------------------------------------------
 
 
+def source(ctx: ServerContext, name: str) -> PersistentQueue | None:
+    """The queue a lease or a Thrift ``get``/``peek`` of ``name`` reads, created if missing
+    (as Kestrel did); None for an alias (nothing to read: an empty answer)."""
+    coll = ctx.collection
+    return None if coll.is_alias(name) else coll.get_or_create(name)
+
+
+def lease(
+    ctx: ServerContext,
+    queue: PersistentQueue,
+    max_items: int,
+    lease_ms: int,
+    now: int,
+    *,
+    max_bytes: int | None = None,
+) -> list[Reservation]:
+    """Lease up to ``max_items`` items from the head of ``queue`` for ``lease_ms`` (detached
+    reservations: no connection owns them, any may end them by id, the deadline returns them;
+    :meth:`ReservationTable.take_leases`, ``max_bytes`` included) and keep the expiry timer
+    armed. Raises TooManyLeases when the queue's ``max_open_leases`` are all out."""
+    service = ctx.reservations
+    try:
+        return service.table.take_leases(queue, max_items, lease_ms, now, max_bytes)
+    finally:
+        service.arm()
+
+
 class LeaseWaiter(PendingRead):
     """A blocked lease: the queue opens the first item for it; that read is detached from the
     session at once (a lease belongs to no connection)."""
@@ -277,6 +304,16 @@ class LeaseWaiter(PendingRead):
         self.session.pending = None
         self.session.collection.stats.get_hits += 1
         self.callback(xid, item)
+
+
+def wait_lease(conn: KestrelConnection, queue: PersistentQueue, delivered: Delivery) -> LeaseWaiter:
+    """Block a lease on the empty ``queue``: ``delivered(xid, item)`` gets the first item the
+    queue opens for it (adopt it with ``table.adopt``), or ``(0, None)`` at the deadline the
+    caller parks with."""
+    waiter = LeaseWaiter(conn.session, queue, READ_OPEN, delivered)
+    queue.wait(waiter)
+    conn.session.pending = waiter
+    return waiter
 
 
 def reserved(
@@ -312,10 +349,9 @@ def renew(ctx: ServerContext, found: list[Reservation], lease_ms: int) -> int:
 def queue_info(ctx: ServerContext, name: str) -> tuple[bytes | None, int, int, int, int, int, int]:
     """Thrift's ``peek``: the head item (not taken), items, bytes, journal size, age (ms),
     waiters and open reads of ``name``, created if missing as in Kestrel (an alias: nothing)."""
-    coll = ctx.collection
-    if coll.is_alias(name):
+    q = source(ctx, name)
+    if q is None:
         return (None, 0, 0, 0, 0, 0, 0)
-    q: PersistentQueue = coll.get_or_create(name)
     now = ctx.clock.now_ms()
     first = q.peek(now)
     return (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from tercel.core.queue import READ_OPEN, PersistentQueue, QItem
+from tercel.core.queue import PersistentQueue, QItem
 from tercel.core.reservations import Reservation, ReservationTable
 from tercel.errors import OpenReadError, TercelError, TooManyLeases
 from tercel.protocol import memcache as mc
@@ -100,16 +100,14 @@ def _leased_binary(out: list[bytes], table: ReservationTable, leases: list[Reser
 def handle_lease(conn: KestrelConnection, cmd: LeaseCmd) -> None:
     """``lease <q> <max_items> <wait_ms> <lease_ms>``: wait only while the queue is empty."""
     ctx = conn.ctx
-    if ctx.collection.is_alias(cmd.queue) or cmd.max_items == 0:
+    queue = ops.source(ctx, cmd.queue) if cmd.max_items else None
+    if queue is None:  # an alias, or no item asked for
         conn.out.append(mc.END)
         return
-    queue = ctx.collection.get_or_create(cmd.queue)
-    service = ctx.reservations
-    table = service.table
+    table = ctx.reservations.table
     now = ctx.clock.now_ms()
-    leases = table.take_leases(queue, cmd.max_items, cmd.lease_ms, now, _reply_budget(cmd))
+    leases = ops.lease(ctx, queue, cmd.max_items, cmd.lease_ms, now, max_bytes=_reply_budget(cmd))
     if leases or not cmd.wait_ms:
-        service.arm()
         _leased_reply(conn.out, table, leases, cmd.columns)
         return
 
@@ -127,10 +125,7 @@ def handle_lease(conn: KestrelConnection, cmd: LeaseCmd) -> None:
 
         conn.continue_soon(lambda: _finish_lease(conn, cmd, queue, first, full), abandon)
 
-    waiter = ops.LeaseWaiter(conn.session, queue, READ_OPEN, delivered)
-    queue.wait(waiter)
-    conn.session.pending = waiter
-    conn.park(cmd, waiter, cmd.wait_ms, mc.END)
+    conn.park(cmd, ops.wait_lease(conn, queue, delivered), cmd.wait_ms, mc.END)
 
 
 def _finish_lease(

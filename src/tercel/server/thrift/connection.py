@@ -158,10 +158,10 @@ def handle_get(conn: ThriftConnection, call: t.Get) -> None:
     """``get``: up to max_items now; with a timeout, wait until max_items or the deadline."""
     ctx = conn.ctx
     ctx.collection.stats.cmd_get += 1
-    if call.max_items <= 0 or ctx.collection.is_alias(call.queue):
+    queue = ops.source(ctx, call.queue) if call.max_items > 0 else None
+    if queue is None:  # an alias, or no item asked for
         conn.out.append(t.reply_items(call, []))
         return
-    queue = ctx.collection.get_or_create(call.queue)
     deadline = ctx.now + call.timeout_msec if call.timeout_msec > 0 else 0
     _gather(conn, _Gather(conn, call, queue, deadline))
 
@@ -190,10 +190,9 @@ def _take(conn: ThriftConnection, g: _Gather, want: int, now: int) -> None:
         # Reserved until auto_abort after the reply: after the deadline at the latest.
         ttl = auto_abort + max(0, g.deadline - now)
         try:
-            g.reserved += reservations.table.take_leases(queue, want, ttl, now)
+            g.reserved += ops.lease(conn.ctx, queue, want, ttl, now)
         except TooManyLeases:
             g.full = True
-        reservations.arm()
     elif g.deadline:  # may wait: owned by the session (a disconnect returns them) until the reply
         for _ in range(want):
             res = reservations.table.take(queue, now, owner=conn.session)
