@@ -49,12 +49,16 @@ def test_hot_classes_compile_as_native_classes() -> None:
     from tercel.server.commit import Committer
     from tercel.server.connection import Connection
     from tercel.server.context import ServerContext
+    from tercel.server.kestrel.connection import KestrelConnection
     from tercel.server.memcache.connection import MemcacheConnection
+    from tercel.server.text.connection import TextConnection
+    from tercel.server.thrift.connection import ThriftConnection
     from tercel.session import Session
 
     if "tercel.server.memcache.connection" not in native.compiled_modules():
         return
-    for cls in (Connection, MemcacheConnection, ServerContext, Session, Committer):
+    hot = (Connection, KestrelConnection, MemcacheConnection, TextConnection, ThriftConnection)
+    for cls in (*hot, ServerContext, Session, Committer):
         assert cls.__dictoffset__ == 0, f"{cls.__name__} is not a native class"
 
 

@@ -51,7 +51,7 @@ def w() -> World:
 
 def test_plain_get_peek_and_empty(w: World) -> None:
     q = w.fill("a", b"1", b"2")
-    assert w.s.fetch("a", READ_PEEK, T0) == (0, q._items[0])
+    assert w.s.fetch("a", READ_PEEK, T0) == (0, q.peek(T0))
     got = w.s.fetch("a", READ_GET, T0)
     assert got is not None and got[0] == 0 and got[1].data == b"1"
     assert items(q) == [b"2"]

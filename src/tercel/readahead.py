@@ -50,10 +50,11 @@ tercel.journal.files resource tercel.journal.reader tercel.journal.tail tercel.j
 tercel.core.collection tercel.core.stats tercel.server.admin_rules tercel.server.commit
 concurrent.futures.thread queue _queue tercel.server.aio tercel.server.metrics
 tercel.server.context tercel.server.deadlines tercel.core.reservations tercel.server.status
-tercel.server.frontend tercel.server.connection tercel.session tercel.server.loop uvloop
-uvloop.includes uvloop.loop uvloop._noop uvloop._version tercel.server.memcache
-tercel.server.memcache.connection tercel.protocol tercel.protocol.memcache
-tercel.protocol.commands tercel.server.stats tercel.server.memcache.leases
+tercel.server.frontend tercel.server.connection tercel.server.loop uvloop uvloop.includes
+uvloop.loop uvloop._noop uvloop._version tercel.server.memcache tercel.server.memcache.connection
+tercel.protocol tercel.protocol.memcache tercel.protocol.commands tercel.server.stats
+tercel.server.kestrel tercel.server.kestrel.ops tercel.server.kestrel.connection tercel.session
+tercel.server.memcache.leases
 """
 SERVE_MODULES: tuple[str, ...] = tuple(_SERVE.split())
 """The modules ``tercel serve`` imports before its first reply, in import order (memcache and

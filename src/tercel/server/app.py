@@ -343,7 +343,7 @@ class Server:
         if need be (:meth:`QueueCollection.replay_slice`): commands on other queues, and
         ``stats``, ``version``..., are answered in between however long one queue's journal
         is. While it runs, a command (of any front end) that reaches a pending queue waits
-        for it, and it does that queue next (``Connection.wait_for_replay``,
+        for it, and it does that queue next (``KestrelConnection.wait_for_replay``,
         :meth:`QueueCollection.wait_for`); only what no connection asked for (an expiry
         sweep's move to a pending ``expire_to_queue``) replays a pending queue itself.
 

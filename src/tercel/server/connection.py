@@ -1,10 +1,13 @@
 """The protocol-neutral connection: the pump every front end's connection runs on.
 
-A front end subclasses :class:`Connection` and fills in three hooks:
+A front end subclasses :class:`Connection` (a Kestrel front end through
+:class:`tercel.server.kestrel.connection.KestrelConnection`) and fills in its hooks:
 
-- :meth:`Connection.run` — run the complete commands its sans-IO codec holds (their handlers
-  append replies to ``out``) until the codec needs more bytes, an operation parks or the
-  connection is closing;
+- :meth:`Connection.next_command` — the codec's next complete command (None when it needs
+  more bytes) and :meth:`Connection.dispatch` — run one command, usually
+  :meth:`Connection.perform` with the command's :class:`Operation` from the front end's table.
+  The base's :meth:`Connection.run` loops over them; a front end whose hot commands must be
+  direct calls (memcache's ``get``/``set``) overrides :meth:`run` with the same loop inlined;
 - :meth:`Connection.error_reply` — the reply (or close) that a tercel error gets on its wire;
 - :meth:`Connection.refusal` — the one line sent before closing a connection that is refused
   (``max_connections``, shutdown).
@@ -20,15 +23,12 @@ after the last reply owed once the client quit or half-closed.
 Parking: an operation that has to wait (a blocked read, ``lease`` on an empty queue, a
 ``reserve``) calls :meth:`park` with its waiter and deadline; the pump stops there. The
 waiter's delivery callback — run inside another connection's command or a timer — calls
-:meth:`settle_parked`, records its reply in ``out``, clears ``parked`` and calls
-:meth:`resume_soon`, so no handler ever re-enters a queue.
-
-Waiting for a replay: while start-up replays the queues on disk in the background, a command
-that reaches a queue not replayed yet parks (:meth:`Connection.wait_for_replay`, called by the
-front end's :meth:`run` before the command runs) until the background replay, which turns to
-that queue next, has made it ready; it is then the front end's :attr:`Connection.redo`, run
-before the next command read. So only that connection waits (its later commands, pipelined or
-not, wait behind it: replies keep their order), never the loop.
+:meth:`settle_parked`, and either records its reply in ``out``, clears ``parked`` and calls
+:meth:`resume_soon`, or, when the operation has more to do (take more items, stream the next
+one), hands that step to :meth:`continue_soon`, which runs it on the next loop pass. So no
+handler ever re-enters a queue. A command may also park before it has begun (``begun``
+False: a Kestrel command waiting for its queue's replay at start-up); a half-close then lets
+it and the commands behind it run first.
 
 Errors: a handler raises the tree's errors (``errors.py``) and the pump hands them to
 :meth:`error_reply`; anything else is a bug, logged, and the connection is closed.
@@ -43,12 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, Protocol
 
 from tercel.errors import TercelError
 from tercel.server.commit import Holder
 from tercel.server.context import ServerContext
-from tercel.session import PendingRead, Session
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +62,13 @@ reads once per pass). Then a lone connection's group-commit pass may run inline
 (:meth:`Committer.end_batch`): no later read of this pass could have joined it."""
 
 
-REPLAY: Final[object] = object()
-"""The waiter of a command parked until a queue is replayed (:meth:`Connection.wait_for_replay`)."""
-
-
 class Parked:
-    """An operation waiting for an item: the command, its registered waiter, its deadline
-    timer (None when the waiter's owner enforces the deadline itself, as beanstalkd's job
-    store does for its waiting reservers) and what to answer when the deadline passes first."""
+    """An operation waiting: the command, its registered waiter, its deadline timer (None when
+    the waiter's owner enforces the deadline itself, as beanstalkd's job store does for its
+    waiting reservers), what to answer when the deadline passes first, and whether the
+    command has begun (False: it waits before running, as for its queue's replay)."""
 
-    __slots__ = ("command", "on_timeout", "timer", "waiter")
+    __slots__ = ("begun", "command", "on_timeout", "timer", "waiter")
 
     def __init__(
         self,
@@ -79,16 +76,46 @@ class Parked:
         waiter: object,
         timer: asyncio.TimerHandle | None,
         on_timeout: bytes,
+        begun: bool = True,
     ) -> None:
         self.command = command
         self.waiter = waiter
         self.timer = timer
         self.on_timeout = on_timeout
+        self.begun = begun
 
     def cancel_timer(self) -> None:
         """Cancel the deadline timer, if this operation has one."""
         if self.timer is not None:
             self.timer.cancel()
+
+
+class Timed(Protocol):
+    """What :meth:`Connection.park` needs of a waiter: the method its deadline timer calls
+    (a Kestrel session's ``PendingRead``)."""
+
+    def timeout(self) -> None: ...
+
+
+Handler = Callable[[Any, Any], None]
+"""A front end's handler: ``handler(conn, cmd)`` appends replies to ``conn.out`` and raises
+the tree's errors."""
+
+
+class Operation:
+    """One row of a front end's command table: the operation's name (named in refusals such as
+    Kestrel's ``Server not available for operation <name>``, and counted as ``cmd_<name>``
+    when the front end counts its commands), its handler and the access it needs
+    (``context.ANY``/``READS``/``WRITES``), checked before the handler runs. Built once per
+    module, shared by every connection."""
+
+    __slots__ = ("access", "counter", "handler", "name")
+
+    def __init__(self, name: str, handler: Handler, access: int) -> None:
+        self.name = name
+        self.handler = handler
+        self.access = access
+        self.counter = f"cmd_{name}"
 
 
 class Connection(Holder):
@@ -98,7 +125,6 @@ class Connection(Holder):
         self.ctx = ctx
         self.front_end = front_end
         """The listener's name (``memcache``, ...), under which the connection is counted."""
-        self.session = Session(ctx.collection, ctx.max_open_reads, ctx.reservations.table)
         self.transport: asyncio.Transport | None = None
         self.out: list[bytes] = []
         """Replies of the batch being handled, joined and written once by :meth:`flush`."""
@@ -106,17 +132,15 @@ class Connection(Holder):
         self.closing = False
         """Set to close once the replies owed are out (``quit``, a fatal protocol error)."""
         self.last_active = 0.0
-        self.reads_clock = True
-        """The pump reads the clock into ``ctx.now`` before each batch; a front end whose
-        handlers keep their own clock (beanstalkd's job store) turns it off."""
-        self.redo: Any = None
-        """A command that waited for its queue's replay (:meth:`wait_for_replay`): the front
-        end's :meth:`run` runs it (asking :meth:`wait_for_replay` again) before reading the
-        next command."""
+        self.op = ""
+        """The name of the operation running (set by :meth:`perform`; error replies name it)."""
+        self.counts: dict[str, int] | None = None
+        """The front end's ``cmd_<operation>`` counters, counted by :meth:`perform`
+        (``ctx.command_counts(front_end)``, shared by its connections); None: not counted."""
         self._write_paused = False
         self._held = 0  # batches of replies the committer holds for this connection
         self._shut = False  # the transport was closed or aborted here: write nothing more
-        self._eof = False  # half-closed while waiting for a replay: close once it is done
+        self._eof = False  # half-closed while a command waits unbegun: close once it ran
 
     # ---- the hooks a front end fills in ---------------------------------------------------
 
@@ -128,12 +152,14 @@ class Connection(Holder):
         """Bytes the codec holds that no command has consumed yet."""
         raise NotImplementedError
 
-    def run(self) -> None:
-        """Run complete commands (their replies go to ``out``) until the codec needs more
-        data, ``parked`` is set or ``closing`` is. A command that raises one of the tree's
-        errors ends the call: the pump hands the error to :meth:`error_reply` and calls
-        again for the commands behind it (one call per batch, not per command: the loop
-        over commands lives in the front end, where its handlers are direct calls)."""
+    def next_command(self) -> Any:
+        """The next command to run, or None when there is none yet (the codec needs more
+        bytes, or the command was parked before it began)."""
+        raise NotImplementedError
+
+    def dispatch(self, cmd: Any) -> None:
+        """Run one command: its replies go to ``out``; it may park, set ``closing`` or raise
+        one of the tree's errors. Usually :meth:`perform` with the command's operation."""
         raise NotImplementedError
 
     def error_reply(self, exc: TercelError) -> None:
@@ -144,6 +170,35 @@ class Connection(Holder):
     def refusal(self, reason: str) -> bytes:
         """The line written before closing a refused connection."""
         raise NotImplementedError
+
+    def end_session(self) -> None:
+        """Undo what the client holds and no one else may end (a Kestrel session's open
+        reads): on a close, and for every connection at shutdown. Nothing here."""
+
+    # ---- the dispatch loop ----------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run complete commands (their replies go to ``out``) until there is none left,
+        ``parked`` is set or ``closing`` is. A command that raises one of the tree's errors
+        ends the call: :meth:`process` hands the error to :meth:`error_reply` and calls again
+        for the commands behind it (one call per batch, not per command)."""
+        while not self.closing and self.parked is None:
+            cmd = self.next_command()
+            if cmd is None:
+                return
+            self.dispatch(cmd)
+
+    def perform(self, op: Operation, cmd: Any) -> None:
+        """Run ``cmd`` as ``op``: name it, count it (when the front end counts), check the
+        status for its access, call its handler."""
+        self.op = op.name
+        counts = self.counts
+        if counts is not None:
+            key = op.counter
+            counts[key] = counts.get(key, 0) + 1
+        if op.access:
+            self.ctx.check(op.access)
+        op.handler(self, cmd)
 
     # ---- asyncio callbacks ----------------------------------------------------------------
 
@@ -176,12 +231,11 @@ class Connection(Holder):
     def eof_received(self) -> bool | None:
         """The client closed its side: close ours once the replies it is owed are out (some
         may wait for the group commit). A parked operation is cancelled, as on a close;
-        except a command waiting for its queue's replay, which has not begun: it and the
-        commands behind it run once the queue is ready, then the connection closes as here
-        (:meth:`resume`)."""
+        except a command parked before it began (waiting for its queue's replay): it and the
+        commands behind it run first, then the connection closes as here (:meth:`resume`)."""
         parked = self.parked
         if parked is not None:
-            if parked.waiter is not REPLAY:
+            if parked.begun:
                 return None  # asyncio.Protocol's default: the transport closes now
             self._eof = True
             return True
@@ -194,7 +248,7 @@ class Connection(Holder):
         if self.parked is not None:
             self.parked.cancel_timer()
             self.parked = None
-        self.session.close()
+        self.end_session()
         self.ctx.connection_closed(self)
         self.transport = None
 
@@ -212,10 +266,8 @@ class Connection(Holder):
 
     def process(self) -> None:
         """Run every complete command until the codec needs data, an operation parks or the
-        connection is closing; then flush the replies."""
-        if self.reads_clock:
-            ctx = self.ctx
-            ctx.now = ctx.clock.now_ms()  # one clock read per batch (Redis caches its clock too)
+        connection is closing, answering the tree's errors with :meth:`error_reply` (the one
+        place they are caught); then flush the replies."""
         while not self.closing and self.parked is None:
             try:
                 self.run()
@@ -270,9 +322,10 @@ class Connection(Holder):
 
     # ---- parked operations ----------------------------------------------------------------
 
-    def park(self, command: Any, waiter: PendingRead, timeout_ms: int, on_timeout: bytes) -> None:
-        """Park ``command`` until ``waiter`` is served or ``timeout_ms`` passes; then
-        ``on_timeout`` is the reply. The pump stops after the current command."""
+    def park(self, command: Any, waiter: Timed, timeout_ms: int, on_timeout: bytes) -> None:
+        """Park ``command`` until ``waiter`` is served or ``timeout_ms`` passes (then its
+        ``timeout()`` runs, whose callback answers ``on_timeout`` through
+        :meth:`settle_parked`). The pump stops after the current command."""
         timer = self.ctx.loop.call_later(timeout_ms / 1000, waiter.timeout)
         self.parked = Parked(command, waiter, timer, on_timeout)
 
@@ -280,6 +333,11 @@ class Connection(Holder):
         """Park ``command`` on a waiter whose owner keeps the deadline (no timer here): the
         owner's wake-up records the reply, clears ``parked`` and calls :meth:`resume_soon`."""
         self.parked = Parked(command, waiter, None, on_timeout)
+
+    def park_unbegun(self, command: Any, waiter: object) -> None:
+        """Park ``command`` before it runs, until ``waiter``'s owner makes it the next to run
+        (a Kestrel command waiting for its queue's replay)."""
+        self.parked = Parked(command, waiter, None, b"", False)
 
     def settle_parked(self, item: object) -> bool:
         """The common start of every parked operation's delivery callback.
@@ -296,40 +354,36 @@ class Connection(Holder):
         if item is None:
             self.parked = None
             self.out.append(parked.on_timeout)
-            self.ctx.loop.call_soon(self.resume)
+            self.resume_soon()
             return False
         return True
 
-    def wait_for_replay(self, command: Any, every_queue: bool) -> bool:
-        """Park ``command`` when it reaches a queue on disk not replayed yet while the
-        background replay runs: its ``queue`` (and where an add to it goes: alias
-        destinations, fanout children, see :meth:`QueueCollection.pending_reached`), or with
-        ``every_queue`` (``flush_all``) any pending queue. True when parked: the replay turns
-        to that queue next and, once it is ready, :meth:`_replayed` makes ``command`` the
-        :attr:`redo` and resumes the pump, whose :meth:`run` asks again (a command reaching
-        several pending queues waits for one after another). A command that names no queue
-        never waits."""
-        coll = self.ctx.collection
-        if every_queue:
-            name = coll.pending_any()
-        else:
-            queue = getattr(command, "queue", None)
-            name = coll.pending_reached(queue) if type(queue) is str else None
-        if name is None:
-            return False
-        self.parked = Parked(command, REPLAY, None, b"")
-        coll.wait_for(name, self._replayed)
-        return True
+    def continue_soon(
+        self, step: Callable[[], bool], abandon: Callable[[], None] | None = None
+    ) -> None:
+        """Go on with the parked operation on the next loop pass (from a delivery callback,
+        which must not re-enter a queue): unpark, then run ``step`` — it takes more items or
+        replies, returning True when it parked again — and answer a tree error it raises with
+        :meth:`error_reply`; then write what it recorded and, unless it parked again, run the
+        commands behind it. If the client left meanwhile, ``abandon`` runs instead (return
+        what was taken for a reply that will never go out)."""
+        self.ctx.loop.call_soon(self._continue, step, abandon)
 
-    def _replayed(self) -> None:
-        """The queue a parked command waited for is replayed (or the background replay
-        ended): that command is the next to run, on the next loop pass."""
-        parked = self.parked
-        if parked is None or parked.waiter is not REPLAY or self.ctx.stopping:
-            return  # the connection went away, or the server is stopping
+    def _continue(self, step: Callable[[], bool], abandon: Callable[[], None] | None) -> None:
         self.parked = None
-        self.redo = parked.command
-        self.resume_soon()
+        if self.transport is None:
+            if abandon is not None:
+                abandon()
+            return
+        try:
+            parked = step()
+        except TercelError as exc:
+            self.error_reply(exc)
+            parked = False
+        if parked:
+            self.flush()  # what was found so far goes out while it waits again
+        else:
+            self.resume()
 
     def resume_soon(self) -> None:
         """Resume the pump on the next loop pass (from a delivery callback)."""
@@ -343,7 +397,7 @@ class Connection(Holder):
             self.transport.resume_reading()
         self.process()
         parked = self.parked
-        if self._eof and (parked is None or parked.waiter is not REPLAY):
+        if self._eof and (parked is None or parked.begun):
             self.closing = True  # what eof_received would have done (a blocked read ends)
             self.flush()
 
@@ -352,10 +406,6 @@ class Connection(Holder):
     def is_idle(self, cutoff: float) -> bool:
         """True when open, not parked and silent since ``cutoff`` (loop time)."""
         return self.parked is None and self.last_active < cutoff and self.transport is not None
-
-    def end_session(self) -> None:
-        """Cancel a parked read and return every open read (shutdown)."""
-        self.session.close()
 
     def close(self) -> None:
         """Close the transport (queued replies are still written)."""

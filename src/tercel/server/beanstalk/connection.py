@@ -18,8 +18,7 @@ every job this connection holds to ready at once (:meth:`JobStore.disconnect`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from tercel.core.tubes import (
     STATE_NAMES,
@@ -32,7 +31,7 @@ from tercel.errors import JournalWriteError, TercelError
 from tercel.protocol import beanstalk as bp
 from tercel.protocol.beanstalk import Command, Invalid, Request
 from tercel.server.beanstalk.service import FRONT_END, BeanstalkService
-from tercel.server.connection import Connection
+from tercel.server.connection import Connection, Operation
 from tercel.server.context import ServerContext
 
 log = logging.getLogger("tercel.beanstalk")
@@ -48,7 +47,6 @@ class BeanstalkConnection(Connection):
 
     def __init__(self, ctx: ServerContext, svc: BeanstalkService) -> None:
         super().__init__(ctx, FRONT_END)
-        self.reads_clock = False  # the job store reads its own clocks, when it needs them
         self.svc = svc
         self.store = svc.store
         self.codec = bp.BeanstalkCodec(svc.max_job_size)
@@ -64,33 +62,6 @@ class BeanstalkConnection(Connection):
         """Has sent a ``put`` (``current-producers``)."""
         self.consumer = False
         """Has sent a reserve (``current-workers``)."""
-        self._handlers: dict[str, Callable[[Command], None]] = {
-            "put": self._put,
-            "use": self._use,
-            "reserve": self._reserve,
-            "reserve-with-timeout": self._reserve,
-            "reserve-job": self._reserve_job,
-            "delete": self._delete,
-            "release": self._release,
-            "bury": self._bury,
-            "touch": self._touch,
-            "watch": self._watch,
-            "ignore": self._ignore,
-            "peek": self._peek,
-            "peek-ready": self._peek_state,
-            "peek-delayed": self._peek_state,
-            "peek-buried": self._peek_state,
-            "kick": self._kick,
-            "kick-job": self._kick_job,
-            "stats": self._stats,
-            "stats-job": self._stats_job,
-            "stats-tube": self._stats_tube,
-            "list-tubes": self._list_tubes,
-            "list-tube-used": self._list_tube_used,
-            "list-tubes-watched": self._list_tubes_watched,
-            "pause-tube": self._pause_tube,
-            "quit": self._quit,
-        }
 
     # ---- the shared layer's hooks ---------------------------------------------------------
 
@@ -105,34 +76,40 @@ class BeanstalkConnection(Connection):
     def buffered(self) -> int:
         return self.codec.buffered + len(self.pending) - self.next
 
-    def run(self) -> None:
-        """Run the pending requests in order until one parks or the connection closes."""
+    def next_command(self) -> Any:
+        if self.next >= len(self.pending):
+            return None
+        req = self.pending[self.next]
+        self.next += 1
+        return req
+
+    def dispatch(self, req: Any) -> None:
         counts = self.svc.cmd_counts
-        handlers = self._handlers
+        if isinstance(req, Invalid):
+            if req.code != bp.NO_CODE:
+                counts[req.code] += 1
+            if req.reply == bp.EXPECTED_CRLF:
+                self.store.next_id += 1  # beanstalkd gave the rejected job an id too
+            self.out.append(req.reply)
+            return
+        code = req.code
+        self.op = req.op
+        if code < bp.COUNTED:  # counted before the command runs, as beanstalkd
+            counts[code] = counts[code] + 1  # (compiled, ``+=`` is a Python call)
+        # The loop's own requests by direct (compiled) calls; the rest by the table.
+        if code == bp.PUT:
+            self._put(req)
+        elif code == bp.RESERVE_WITH_TIMEOUT or code == bp.RESERVE:
+            self._reserve(req)
+        elif code == bp.DELETE:
+            self._delete(req)
+        else:
+            self.perform(_TABLE[req.op], req)
+
+    def run(self) -> None:
+        """The base's dispatch loop, then: drop what ran, and rearm the job store's timer."""
         try:
-            while self.next < len(self.pending) and self.parked is None and not self.closing:
-                req = self.pending[self.next]
-                self.next += 1
-                if isinstance(req, Invalid):
-                    if req.code != bp.NO_CODE:
-                        counts[req.code] += 1
-                    if req.reply == bp.EXPECTED_CRLF:
-                        self.store.next_id += 1  # beanstalkd gave the rejected job an id too
-                    self.out.append(req.reply)
-                    continue
-                code = req.code
-                self.op = req.op
-                if code < bp.COUNTED:  # counted before the command runs, as beanstalkd
-                    counts[code] = counts[code] + 1  # (compiled, ``+=`` is a Python call)
-                # The loop's own requests by direct (compiled) calls; the rest by the table.
-                if code == bp.PUT:
-                    self._put(req)
-                elif code == bp.RESERVE_WITH_TIMEOUT or code == bp.RESERVE:
-                    self._reserve(req)
-                elif code == bp.DELETE:
-                    self._delete(req)
-                else:
-                    handlers[req.op](req)
+            super().run()
         finally:
             if self.next >= len(self.pending):  # drop what ran (bodies) now, not next read
                 self.pending = []
@@ -337,3 +314,37 @@ class BeanstalkConnection(Connection):
 
     def _quit(self, c: Command) -> None:
         self.closing = True
+
+
+_TABLE: Final[dict[str, Operation]] = {
+    op: Operation(op, getattr(BeanstalkConnection, name), 0)
+    for op, name in (
+        ("put", "_put"),
+        ("use", "_use"),
+        ("reserve", "_reserve"),
+        ("reserve-with-timeout", "_reserve"),
+        ("reserve-job", "_reserve_job"),
+        ("delete", "_delete"),
+        ("release", "_release"),
+        ("bury", "_bury"),
+        ("touch", "_touch"),
+        ("watch", "_watch"),
+        ("ignore", "_ignore"),
+        ("peek", "_peek"),
+        ("peek-ready", "_peek_state"),
+        ("peek-delayed", "_peek_state"),
+        ("peek-buried", "_peek_state"),
+        ("kick", "_kick"),
+        ("kick-job", "_kick_job"),
+        ("stats", "_stats"),
+        ("stats-job", "_stats_job"),
+        ("stats-tube", "_stats_tube"),
+        ("list-tubes", "_list_tubes"),
+        ("list-tube-used", "_list_tube_used"),
+        ("list-tubes-watched", "_list_tubes_watched"),
+        ("pause-tube", "_pause_tube"),
+        ("quit", "_quit"),
+    )
+}
+"""Every request but the loop's own (put, reserve, delete: direct calls in :meth:`dispatch`),
+by name; built once, shared by every connection. Access 0: beanstalkd has no server status."""

@@ -1,29 +1,21 @@
 """The memcache front end: :class:`MemcacheConnection` and one small handler per command.
 
-The connection runs on the protocol-neutral pump of :mod:`tercel.server.connection`; this
-module only adds the codec (:mod:`tercel.protocol.memcache`), the handlers and the memcache
-form of tercel's errors: ``ProtocolError``/``QueueError`` -> ``CLIENT_ERROR <reason>``,
-open-read violations and unknown commands -> ``ERROR``, ``UnavailableError``/journal failures
--> ``SERVER_ERROR <reason>``. The lease and monitor commands are in
-:mod:`tercel.server.memcache.leases`.
+The connection runs on Kestrel's connection base (:mod:`tercel.server.kestrel.connection`) and
+its operations (:mod:`tercel.server.kestrel.ops`); this module only adds the codec
+(:mod:`tercel.protocol.memcache`), the handlers, the hot loop (``get`` and ``set`` are direct
+calls) and the memcache form of tercel's errors: ``ProtocolError``/``QueueError`` ->
+``CLIENT_ERROR <reason>``, open-read violations and unknown commands -> ``ERROR``,
+``UnavailableError``/journal failures -> ``SERVER_ERROR <reason>``. The lease and monitor
+commands are in :mod:`tercel.server.memcache.leases`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final
 
 from tercel.core.queue import READ_GET, READ_OPEN, READ_PEEK, QItem
-from tercel.errors import (
-    ConfigError,
-    JournalError,
-    OpenReadError,
-    ProtocolError,
-    QueueError,
-    TercelError,
-    UnavailableError,
-)
+from tercel.errors import ProtocolError, TercelError
 from tercel.protocol import memcache as mc
 from tercel.protocol.commands import (
     GET_CLASS,
@@ -41,10 +33,11 @@ from tercel.protocol.commands import (
 )
 from tercel.protocol.memcache import NEED_DATA
 from tercel.server import stats
-from tercel.server.connection import Connection
+from tercel.server.connection import Operation
 from tercel.server.context import ANY, WRITES, ServerContext, sampled
+from tercel.server.kestrel import ops
+from tercel.server.kestrel.connection import KestrelConnection
 from tercel.server.memcache import leases as ext
-from tercel.server.status import parse_status
 
 EXPIRY_RELATIVE_LIMIT = 1_000_000
 """Kestrel's rule: a set's exptime below this is relative seconds, at or above it epoch
@@ -60,7 +53,7 @@ def expiry_ms(exptime: int, now: int) -> int | None:
     return exptime * 1000
 
 
-class MemcacheConnection(Connection):
+class MemcacheConnection(KestrelConnection):
     """One client connection speaking Kestrel's memcache protocol (see ``server.connection``
     for the pump it runs on)."""
 
@@ -76,11 +69,28 @@ class MemcacheConnection(Connection):
     def buffered(self) -> int:
         return self.codec.buffered
 
+    def read_command(self) -> Any:
+        cmd = self.codec.next_command()
+        return None if cmd is NEED_DATA else cmd
+
+    def waits_for_every_queue(self, cmd: Any) -> bool:
+        return type(cmd) is FlushAll
+
+    def dispatch(self, cmd: Any) -> None:
+        if type(cmd) is SET_CLASS:
+            handle_set(self, cmd)
+        elif type(cmd) is GET_CLASS:
+            handle_get(self, cmd)
+        else:
+            self.perform(HANDLERS[type(cmd)], cmd)
+
     def run(self) -> None:
+        """The base's loop (:meth:`KestrelConnection.next_command`, :meth:`dispatch`) inlined:
+        direct calls for the codec, ``set`` and ``get`` (compiled, a method called on its
+        object is a C call, while a bound method kept in a local or a handler looked up in a
+        dict is a generic one), the table for the rest."""
         codec = self.codec
         while not self.closing:
-            # Direct calls: compiled, a method called on its object is a C call, while a
-            # bound method kept in a local or a handler looked up in a dict is a generic one.
             redo = self.redo
             if redo is None:
                 cmd = codec.next_command()
@@ -98,10 +108,7 @@ class MemcacheConnection(Connection):
             elif type(cmd) is GET_CLASS:
                 handle_get(self, cmd)
             else:
-                handler, access = HANDLERS[type(cmd)]
-                if access:
-                    self.ctx.check(access)
-                handler(self, cmd)
+                self.perform(HANDLERS[type(cmd)], cmd)
             if self.parked is not None:
                 return
 
@@ -148,15 +155,16 @@ class MemcacheConnection(Connection):
 
 def error_reply(exc: TercelError) -> bytes:
     """The memcache reply of one of tercel's errors (docs/protocol.md, "Errors")."""
-    if isinstance(exc, OpenReadError):
+    kind = ops.error_kind(exc)
+    if kind == ops.OPEN_READS:
         return mc.ERROR
-    if isinstance(exc, ProtocolError | QueueError):
-        return mc.client_error(exc.reason)
-    if isinstance(exc, UnavailableError):
-        return mc.server_error(exc.reason)
-    if isinstance(exc, JournalError):
+    if kind == ops.BAD_REQUEST:
+        return mc.client_error(ops.error_reason(exc))
+    if kind == ops.UNAVAILABLE:
+        return mc.server_error(ops.error_reason(exc))
+    if kind == ops.JOURNAL:
         return mc.server_error("journal write failed")
-    if isinstance(exc, ConfigError):
+    if kind == ops.CONFIG:
         return mc.server_error(f"reload refused: {exc}")
     return mc.server_error(str(exc))
 
@@ -225,19 +233,19 @@ def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
 
 
 def handle_delete(conn: MemcacheConnection, cmd: Delete) -> None:
-    conn.ctx.collection.delete(cmd.queue)
+    ops.delete(conn.ctx, cmd.queue)
     if not cmd.noreply:
         conn.out.append(mc.DELETED)
 
 
 def handle_flush(conn: MemcacheConnection, cmd: Flush) -> None:
-    conn.ctx.collection.flush(cmd.queue)
+    ops.flush(conn.ctx, cmd.queue)
     if not cmd.noreply:
         conn.out.append(mc.END)
 
 
 def handle_flush_all(conn: MemcacheConnection, cmd: FlushAll) -> None:
-    conn.ctx.collection.flush_all()
+    ops.flush_all(conn.ctx)
     if not cmd.noreply:
         conn.out.append(mc.OK)
 
@@ -252,18 +260,10 @@ def handle_dump_stats(conn: MemcacheConnection, cmd: DumpStats) -> None:
 
 def handle_status(conn: MemcacheConnection, cmd: Status) -> None:
     """``status`` answers the current status; ``status <s>`` (any case) sets it: ``END``."""
-    ctx = conn.ctx
     if cmd.value is None:
-        conn.out.append(ctx.status.current.name.encode() + b"\r\n")
+        conn.out.append(ops.status(conn.ctx).name.encode() + b"\r\n")
         return
-    try:
-        status = parse_status(cmd.value)
-    except ValueError as exc:
-        raise ProtocolError(str(exc)) from None
-    try:
-        ctx.set_status(status)
-    except OSError as exc:
-        raise UnavailableError(f"cannot write the status file: {exc.strerror or exc}") from None
+    ops.set_status_word(conn.ctx, cmd.value)
     conn.out.append(mc.END)
 
 
@@ -272,67 +272,63 @@ def handle_unknown(conn: MemcacheConnection, cmd: Unknown) -> None:
 
 
 def handle_simple(conn: MemcacheConnection, cmd: Simple) -> None:
-    handler, access = SIMPLE[cmd.name]
-    if access:
-        conn.ctx.check(access)
-    handler(conn)
+    conn.perform(SIMPLE[cmd.name], cmd)
 
 
-def _version(conn: MemcacheConnection) -> None:
+def _version(conn: MemcacheConnection, cmd: Simple) -> None:
     conn.out.append(mc.version(conn.ctx.version))
 
 
-def _quit(conn: MemcacheConnection) -> None:
+def _quit(conn: MemcacheConnection, cmd: Simple) -> None:
     conn.closing = True
 
 
-def _shutdown(conn: MemcacheConnection) -> None:
+def _shutdown(conn: MemcacheConnection, cmd: Simple) -> None:
     conn.closing = True
     conn.ctx.request_stop()
 
 
-def _reload(conn: MemcacheConnection) -> None:
+def _reload(conn: MemcacheConnection, cmd: Simple) -> None:
     conn.ctx.reload()  # raises ConfigError -> SERVER_ERROR below
     conn.out.append(mc.RELOADED)
 
 
-def _stats(conn: MemcacheConnection) -> None:
+def _stats(conn: MemcacheConnection, cmd: Simple) -> None:
     conn.out.append(mc.stats(stats.stats_lines(conn.ctx)))
 
 
-def _dump_config(conn: MemcacheConnection) -> None:
+def _dump_config(conn: MemcacheConnection, cmd: Simple) -> None:
     conn.out.append(mc.blocks(conn.ctx.dump_config()))
 
 
-def _flush_all_expired(conn: MemcacheConnection) -> None:
+def _flush_all_expired(conn: MemcacheConnection, cmd: Simple) -> None:
     conn.out.append(mc.number(conn.ctx.collection.flush_all_expired()))
 
 
-Operation = tuple[Callable[[MemcacheConnection, Any], None], int]
-"""A handler and the access it needs (``context.ANY``/``READS``/``WRITES``): the status check
-is declared here, once per operation, and made by the pump before the handler runs."""
-
-SIMPLE: Final[dict[str, tuple[Callable[[MemcacheConnection], None], int]]] = {
-    "version": (_version, ANY),
-    "quit": (_quit, ANY),
-    "shutdown": (_shutdown, ANY),
-    "reload": (_reload, ANY),
-    "stats": (_stats, ANY),
-    "dump_config": (_dump_config, ANY),
-    "flush_all_expired": (_flush_all_expired, WRITES),
-    "features": (ext.features, ANY),
+SIMPLE: Final[dict[str, Operation]] = {
+    "version": Operation("version", _version, ANY),
+    "quit": Operation("quit", _quit, ANY),
+    "shutdown": Operation("shutdown", _shutdown, ANY),
+    "reload": Operation("reload", _reload, ANY),
+    "stats": Operation("stats", _stats, ANY),
+    "dump_config": Operation("dump_config", _dump_config, ANY),
+    "flush_all_expired": Operation("flush_all_expired", _flush_all_expired, WRITES),
+    "features": Operation("features", ext.features, ANY),
 }
+"""The commands without arguments, each with the access it needs, checked by the pump."""
 
 HANDLERS: Final[dict[type, Operation]] = {
     # get and set test the status flags themselves (their own fast path; a get that only
     # closes or aborts an open read is allowed whatever the status), so they are not here.
-    Delete: (handle_delete, WRITES),
-    Flush: (handle_flush, WRITES),
-    FlushAll: (handle_flush_all, WRITES),
-    FlushExpired: (handle_flush_expired, WRITES),
-    DumpStats: (handle_dump_stats, ANY),
-    Simple: (handle_simple, ANY),
-    Status: (handle_status, ANY),
-    Unknown: (handle_unknown, ANY),
+    Delete: Operation("delete", handle_delete, WRITES),
+    Flush: Operation("flush", handle_flush, WRITES),
+    FlushAll: Operation("flush_all", handle_flush_all, WRITES),
+    FlushExpired: Operation("flush_expired", handle_flush_expired, WRITES),
+    DumpStats: Operation("dump_stats", handle_dump_stats, ANY),
+    Simple: Operation("simple", handle_simple, ANY),
+    Status: Operation("status", handle_status, ANY),
+    Unknown: Operation("unknown", handle_unknown, ANY),
 }
+"""Every command but ``get`` and ``set`` with its operation: the status check is declared
+here, once per operation, and made by :meth:`Connection.perform` before the handler runs."""
 HANDLERS.update(ext.HANDLERS)

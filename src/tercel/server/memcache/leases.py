@@ -2,29 +2,30 @@
 ``monitor``/``confirm``; the wire side of :mod:`tercel.core.reservations` (docs/protocol.md).
 
 The handlers follow :mod:`tercel.server.memcache`'s rules: they append replies to
-``conn.out`` and raise the tree's errors, which the pump translates. A request that has to wait
-(``lease`` on an empty queue, ``monitor``) parks the connection (``Connection.park``) with its
-own waiter, exactly like a blocked ``get``; deliveries only record the reply and schedule the
-rest on the next loop pass, so no handler re-enters a queue. Lease expiry runs on one timer
-(:mod:`tercel.server.deadlines`). The handlers need only the protocol-neutral
-:class:`~tercel.server.connection.Connection`.
+``conn.out`` and raise the tree's errors, which the pump translates; the work is Kestrel's
+operations (:mod:`tercel.server.kestrel.ops`). A request that has to wait (``lease`` on an
+empty queue, ``monitor``) parks the connection (``Connection.park``) with its own waiter,
+exactly like a blocked ``get``; deliveries only record the reply and hand the rest to
+``Connection.continue_soon`` (the next loop pass), so no handler re-enters a queue. Lease
+expiry runs on one timer (:mod:`tercel.server.deadlines`). The handlers need only Kestrel's
+connection base (:class:`~tercel.server.kestrel.connection.KestrelConnection`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from typing import Final
 
-from tercel.core.queue import READ_OPEN, PersistentQueue, QItem
+from tercel.core.queue import PersistentQueue, QItem
 from tercel.core.reservations import Reservation, ReservationTable
 from tercel.errors import OpenReadError, TercelError, TooManyLeases
 from tercel.protocol import memcache as mc
 from tercel.protocol.commands import Ack, Confirm, Monitor, Release, Renew
 from tercel.protocol.commands import Lease as LeaseCmd
-from tercel.server.connection import Connection
+from tercel.server.connection import Operation
 from tercel.server.context import ANY, READS
-from tercel.session import PendingRead
+from tercel.server.kestrel import ops
+from tercel.server.kestrel.connection import KestrelConnection
 
 log = logging.getLogger(__name__)
 
@@ -96,31 +97,17 @@ def _leased_binary(out: list[bytes], table: ReservationTable, leases: list[Reser
 # ---- lease ------------------------------------------------------------------------------------
 
 
-class LeaseWaiter(PendingRead):
-    """A blocked ``lease``: the queue opens the first item for it; that read is detached from
-    the session at once (a lease belongs to no connection)."""
-
-    __slots__ = ()
-
-    def deliver(self, xid: int, item: QItem) -> None:
-        self.session.pending = None
-        self.session.collection.stats.get_hits += 1
-        self.callback(xid, item)
-
-
-def handle_lease(conn: Connection, cmd: LeaseCmd) -> None:
+def handle_lease(conn: KestrelConnection, cmd: LeaseCmd) -> None:
     """``lease <q> <max_items> <wait_ms> <lease_ms>``: wait only while the queue is empty."""
     ctx = conn.ctx
-    if ctx.collection.is_alias(cmd.queue) or cmd.max_items == 0:
+    queue = ops.source(ctx, cmd.queue) if cmd.max_items else None
+    if queue is None:  # an alias, or no item asked for
         conn.out.append(mc.END)
         return
-    queue = ctx.collection.get_or_create(cmd.queue)
-    service = ctx.reservations
-    table = service.table
+    table = ctx.reservations.table
     now = ctx.clock.now_ms()
-    leases = table.take_leases(queue, cmd.max_items, cmd.lease_ms, now, _reply_budget(cmd))
+    leases = ops.lease(ctx, queue, cmd.max_items, cmd.lease_ms, now, max_bytes=_reply_budget(cmd))
     if leases or not cmd.wait_ms:
-        service.arm()
         _leased_reply(conn.out, table, leases, cmd.columns)
         return
 
@@ -132,34 +119,29 @@ def handle_lease(conn: Connection, cmd: LeaseCmd) -> None:
         # behind this one cannot answer first.
         full = table.room(queue) == 0  # other blocked leases took the room meanwhile
         first = table.adopt(queue, xid, item, ttl_ms=cmd.lease_ms)
-        ctx.loop.call_soon(_finish_lease, conn, cmd, queue, first, full)
 
-    waiter = LeaseWaiter(conn.session, queue, READ_OPEN, delivered)
-    queue.wait(waiter)
-    conn.session.pending = waiter
-    conn.park(cmd, waiter, cmd.wait_ms, mc.END)
+        def abandon() -> None:  # the client left meanwhile: nobody knows the id
+            table.abort([first])
+
+        conn.continue_soon(lambda: _finish_lease(conn, cmd, queue, first, full), abandon)
+
+    conn.park(cmd, ops.wait_lease(conn, queue, delivered), cmd.wait_ms, mc.END)
 
 
 def _finish_lease(
-    conn: Connection, cmd: LeaseCmd, queue: PersistentQueue, first: Reservation, full: bool
-) -> None:
+    conn: KestrelConnection, cmd: LeaseCmd, queue: PersistentQueue, first: Reservation, full: bool
+) -> bool:
     """After a blocked lease got its first item: take the rest of the batch, then reply.
 
     Blocked leases on one queue wait side by side, each admitted while the queue had room: the
     one served when the queue was already at ``max_open_leases`` (``full``) gives its item back
     and gets the answer a lease with no room gets."""
-    conn.parked = None
     service = conn.ctx.reservations
     table = service.table
     leases = [first]
-    if conn.transport is None:  # the client left meanwhile: nobody knows the id
-        table.abort(leases)
-        return
     if full:
         table.abort(leases)
-        conn.error_reply(TooManyLeases())
-        conn.resume()
-        return
+        raise TooManyLeases()
     room = min(cmd.max_items - 1, table.room(queue))
     if room > 0 and not queue.closed:
         now = conn.ctx.clock.now_ms()
@@ -172,45 +154,38 @@ def _finish_lease(
             log.exception("could not lease more of %s; replying with one item", cmd.queue)
     service.arm()
     _leased_reply(conn.out, table, leases, cmd.columns)
-    conn.resume()
+    return False
 
 
 # ---- ack, release, renew ------------------------------------------------------------------------
 
 
-def _named(conn: Connection, name: str, ids: tuple[str, ...]) -> list[Reservation]:
+def _named(conn: KestrelConnection, name: str, ids: tuple[str, ...]) -> list[Reservation]:
     """The open leases of queue ``name`` among lease ids ``ids`` (unknown ones left out)."""
-    queue = conn.ctx.collection.queue(name)
-    if queue is None:
-        return []
     table = conn.ctx.reservations.table
-    return table.find(queue, [table.parse_lease_id(i) for i in ids])
+    return ops.reserved(conn.ctx, name, [table.parse_lease_id(i) for i in ids], False)
 
 
-def handle_ack(conn: Connection, cmd: Ack) -> None:
+def handle_ack(conn: KestrelConnection, cmd: Ack) -> None:
     """``ack <q> <id>...`` -> ``ACKED <n>``. The CONFIRM records are in the journal buffer, so
     the committer holds this reply until they are written (and fsynced if the queue says so)."""
-    n = conn.ctx.reservations.table.confirm(_named(conn, cmd.queue, cmd.ids))
+    n = ops.confirm_reserved(conn.ctx, _named(conn, cmd.queue, cmd.ids))
     conn.out.append(mc.counted(b"ACKED", n))
 
 
-def handle_release(conn: Connection, cmd: Release) -> None:
+def handle_release(conn: KestrelConnection, cmd: Release) -> None:
     """``release <q> <id>...`` -> ``RELEASED <n>``: back to their places, in queue order."""
-    n = conn.ctx.reservations.table.abort(_named(conn, cmd.queue, cmd.ids))
+    n = ops.abort_reserved(conn.ctx, _named(conn, cmd.queue, cmd.ids))
     conn.out.append(mc.counted(b"RELEASED", n))
 
 
-def handle_renew(conn: Connection, cmd: Renew) -> None:
+def handle_renew(conn: KestrelConnection, cmd: Renew) -> None:
     """``renew <q> <lease_ms> <id>...`` -> ``RENEWED <n>``."""
-    ctx = conn.ctx
-    service = ctx.reservations
-    leases = _named(conn, cmd.queue, cmd.ids)
-    n = service.table.extend(leases, cmd.lease_ms)
-    service.arm()
+    n = ops.renew(conn.ctx, _named(conn, cmd.queue, cmd.ids), cmd.lease_ms)
     conn.out.append(mc.counted(b"RENEWED", n))
 
 
-def features(conn: Connection) -> None:
+def features(conn: KestrelConnection, cmd: object) -> None:
     """``features`` -> ``FEATURE <name> <version>`` lines, ``END``."""
     conn.out.append(mc.features(FEATURES))
 
@@ -218,88 +193,52 @@ def features(conn: Connection) -> None:
 # ---- Kestrel 2.x: monitor and confirm -------------------------------------------------------
 
 
-def handle_monitor(conn: Connection, cmd: Monitor) -> None:
+class _Monitor(ops.Monitor):
+    """Kestrel 2.x's ``monitor``: ``VALUE`` blocks, then ``END``; it waits as an open read."""
+
+    def __init__(self, conn: KestrelConnection, cmd: Monitor, left: int, deadline: int) -> None:
+        super().__init__(conn, cmd.queue, left, deadline)
+        self.key = cmd.queue.encode()
+
+    def emit(self, item: QItem) -> None:
+        data = item.data
+        self.conn.out += (mc.value_head(self.key, len(data)), data, mc.VALUE_TAIL)
+
+    def end(self) -> bytes:
+        return mc.END
+
+    def failed(self, exc: TercelError) -> bool:
+        log.exception("monitor of %s stopped", self.queue)
+        self.conn.out.append(mc.END)
+        return True
+
+
+def handle_monitor(conn: KestrelConnection, cmd: Monitor) -> None:
     """``monitor <q> <seconds> [max_items]``: open reads streamed as VALUE...END, then END.
 
     Stops after max_items (default: max_open_reads), at the deadline, or when this connection
     holds max_open_reads open reads on the queue (reference kestrel.md §1.5).
     """
-    ctx = conn.ctx
     limit = conn.session.max_open_reads if cmd.max_items is None else cmd.max_items
-    _monitor_step(conn, cmd, limit, ctx.clock.now_ms() + max(0, cmd.seconds) * 1000)
+    deadline = conn.ctx.clock.now_ms() + max(0, cmd.seconds) * 1000
+    _Monitor(conn, cmd, limit, deadline).run()
 
 
-def _monitor_step(conn: Connection, cmd: Monitor, left: int, deadline: int) -> bool:
-    """Stream what is there; block for more while time is left. True when it blocked."""
-    session = conn.session
-    now = conn.ctx.clock.now_ms()
-    key = cmd.queue.encode()
-    while left > 0 and session.open_count(cmd.queue) < session.max_open_reads:
-        got = session.fetch(cmd.queue, READ_OPEN, now)
-        if got is None:
-            break
-        _stream_value(conn, key, got[1])
-        left -= 1
-    room = left > 0 and session.open_count(cmd.queue) < session.max_open_reads
-    if room and now < deadline:
-        pending = session.wait(cmd.queue, READ_OPEN, _monitor_delivered(conn, cmd, left, deadline))
-        if pending is not None:
-            conn.park(cmd, pending, deadline - now, mc.END)
-            return True
-    conn.out.append(mc.END)
-    return False
-
-
-def _stream_value(conn: Connection, key: bytes, item: QItem) -> None:
-    conn.out += (mc.value_head(key, len(item.data)), item.data, mc.VALUE_TAIL)
-
-
-def _monitor_delivered(
-    conn: Connection, cmd: Monitor, left: int, deadline: int
-) -> Callable[[int, QItem | None], None]:
-    def delivered(xid: int, item: QItem | None) -> None:
-        if not conn.settle_parked(item):
-            return
-        assert item is not None
-        _stream_value(conn, cmd.queue.encode(), item)
-        conn.ctx.loop.call_soon(_monitor_more, conn, cmd, left - 1, deadline)
-
-    return delivered
-
-
-def _monitor_more(conn: Connection, cmd: Monitor, left: int, deadline: int) -> None:
-    conn.parked = None
-    if conn.transport is None:
-        return
-    try:
-        blocked = _monitor_step(conn, cmd, left, deadline)
-    except TercelError:
-        log.exception("monitor of %s stopped", cmd.queue)
-        conn.out.append(mc.END)
-        blocked = False
-    if blocked:
-        conn.flush()  # stream what was found so far, keep waiting
-    else:
-        conn.resume()
-
-
-def handle_confirm(conn: Connection, cmd: Confirm) -> None:
+def handle_confirm(conn: KestrelConnection, cmd: Confirm) -> None:
     """``confirm <q> <count>``: confirm the oldest ``count`` open reads -> ``END``; bare
     ``ERROR`` (connection kept) when fewer are open, confirming nothing (Kestrel 2.x)."""
-    session = conn.session
-    if cmd.count > session.open_count(cmd.queue):
+    if not ops.confirm(conn, cmd.queue, cmd.count):
         raise OpenReadError("confirm of more reads than are open")
-    for _ in range(cmd.count):
-        session.confirm_oldest(cmd.queue)
     conn.out.append(mc.END)
 
 
-HANDLERS: dict[type, tuple[Callable[[Connection, Any], None], int]] = {
-    LeaseCmd: (handle_lease, READS),
-    Ack: (handle_ack, ANY),
-    Release: (handle_release, ANY),
-    Renew: (handle_renew, ANY),
-    Monitor: (handle_monitor, READS),
-    Confirm: (handle_confirm, ANY),
+HANDLERS: Final[dict[type, Operation]] = {
+    LeaseCmd: Operation("lease", handle_lease, READS),
+    Ack: Operation("ack", handle_ack, ANY),
+    Release: Operation("release", handle_release, ANY),
+    Renew: Operation("renew", handle_renew, ANY),
+    Monitor: Operation("monitor", handle_monitor, READS),
+    Confirm: Operation("confirm", handle_confirm, ANY),
 }
-"""Each handler with the access it needs (``context.READS``...), checked by the pump."""
+"""Each command with its operation (the access it needs, ``context.READS``...), checked by
+the pump."""

@@ -1,11 +1,12 @@
 """Kestrel's Thrift service: :class:`ThriftConnection` and one small handler per method.
 
-The connection runs on the protocol-neutral pump of :mod:`tercel.server.connection`; this
-module adds the codec (:mod:`tercel.protocol.thrift`), the handlers and the Thrift form of
-tercel's errors: a ``TApplicationException`` answering the call (``INTERNAL_ERROR`` with
-Kestrel's ``Server not available for operation <method>`` when the status refuses it), and
-the connection stays open. Only a frame that cannot be read (length out of bounds, header
-unreadable) closes it: there is no call left to answer.
+The connection runs on Kestrel's connection base (:mod:`tercel.server.kestrel.connection`) and
+its operations (:mod:`tercel.server.kestrel.ops`); this module adds the codec
+(:mod:`tercel.protocol.thrift`), the handlers and the Thrift form of tercel's errors: a
+``TApplicationException`` answering the call (``INTERNAL_ERROR`` with Kestrel's ``Server not
+available for operation <method>`` when the status refuses it), and the connection stays open.
+Only a frame that cannot be read (length out of bounds, header unreadable) closes it: there is
+no call left to answer.
 
 ``get`` with ``auto_abort_msec > 0`` reserves items as *detached* reservations of the
 server's one table (:mod:`tercel.core.reservations`, like memcache leases): any connection may
@@ -19,24 +20,17 @@ wait takes them for good at once (Kestrel's at-most-once plain get).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final
 
 from tercel.core.queue import READ_PEEK, PersistentQueue, QItem
 from tercel.core.reservations import Reservation
-from tercel.errors import (
-    JournalError,
-    ProtocolError,
-    QueueError,
-    TercelError,
-    TooManyLeases,
-    UnavailableError,
-)
+from tercel.errors import ProtocolError, QueueError, TercelError, TooManyLeases
 from tercel.protocol import thrift as t
 from tercel.protocol.memcache import MAX_VALUE, NEED_DATA
-from tercel.server.connection import Connection
+from tercel.server.connection import Operation
 from tercel.server.context import ANY, READS, WRITES, ServerContext
-from tercel.server.kestrel_ops import put_items, set_status
+from tercel.server.kestrel import ops
+from tercel.server.kestrel.connection import KestrelConnection
 from tercel.server.status import Status
 
 MAX_FRAME: Final = MAX_VALUE + 64 * 1024
@@ -48,7 +42,7 @@ _TO_WIRE: Final = {Status.UP: t.UP, Status.READONLY: t.READ_ONLY, Status.QUIESCE
 _FROM_WIRE: Final = {wire: status for status, wire in _TO_WIRE.items()}
 
 
-class ThriftConnection(Connection):
+class ThriftConnection(KestrelConnection):
     """One client connection speaking Kestrel's Thrift service (framed, binary)."""
 
     def __init__(self, ctx: ServerContext) -> None:
@@ -62,7 +56,7 @@ class ThriftConnection(Connection):
         """``cmd_<method>``: calls received, refused ones included; ``cmd_bad_call`` for
         calls the codec could not build (``stats``)."""
 
-    # ---- the hooks of server.connection ---------------------------------------------------
+    # ---- the hooks of the connection bases ------------------------------------------------
 
     def feed(self, data: bytes) -> None:
         self.codec.receive_data(data)
@@ -70,28 +64,16 @@ class ThriftConnection(Connection):
     def buffered(self) -> int:
         return self.codec.buffered
 
-    def run(self) -> None:
-        codec = self.codec
-        while not self.closing and self.parked is None:
-            call = self.redo
-            if call is None:
-                call = codec.next_call()
-                if call is NEED_DATA:
-                    return
-            else:
-                self.redo = None
-            # A queue not replayed yet: wait for it, counted once it runs.
-            if self.ctx.collection.replaying_in_background and self.wait_for_replay(
-                call, type(call) is t.FlushAllQueues
-            ):
-                return
-            self.call = call
-            handler, access = HANDLERS[type(call)]
-            key = "cmd_bad_call" if isinstance(call, t.BadCall) else f"cmd_{call.METHOD}"
-            self.counts[key] = self.counts.get(key, 0) + 1
-            if access:
-                self.ctx.check(access)
-            handler(self, call)
+    def read_command(self) -> Any:
+        call = self.codec.next_call()
+        return None if call is NEED_DATA else call
+
+    def waits_for_every_queue(self, cmd: Any) -> bool:
+        return type(cmd) is t.FlushAllQueues
+
+    def dispatch(self, cmd: Any) -> None:
+        self.call = cmd
+        self.perform(HANDLERS[type(cmd)], cmd)
 
     def error_reply(self, exc: TercelError) -> None:
         if isinstance(exc, ProtocolError) and exc.close:
@@ -109,11 +91,12 @@ class ThriftConnection(Connection):
         return b""  # Thrift has no unsolicited message: the connection just closes
 
     def message(self, exc: TercelError) -> str:
-        if isinstance(exc, UnavailableError):
+        kind = ops.error_kind(exc)
+        if kind == ops.UNAVAILABLE:
             return f"Server not available for operation {_method(self.call)}"
-        if isinstance(exc, JournalError):
+        if kind == ops.JOURNAL:
             return "journal write failed"
-        return getattr(exc, "reason", None) or str(exc)
+        return ops.error_reason(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
         gathering, self.gathering = self.gathering, None
@@ -134,9 +117,12 @@ def _method(call: Any) -> str:
 class _Gather:
     """A ``get`` in progress: what it took so far and until when it may wait."""
 
-    __slots__ = ("call", "deadline", "full", "items", "queue", "reserved")
+    __slots__ = ("call", "conn", "deadline", "full", "items", "queue", "reserved")
 
-    def __init__(self, call: t.Get, queue: PersistentQueue, deadline: int) -> None:
+    def __init__(
+        self, conn: ThriftConnection, call: t.Get, queue: PersistentQueue, deadline: int
+    ) -> None:
+        self.conn = conn
         self.call = call
         self.queue = queue
         self.deadline = deadline
@@ -147,17 +133,37 @@ class _Gather:
     def count(self) -> int:
         return len(self.reserved) + len(self.items)
 
+    def woken(self, xid: int, item: QItem | None) -> None:
+        """An item is there (take it, and more), or the deadline passed (reply with what was
+        gathered): either way on the next loop pass, so no handler re-enters a queue."""
+        conn = self.conn
+        parked = conn.parked
+        if parked is None:
+            return
+        parked.cancel_timer()
+        conn.continue_soon(self._finish_now if item is None else self.more)
+
+    def more(self) -> bool:
+        """Take what came and more; True when parked again."""
+        self.conn.gathering = None
+        return _gather(self.conn, self)
+
+    def _finish_now(self) -> bool:
+        self.conn.gathering = None
+        _finish(self.conn, self, self.conn.ctx.clock.now_ms())
+        return False
+
 
 def handle_get(conn: ThriftConnection, call: t.Get) -> None:
     """``get``: up to max_items now; with a timeout, wait until max_items or the deadline."""
     ctx = conn.ctx
     ctx.collection.stats.cmd_get += 1
-    if call.max_items <= 0 or ctx.collection.is_alias(call.queue):
+    queue = ops.source(ctx, call.queue) if call.max_items > 0 else None
+    if queue is None:  # an alias, or no item asked for
         conn.out.append(t.reply_items(call, []))
         return
-    queue = ctx.collection.get_or_create(call.queue)
     deadline = ctx.now + call.timeout_msec if call.timeout_msec > 0 else 0
-    _gather(conn, _Gather(call, queue, deadline))
+    _gather(conn, _Gather(conn, call, queue, deadline))
 
 
 def _gather(conn: ThriftConnection, g: _Gather) -> bool:
@@ -167,7 +173,7 @@ def _gather(conn: ThriftConnection, g: _Gather) -> bool:
     if want > 0 and not g.queue.closed:
         _take(conn, g, want, now)
     if g.count() < g.call.max_items and not g.full and g.deadline > now:
-        pending = conn.session.wait(g.call.queue, READ_PEEK, _woken(conn, g))
+        pending = conn.session.wait(g.call.queue, READ_PEEK, g.woken)
         if pending is not None:
             conn.gathering = g
             conn.park(g.call, pending, g.deadline - now, b"")
@@ -184,10 +190,9 @@ def _take(conn: ThriftConnection, g: _Gather, want: int, now: int) -> None:
         # Reserved until auto_abort after the reply: after the deadline at the latest.
         ttl = auto_abort + max(0, g.deadline - now)
         try:
-            g.reserved += reservations.table.take_leases(queue, want, ttl, now)
+            g.reserved += ops.lease(conn.ctx, queue, want, ttl, now)
         except TooManyLeases:
             g.full = True
-        reservations.arm()
     elif g.deadline:  # may wait: owned by the session (a disconnect returns them) until the reply
         for _ in range(want):
             res = reservations.table.take(queue, now, owner=conn.session)
@@ -200,34 +205,6 @@ def _take(conn: ThriftConnection, g: _Gather, want: int, now: int) -> None:
             if item is None:
                 break
             g.items.append(item.data)
-
-
-def _woken(conn: ThriftConnection, g: _Gather) -> Callable[[int, QItem | None], None]:
-    def delivered(xid: int, item: QItem | None) -> None:
-        parked = conn.parked
-        if parked is None:
-            return
-        parked.cancel_timer()
-        # An item is there (take it, and more), or the deadline passed (reply with what was
-        # gathered): either way on the next loop pass, so no handler re-enters a queue.
-        conn.ctx.loop.call_soon(_again, conn, g, item is None)
-
-    return delivered
-
-
-def _again(conn: ThriftConnection, g: _Gather, timed_out: bool) -> None:
-    conn.parked = None
-    conn.gathering = None
-    if conn.transport is None:  # left meanwhile: connection_lost returned what it gathered
-        return
-    try:
-        if timed_out:
-            _finish(conn, g, conn.ctx.clock.now_ms())
-        elif _gather(conn, g):
-            return
-    except TercelError as exc:
-        conn.error_reply(exc)
-    conn.resume()
 
 
 def _finish(conn: ThriftConnection, g: _Gather, now: int) -> None:
@@ -253,69 +230,49 @@ def _finish(conn: ThriftConnection, g: _Gather, now: int) -> None:
 
 def handle_put(conn: ThriftConnection, call: t.Put) -> None:
     """``put``: add in order, stop at the first refused item; the count (journaled first)."""
-    n = put_items(conn.ctx, call.queue, call.items, call.expiration_msec, True)
+    n = ops.put_items(conn.ctx, call.queue, call.items, call.expiration_msec, True)
     conn.out.append(t.reply_count(call, n))
 
 
 def _reserved(conn: ThriftConnection, call: t.Confirm | t.Abort) -> list[Reservation]:
     """The open auto-abort reservations of ``call.queue`` among ``call.ids`` (reads another
     connection holds open for itself are not Thrift's to end)."""
-    queue = conn.ctx.collection.queue(call.queue)
-    if queue is None:
-        return []
-    return [r for r in conn.ctx.reservations.table.find(queue, call.ids) if r.owner is None]
+    return ops.reserved(conn.ctx, call.queue, call.ids, True)
 
 
 def handle_confirm(conn: ThriftConnection, call: t.Confirm) -> None:
     """``confirm``: end reservations for good, from any connection; the count found."""
-    table = conn.ctx.reservations.table
-    conn.out.append(t.reply_count(call, table.confirm(_reserved(conn, call))))
+    conn.out.append(t.reply_count(call, ops.confirm_reserved(conn.ctx, _reserved(conn, call))))
 
 
 def handle_abort(conn: ThriftConnection, call: t.Abort) -> None:
     """``abort``: return reserved items to the head, in order; the count found."""
-    table = conn.ctx.reservations.table
-    conn.out.append(t.reply_count(call, table.abort(_reserved(conn, call))))
+    conn.out.append(t.reply_count(call, ops.abort_reserved(conn.ctx, _reserved(conn, call))))
 
 
 def handle_peek(conn: ThriftConnection, call: t.Peek) -> None:
     """``peek`` -> ``QueueInfo`` (creates the queue, as Kestrel did)."""
-    ctx = conn.ctx
-    if ctx.collection.is_alias(call.queue):
-        conn.out.append(t.reply_queue_info(call, t.QueueInfo(None, 0, 0, 0, 0, 0, 0)))
-        return
-    q = ctx.collection.get_or_create(call.queue)
-    now = ctx.clock.now_ms()
-    head = q.peek(now)
-    info = t.QueueInfo(
-        None if head is None else head.data,
-        len(q),
-        q.bytes,
-        q.log.current_size,
-        q.age(now),
-        q.waiters,
-        q.open_reads,
-    )
+    info = t.QueueInfo(*ops.queue_info(conn.ctx, call.queue))
     conn.out.append(t.reply_queue_info(call, info))
 
 
 def handle_flush_queue(conn: ThriftConnection, call: t.FlushQueue) -> None:
-    conn.ctx.collection.flush(call.queue)
+    ops.flush(conn.ctx, call.queue)
     conn.out.append(t.reply_void(call))
 
 
 def handle_flush_all_queues(conn: ThriftConnection, call: t.FlushAllQueues) -> None:
-    conn.ctx.collection.flush_all()
+    ops.flush_all(conn.ctx)
     conn.out.append(t.reply_void(call))
 
 
 def handle_delete_queue(conn: ThriftConnection, call: t.DeleteQueue) -> None:
-    conn.ctx.collection.delete(call.queue)
+    ops.delete(conn.ctx, call.queue)
     conn.out.append(t.reply_void(call))
 
 
 def handle_current_status(conn: ThriftConnection, call: t.CurrentStatus) -> None:
-    status = _TO_WIRE.get(conn.ctx.status.current, t.NOT_CONFIGURED)
+    status = _TO_WIRE.get(ops.status(conn.ctx), t.NOT_CONFIGURED)
     conn.out.append(t.reply_status(call, status))
 
 
@@ -324,7 +281,7 @@ def handle_set_status(conn: ThriftConnection, call: t.SetStatus) -> None:
     if status is None:
         name = t.STATUS_NAMES.get(call.status, str(call.status))
         raise QueueError(f"status {name} cannot be set")
-    set_status(conn.ctx, status)
+    ops.set_status(conn.ctx, status)
     conn.out.append(t.reply_void(call))
 
 
@@ -337,21 +294,21 @@ def handle_bad_call(conn: ThriftConnection, call: t.BadCall) -> None:
     conn.out.append(t.reply_exception(call.seqid, call.method, call.kind, call.reason))
 
 
-Operation = tuple[Callable[[ThriftConnection, Any], None], int]
-"""A handler and the access it needs (``context.ANY``/``READS``/``WRITES``), checked by
-:meth:`ThriftConnection.run` before the handler runs."""
-
 HANDLERS: Final[dict[type, Operation]] = {
-    t.Put: (handle_put, WRITES),
-    t.Get: (handle_get, READS),
-    t.Confirm: (handle_confirm, ANY),  # as in Kestrel: reads opened before QUIESCENT can end
-    t.Abort: (handle_abort, ANY),
-    t.Peek: (handle_peek, READS),
-    t.FlushQueue: (handle_flush_queue, WRITES),
-    t.FlushAllQueues: (handle_flush_all_queues, WRITES),
-    t.DeleteQueue: (handle_delete_queue, WRITES),
-    t.CurrentStatus: (handle_current_status, ANY),
-    t.SetStatus: (handle_set_status, ANY),
-    t.GetVersion: (handle_get_version, ANY),
-    t.BadCall: (handle_bad_call, ANY),
+    t.Put: Operation("put", handle_put, WRITES),
+    t.Get: Operation("get", handle_get, READS),
+    # As in Kestrel: reads opened before QUIESCENT can end.
+    t.Confirm: Operation("confirm", handle_confirm, ANY),
+    t.Abort: Operation("abort", handle_abort, ANY),
+    t.Peek: Operation("peek", handle_peek, READS),
+    t.FlushQueue: Operation("flush_queue", handle_flush_queue, WRITES),
+    t.FlushAllQueues: Operation("flush_all_queues", handle_flush_all_queues, WRITES),
+    t.DeleteQueue: Operation("delete_queue", handle_delete_queue, WRITES),
+    t.CurrentStatus: Operation("current_status", handle_current_status, ANY),
+    t.SetStatus: Operation("set_status", handle_set_status, ANY),
+    t.GetVersion: Operation("get_version", handle_get_version, ANY),
+    t.BadCall: Operation("bad_call", handle_bad_call, ANY),
 }
+"""Each method with its operation: its name (counted as ``thrift_cmd_<name>``; a call the
+codec could not build is ``bad_call``), handler and access (``context.ANY``/``READS``/
+``WRITES``), checked by the pump before the handler runs."""
