@@ -56,8 +56,9 @@ from tercel.server import stats
 from tercel.server.admin_rules import check_admin_settings, is_loopback
 from tercel.server.context import ServerContext
 from tercel.server.dashboard import Dashboard
+from tercel.server.figures import ADMIN, COUNTER, LABEL, Reading
 from tercel.server.http import error_response, json_response
-from tercel.server.metrics import PERCENTILES, LogHistogram
+from tercel.server.metrics import DISTRIBUTIONS, PERCENTILES, LogHistogram
 from tercel.server.status import parse_status
 
 if TYPE_CHECKING:
@@ -71,50 +72,8 @@ MAX_PERIOD_S = 3600
 MAX_PERIODS = 8
 """At most this many distinct windows are kept, so a client cannot make us keep thousands."""
 
-_QUEUE_COUNTERS = (
-    "total_items",
-    "expired_items",
-    "discarded",
-    "transactions",
-    "canceled_transactions",
-    "total_flushes",
-    "journal_rewrites",
-    "journal_rotations",
-)
 QUEUE_PREFIX = "q/"
 """Per-queue stats are ``q/<queue>/<stat>`` (exported with a ``queue`` label)."""
-
-_DOCS = {
-    "items": "Items waiting (open reads excluded).",
-    "bytes": "Payload bytes waiting.",
-    "total_items": "Items added.",
-    "set_latency_usec": "Time to handle a set, in microseconds.",
-    "get_hit_latency_usec": "Time to answer a get that found an item, in microseconds.",
-    "get_miss_latency_usec": "Time to answer a get that found none, in microseconds.",
-    "delivery_latency_msec": "Time from an item's add to its removal, in milliseconds.",
-    "journal_torn_tails": "Torn journal tails cut at start-up.",
-    "journal_write_errors": "Failed journal writes and fsyncs.",
-    "journal_fsyncs": "Group fsyncs of sync_journal = true queues.",
-    "journal_fsync_waits": "Reply writes released after a group fsync.",
-    "journal_fsyncs_aio": "Group fsyncs that went through native AIO.",
-    "beanstalk/tube/curr_jobs_ready": "beanstalkd jobs ready in the tube.",
-    "beanstalk/tube/curr_jobs_urgent": "Ready beanstalkd jobs of priority below 1024.",
-    "beanstalk/tube/curr_jobs_reserved": "beanstalkd jobs of the tube reserved now.",
-    "beanstalk/tube/curr_jobs_delayed": "beanstalkd jobs of the tube waiting for their delay.",
-    "beanstalk/tube/curr_jobs_buried": "beanstalkd jobs of the tube buried.",
-    "beanstalk/tube/total_jobs": "beanstalkd jobs put into the tube.",
-    "beanstalk/tube/cmd_delete": "beanstalkd delete commands on jobs of the tube.",
-    "beanstalk/tube/cmd_pause_tube": "beanstalkd pause-tube commands on the tube.",
-    "journal_files_open": "Journal file descriptors held by the pool now.",
-    "journal_files_limit": "The pool's bound (max_open_journals, or auto).",
-    "journal_files_evictions": "Journal descriptors closed by the pool (least recently used).",
-    "journal_files_reopens": "Parked journal files opened again on their next use.",
-    "journal_files_emfile": "Journal file opens that failed with EMFILE or ENFILE.",
-    "journal_files_refused": "Opens given up: a request refused, a rotation or compaction put off.",
-    "journal_files_put_off": "Journal rotations and compactions put off for want of a descriptor.",
-    "queues_replaying": "Queues on disk not replayed yet (start-up replays in the background).",
-    "replaying": "1 while the queue's replay is not done (its figures: what it read so far).",
-}
 
 
 @dataclass
@@ -128,6 +87,9 @@ class Snapshot:
     families: dict[str, str] = field(default_factory=lambda: {QUEUE_PREFIX: "queue"})
     """Key prefixes of per-entity stats (``<prefix><entity>/<stat>``) and the Prometheus label
     the entity goes in: ``q/`` (queues) and each front end's, as ``beanstalk/tube/``."""
+    help: dict[str, str] = field(default_factory=dict)
+    """Each stat's help (its figure's), by its key without the entity: ``items``,
+    ``beanstalk/curr_producers``, ``beanstalk/tube/total_jobs``."""
 
     def minus(self, earlier: Snapshot) -> Snapshot:
         """Counters and distributions counted since ``earlier``; gauges and labels as now."""
@@ -137,7 +99,7 @@ class Snapshot:
             for k, h in self.metrics.items()
         }
         return Snapshot(
-            counters, dict(self.gauges), dict(self.labels), metrics, dict(self.families)
+            counters, dict(self.gauges), dict(self.labels), metrics, dict(self.families), self.help
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -151,56 +113,22 @@ class Snapshot:
 
 
 def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
-    """Every stat of ``server`` now in Ostrich's groups, from the one typed snapshot
-    (``server/stats.py``); ``copy`` the histograms to keep the snapshot."""
-    stat = stats.snapshot(server)
+    """Every stat of ``server`` now in Ostrich's groups: the figures shown on the admin port
+    (``server/stats.py``, each front end's) and the latency distributions; ``copy`` the
+    histograms to keep the snapshot."""
     snap = Snapshot()
-    snap.counters.update({k: getattr(stat, k) for k in stats.GLOBAL_COUNTERS})
-    for fe, counters in stat.front_ends.items():
-        for k, v in counters.items():  # curr_* are levels, the rest counts
-            (snap.gauges if k.startswith("curr_") else snap.counters)[f"{fe}/{k}"] = v
-    for fe, (label, entities) in stat.labelled.items():
+    _add(snap, stats.server_readings(server, ADMIN), "")
+    for fe, readings in server.front_end_counters().items():
+        _add(snap, readings, f"{fe}/")
+    for fe, (label, entities) in server.labelled_counters().items():
         prefix = f"{fe}/{label}/"
         snap.families[prefix] = label
-        for entity, counters in entities.items():
-            for k, v in counters.items():
-                group = snap.gauges if k.startswith("curr_") else snap.counters
-                group[f"{prefix}{entity}/{k}"] = v
-    snap.gauges.update(
-        items=stat.curr_items,
-        bytes=stat.bytes,
-        reserved_memory_ratio=round(stat.reserved_memory_ratio, 3),
-        connections=stat.curr_connections,
-        uptime=stat.uptime,
-        journal_files_open=stat.journal_files_open,
-        journal_files_limit=stat.journal_files_limit,
-        queues_replaying=stat.queues_replaying,
-    )
-    snap.gauges["status/readable"] = int(stat.readable)
-    snap.gauges["status/writeable"] = int(stat.writable)
-    snap.labels.update(version=stat.version, status=stat.status)
-    for q in stat.queues:
-        p = f"q/{q.name}/"
-        snap.counters.update({p + k: getattr(q, k) for k in _QUEUE_COUNTERS})
-        gauges: dict[str, int | float] = {
-            "items": q.items,
-            "max_items": q.max_items,
-            "bytes": q.bytes,
-            "max_bytes": q.max_bytes,
-            "journal_size": q.journal_size,
-            "mem_items": q.mem_items,
-            "mem_bytes": q.mem_bytes,
-            "age_msec": q.age,
-            "waiters": q.waiters,
-            "open_transactions": q.open_transactions,
-            "create_time": q.create_time // 1000,
-        }
-        if q.replaying:  # on disk, not replayed yet: the figures are what replay read so far
-            gauges["replaying"] = 1
-        snap.gauges.update({p + k: v for k, v in gauges.items()})
-    for name, (items, nbytes) in stat.alias_puts.items():
-        snap.counters[f"q/{name}/put_items"] = items
-        snap.counters[f"q/{name}/put_bytes"] = nbytes
+        for entity, readings in entities.items():
+            _add(snap, readings, prefix, f"{entity}/")
+    for r in stats.queue_readings(server, ADMIN):
+        _add(snap, r.readings, QUEUE_PREFIX, f"{r.name}/")
+    for r in stats.alias_readings(server):
+        _add(snap, r.readings, QUEUE_PREFIX, f"{r.name}/")
     metrics = server.metrics
     coll = server.collection
     metrics.prune({q.name for q in coll} | set(coll.config.aliases))
@@ -211,6 +139,23 @@ def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
             if h.sum or any(h.counts):  # a queue's empty distributions are left out
                 snap.metrics[f"q/{name}/{key}"] = h.copy() if copy else h
     return snap
+
+
+def _add(snap: Snapshot, readings: list[Reading], prefix: str, entity: str = "") -> None:
+    """File each reading under ``<prefix><entity><its admin name>`` in its kind's group."""
+    for f, v in readings:
+        key = f.admin_name
+        if key is None:
+            continue
+        stat = key if prefix == QUEUE_PREFIX else prefix + key
+        snap.help[stat] = f.help
+        full = prefix + entity + key
+        if f.kind is LABEL:
+            snap.labels[full] = str(v)
+        elif f.kind is COUNTER:
+            snap.counters[full] = v
+        else:
+            snap.gauges[full] = round(v, 3) if isinstance(v, float) else v
 
 
 class PeriodCollector:
@@ -274,9 +219,9 @@ class _PrometheusCollector:
                 labelled.setdefault((kind, stat), (label, []))[1].append((entity, value))
         for kind, key, value in plain:
             if (kind, key) not in labelled:
-                yield _family(kind, _metric_name(key), key, value)
+                yield _family(kind, _metric_name(key), snap.help.get(key, key), value)
         for (kind, stat), (label, samples) in labelled.items():
-            fam = _family(kind, _metric_name(stat), stat, None, label)
+            fam = _family(kind, _metric_name(stat), snap.help.get(stat, stat), None, label)
             for entity, value in samples:
                 fam.add_metric([entity], value)
             yield fam
@@ -291,7 +236,7 @@ class _PrometheusCollector:
             fam = families.get(stat)
             if fam is None:
                 fam = families[stat] = SummaryMetricFamily(
-                    _metric_name(stat), _DOCS.get(stat, stat), labels=["queue"]
+                    _metric_name(stat), DISTRIBUTIONS.get(stat, stat), labels=["queue"]
                 )
             fam.add_metric([name], hist.count, hist.sum)
             for _, p in PERCENTILES:
@@ -306,9 +251,8 @@ def _metric_name(stat: str) -> str:
 
 
 def _family(
-    kind: str, name: str, stat: str, value: Any, label: str = "queue"
+    kind: str, name: str, doc: str, value: Any, label: str = "queue"
 ) -> CounterMetricFamily | GaugeMetricFamily:
-    doc = _DOCS.get(stat, f"Kestrel's {stat}.")
     labels = None if value is not None else [label]
     if kind == "counter":
         return CounterMetricFamily(name, doc, value=value, labels=labels)

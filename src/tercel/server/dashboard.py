@@ -32,6 +32,8 @@ from aiohttp import web
 
 from tercel.errors import UnavailableError
 from tercel.names import valid_name
+from tercel.server import figures, stats
+from tercel.server.figures import DASHBOARD
 from tercel.server.history import History
 from tercel.server.http import error_response, json_response
 
@@ -47,6 +49,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 SAMPLE_EVERY_S = 1.0
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 5000
+_QUEUE_SHOWN = figures.shown(stats.QUEUE, DASHBOARD)
 
 
 class Dashboard:
@@ -95,44 +98,27 @@ class Dashboard:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
     def server_doc(self) -> dict[str, Any]:
-        """The server's figures for the page's cards."""
-        srv = self.server
-        coll = srv.collection
-        fsync = srv.committer.fsync_latency
+        """The server's figures for the page's cards (those shown on the dashboard,
+        ``server/stats.py``) and the rates of the last second."""
+        readings = stats.server_readings(self.server, DASHBOARD)
+        doc = dict(figures.keyed(readings, DASHBOARD))
         rates = self.history.latest_rates().get(None, (0.0, 0.0))
-        return {
-            "version": srv.version,
-            "status": srv.status.current.name,
-            "uptime_ms": srv.clock.now_ms() - srv.started_at,
-            "connections": len(srv.connections),
-            "queues": len(coll),
-            "items": coll.total_length,
-            "bytes": coll.total_bytes,
-            "journal_bytes": sum(q.log.size for q in coll),
-            "fsyncs": fsync.count,
-            "fsync_p50_us": fsync.percentile(0.5),
-            "fsync_p99_us": fsync.percentile(0.99),
-            "in_per_s": rates[0],
-            "out_per_s": rates[1],
-        }
+        doc.update(in_per_s=rates[0], out_per_s=rates[1])
+        return doc
 
     def queue_doc(
         self, q: PersistentQueue, now: int, rates: tuple[float, float] | None
     ) -> dict[str, Any]:
         """One queue's row."""
-        return {
-            "name": q.name,
-            "items": len(q),
-            "bytes": q.bytes,
-            "mem_bytes": q.mem_bytes,
-            "head_age_ms": q.head_age(now),
-            "open_reads": q.open_reads,
-            "open_leases": self.server.reservations.table.open_count(q),
-            "waiters": q.waiters,
-            "in_per_s": None if rates is None else rates[0],
-            "out_per_s": None if rates is None else rates[1],
-            "history": self.history.tracked(q.name),
-        }
+        reading = stats.queue_reading(self.server, _QUEUE_SHOWN, q.name, q, now)
+        doc: dict[str, Any] = {"name": q.name}
+        doc.update(figures.keyed(reading.readings, DASHBOARD))
+        doc.update(
+            in_per_s=None if rates is None else rates[0],
+            out_per_s=None if rates is None else rates[1],
+            history=self.history.tracked(q.name),
+        )
+        return doc
 
     async def now(self, request: web.Request) -> web.Response:
         search = request.query.get("search", "").strip()

@@ -152,6 +152,16 @@ def _padded(a: list[int], b: list[int]) -> tuple[list[int], list[int]]:
     return a + [0] * (n - len(a)), b + [0] * (n - len(b))
 
 
+DISTRIBUTIONS = {
+    "set_latency_usec": "Time to handle a set, in microseconds.",
+    "get_hit_latency_usec": "Time to answer a get that found an item, in microseconds.",
+    "get_miss_latency_usec": "Time to answer a get that found none, in microseconds.",
+    "delivery_latency_msec": "Time from an item's add to its removal, in milliseconds.",
+}
+"""The distributions each :class:`LatencySet` keeps (Ostrich's names, as in ``/stats.json``'s
+``metrics``) and their help (``/metrics``' summaries)."""
+
+
 class LatencySet:
     """The four distributions Kestrel keeps, for the whole server or one queue."""
 

@@ -1,25 +1,32 @@
-"""One typed stats snapshot, and Kestrel's STATS and DUMP_STATS lines rendered from it.
+"""Kestrel's figures, declared once (:data:`SERVER`, :data:`QUEUE`), and their readings.
 
-:func:`snapshot` reads every figure once into a :class:`StatsSnapshot` (server-wide figures,
-one :class:`QueueStats` per queue, and each front end's own counters); memcache's ``stats`` and
+Each figure is one :class:`~tercel.server.figures.Figure` below: its name (the memcache
+``stats`` line), kind, help, how it is read and where it is shown. memcache's ``stats`` and
 ``dump_stats`` (:func:`stats_lines`, :func:`dump_stats`), the admin port's ``/stats.json`` and
-``/metrics`` (``server/admin.py``) all render that one object, so no figure is computed twice
-or parsed back from text.
+``/metrics`` (``server/admin.py``) and the dashboard (``server/dashboard.py``) read the
+declarations, each only the figures it shows; nothing else lists them.
 
 Front ends: each connection counts itself under its front end's name (``curr_connections``,
-``total_connections`` per front end); a front end with counters of its own registers a
-provider with :meth:`~tercel.server.context.ServerContext.add_counters` (``cmd_*`` of its
-protocol), shown as ``<front end>_<counter>`` lines, ``<front end>/<counter>`` counters and
-``tercel_<front end>_<counter>`` metrics, without touching the others.
+``total_connections`` per front end, :data:`~tercel.server.figures.CONNECTIONS`); a front end
+with figures of its own registers them with
+:meth:`~tercel.server.context.ServerContext.add_counters` (``cmd_*`` of its protocol,
+beanstalkd's job counts), shown as ``<front end>_<figure>`` lines, ``<front end>/<figure>``
+on the admin port and ``tercel_<front end>_<figure>`` metrics, without touching the others.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
+from tercel.config import QueueConfig
 from tercel.core.queue import PersistentQueue
+from tercel.core.stats import GlobalStats
+from tercel.server import figures
 from tercel.server.context import ServerContext
+from tercel.server.figures import COUNTER, GAUGE, LABEL, WIRE, Figure, Reading
 
 
 def _physical_memory() -> int:
@@ -29,346 +36,504 @@ def _physical_memory() -> int:
         return 1
 
 
+# ---- the server's figures -----------------------------------------------------------------
+
+
+class ServerSource:
+    """What the server-wide figures read: the context, read once per snapshot."""
+
+    __slots__ = ("ctx", "now", "pool", "stats")
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        self.now = ctx.clock.now_ms()
+        self.stats: GlobalStats = ctx.collection.stats
+        self.pool: dict[str, int] = ctx.journal_files()
+
+
+def _reserved(s: ServerSource) -> float:
+    coll = s.ctx.collection
+    return sum(q.config.max_memory_size for q in coll) / _physical_memory()
+
+
+def _global(name: str, help_text: str) -> Figure[ServerSource]:
+    """A counter of :class:`~tercel.core.stats.GlobalStats`."""
+    return Figure(name, COUNTER, help_text, lambda s: getattr(s.stats, name))
+
+
+def _pool(name: str, kind: figures.Kind, help_text: str) -> Figure[ServerSource]:
+    """A figure of the journal descriptor pool (``DataDir.stats``)."""
+    key = name.removeprefix("journal_files_")
+    return Figure(name, kind, help_text, lambda s: s.pool.get(key, 0))
+
+
+SERVER: tuple[Figure[ServerSource], ...] = (
+    # Kestrel's 19, in Kestrel's order
+    Figure(
+        "uptime",
+        GAUGE,
+        "Seconds since the server started.",
+        lambda s: s.now // 1000 - s.ctx.started_at // 1000,
+    ),
+    Figure("time", GAUGE, "The server's clock, in Unix seconds.", lambda s: s.now // 1000, None),
+    Figure("version", LABEL, "tercel's version.", lambda s: s.ctx.version, dashboard="version"),
+    Figure(
+        "curr_items",
+        GAUGE,
+        "Items waiting, in every queue.",
+        lambda s: s.ctx.collection.total_length,
+        "items",
+        dashboard="items",
+    ),
+    _global("total_items", "Items added, to every queue."),
+    Figure(
+        "bytes",
+        GAUGE,
+        "Payload bytes waiting, in every queue.",
+        lambda s: s.ctx.collection.total_bytes,
+        dashboard="bytes",
+    ),
+    Figure(
+        "reserved_memory_ratio",
+        GAUGE,
+        "The queues' max_memory_size summed, over the physical memory.",
+        _reserved,
+    ),
+    Figure(
+        "curr_connections",
+        GAUGE,
+        "Client connections open now, every front end.",
+        lambda s: len(s.ctx.connections),
+        "connections",
+        dashboard="connections",
+    ),
+    Figure(
+        "total_connections",
+        COUNTER,
+        "Client connections accepted, every front end.",
+        lambda s: s.ctx.total_connections,
+    ),
+    _global("cmd_get", "Reads asked for (memcache get, text and Thrift get)."),
+    _global("cmd_set", "Items put."),
+    _global("cmd_peek", "Peeks asked for."),
+    _global("get_hits", "Reads that found an item."),
+    _global("get_misses", "Reads that found none."),
+    Figure("bytes_read", COUNTER, "Bytes read from clients.", lambda s: s.ctx.bytes_read),
+    Figure("bytes_written", COUNTER, "Bytes written to clients.", lambda s: s.ctx.bytes_written),
+    _global("queue_creates", "Queues created."),
+    _global("queue_deletes", "Queues deleted."),
+    _global("queue_expires", "Queues deleted for being empty past their expiry."),
+    # tercel's own
+    _global("journal_torn_tails", "Torn journal tails cut at start-up."),
+    Figure(
+        "journal_write_errors",
+        COUNTER,
+        "Failed journal writes and fsyncs.",
+        lambda s: s.ctx.committer.write_errors,
+    ),
+    Figure(
+        "journal_fsyncs",
+        COUNTER,
+        "Group fsyncs of sync_journal = true queues.",
+        lambda s: s.ctx.committer.fsyncs,
+    ),
+    Figure(
+        "journal_fsync_waits",
+        COUNTER,
+        "Reply writes released after a group fsync.",
+        lambda s: s.ctx.committer.fsync_waits,
+    ),
+    Figure(
+        "journal_fsyncs_aio",
+        COUNTER,
+        "Group fsyncs that went through native AIO.",
+        lambda s: s.ctx.committer.aio_fsyncs,
+    ),
+    _pool("journal_files_open", GAUGE, "Journal file descriptors held by the pool now."),
+    _pool("journal_files_limit", GAUGE, "The pool's bound (max_open_journals, or auto)."),
+    _pool(
+        "journal_files_evictions",
+        COUNTER,
+        "Journal descriptors closed by the pool (least recently used).",
+    ),
+    _pool("journal_files_reopens", COUNTER, "Parked journal files opened again on their next use."),
+    _pool("journal_files_emfile", COUNTER, "Journal file opens that failed with EMFILE or ENFILE."),
+    _pool(
+        "journal_files_refused",
+        COUNTER,
+        "Opens given up: a request refused, a rotation or compaction put off.",
+    ),
+    _pool(
+        "journal_files_put_off",
+        COUNTER,
+        "Journal rotations and compactions put off for want of a descriptor.",
+    ),
+    Figure(
+        "queues_replaying",
+        GAUGE,
+        "Queues on disk not replayed yet (start-up replays in the background).",
+        lambda s: s.ctx.collection.pending,
+    ),
+    # the admin port's and the dashboard's only
+    Figure(
+        "status",
+        LABEL,
+        "The server's status (UP, READONLY, QUIESCENT...).",
+        lambda s: s.ctx.status.current.name,
+        wire=False,
+        dashboard="status",
+    ),
+    Figure(
+        "uptime_ms",
+        GAUGE,
+        "Milliseconds since the server started.",
+        lambda s: s.now - s.ctx.started_at,
+        None,
+        wire=False,
+        dashboard="uptime_ms",
+    ),
+    Figure(
+        "queues",
+        GAUGE,
+        "Queues replayed (those on disk not replayed yet aside).",
+        lambda s: len(s.ctx.collection),
+        None,
+        wire=False,
+        dashboard="queues",
+    ),
+    Figure(
+        "journal_bytes",
+        GAUGE,
+        "Bytes of every queue's journal files.",
+        lambda s: sum(q.log.size for q in s.ctx.collection),
+        None,
+        wire=False,
+        dashboard="journal_bytes",
+    ),
+    Figure(
+        "fsyncs",
+        COUNTER,
+        "Group fsyncs timed (their latency: fsync_p50_us, fsync_p99_us).",
+        lambda s: s.ctx.committer.fsync_latency.count,
+        None,
+        wire=False,
+        dashboard="fsyncs",
+    ),
+    Figure(
+        "fsync_p50_us",
+        GAUGE,
+        "Median group fsync time, in microseconds.",
+        lambda s: s.ctx.committer.fsync_latency.percentile(0.5),
+        None,
+        wire=False,
+        dashboard="fsync_p50_us",
+    ),
+    Figure(
+        "fsync_p99_us",
+        GAUGE,
+        "99th percentile group fsync time, in microseconds.",
+        lambda s: s.ctx.committer.fsync_latency.percentile(0.99),
+        None,
+        wire=False,
+        dashboard="fsync_p99_us",
+    ),
+    Figure(
+        "readable",
+        GAUGE,
+        "1 when the status lets clients read.",
+        lambda s: int(s.ctx.status.current.readable),
+        "status/readable",
+        wire=False,
+    ),
+    Figure(
+        "writable",
+        GAUGE,
+        "1 when the status lets clients write.",
+        lambda s: int(s.ctx.status.current.writable),
+        "status/writeable",
+        wire=False,
+    ),
+)
+"""The server-wide figures: the global ``stats`` lines are Kestrel's 19 in Kestrel's order,
+then tercel's own."""
+
+
+# ---- one queue's figures ------------------------------------------------------------------
+
+
+class QueueSource:
+    """What one queue's figures read. ``queue`` is None for a queue on disk not replayed yet
+    (only the figures ``from_config`` are read then; the others are 0)."""
+
+    __slots__ = ("config", "ctx", "name", "now", "queue", "replaying")
+
+    def __init__(
+        self,
+        ctx: ServerContext,
+        name: str,
+        config: QueueConfig,
+        queue: PersistentQueue | None,
+        now: int,
+        *,
+        replaying: bool,
+    ) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.config = config
+        self.queue = queue
+        self.now = now
+        self.replaying = replaying
+
+    @property
+    def q(self) -> PersistentQueue:
+        """The queue (a figure not ``from_config`` is read only when there is one)."""
+        assert self.queue is not None
+        return self.queue
+
+
+def _attr(name: str, kind: figures.Kind, help_text: str, **where: Any) -> Figure[QueueSource]:
+    """A figure read from the queue's attribute of the same name."""
+    return Figure(name, kind, help_text, lambda s: getattr(s.q, name), **where)
+
+
+QUEUE: tuple[Figure[QueueSource], ...] = (
+    # Kestrel's, in Kestrel's order
+    Figure(
+        "items",
+        GAUGE,
+        "Items waiting (open reads excluded).",
+        lambda s: len(s.q),
+        dashboard="items",
+    ),
+    _attr("bytes", GAUGE, "Payload bytes waiting.", dashboard="bytes"),
+    _attr("total_items", COUNTER, "Items added."),
+    Figure(
+        "logsize",
+        GAUGE,
+        "Bytes of the queue's current journal file.",
+        lambda s: s.q.log.current_size,
+        None,
+    ),
+    _attr("expired_items", COUNTER, "Items expired (max_age or their own expiry)."),
+    _attr("mem_items", GAUGE, "Items waiting held in memory (read-behind keeps the rest on disk)."),
+    _attr(
+        "mem_bytes",
+        GAUGE,
+        "Payload bytes waiting held in memory.",
+        dashboard="mem_bytes",
+    ),
+    Figure(
+        "age",
+        GAUGE,
+        "Milliseconds the last item taken had waited (Kestrel's age); 0 when empty.",
+        lambda s: s.q.age(s.now),
+        "age_msec",
+    ),
+    _attr("discarded", COUNTER, "Items dropped for a full queue (discard_old_when_full)."),
+    _attr("waiters", GAUGE, "Clients waiting for an item.", dashboard="waiters"),
+    Figure(
+        "open_transactions",
+        GAUGE,
+        "Reliable reads open now (open/close, leases excluded).",
+        lambda s: s.q.open_reads,
+        dashboard="open_reads",
+    ),
+    _attr("transactions", COUNTER, "Reliable reads opened."),
+    _attr("canceled_transactions", COUNTER, "Reliable reads aborted (the item went back)."),
+    _attr("total_flushes", COUNTER, "Flushes of the queue."),
+    _attr("journal_rewrites", COUNTER, "Compactions of the queue's journal."),
+    _attr("journal_rotations", COUNTER, "Rotations of the queue's journal."),
+    # tercel's own
+    Figure(
+        "open_leases",
+        GAUGE,
+        "Leases open now.",
+        lambda s: s.ctx.reservations.table.open_count(s.q),
+        None,
+        dashboard="open_leases",
+    ),
+    _attr("dead_lettered", COUNTER, "Items moved to the dead-letter queue.", admin=None),
+    Figure(
+        "children",
+        LABEL,
+        "A fanout parent's children, comma-separated.",
+        lambda s: ",".join(s.ctx.collection.children(s.name)),
+        None,
+        omit_zero=True,
+    ),
+    Figure(
+        "replaying",
+        GAUGE,
+        "1 while the queue's replay is not done (its figures: what it read so far).",
+        lambda s: int(s.replaying),
+        omit_zero=True,
+        from_config=True,
+    ),
+    # the admin port's and the dashboard's only
+    Figure(
+        "max_items",
+        GAUGE,
+        "The queue's max_items.",
+        lambda s: s.config.max_items,
+        wire=False,
+        from_config=True,
+    ),
+    Figure(
+        "max_bytes",
+        GAUGE,
+        "The queue's max_size, in bytes.",
+        lambda s: s.config.max_size,
+        wire=False,
+        from_config=True,
+    ),
+    Figure(
+        "journal_size",
+        GAUGE,
+        "Bytes of the queue's journal files.",
+        lambda s: s.q.log.size,
+        wire=False,
+    ),
+    Figure(
+        "create_time",
+        GAUGE,
+        "When the queue was created, in Unix seconds.",
+        lambda s: s.q.create_time // 1000,
+        wire=False,
+    ),
+    Figure(
+        "head_age",
+        GAUGE,
+        "Milliseconds the head item has waited; 0 when empty.",
+        lambda s: s.q.head_age(s.now),
+        None,
+        wire=False,
+        dashboard="head_age_ms",
+    ),
+)
+"""One queue's figures: its ``stats`` lines are Kestrel's in Kestrel's order, then tercel's own
+(leases open now, items moved to the dead-letter queue); ``children`` follows for a fanout
+parent, and ``replaying 1`` for a queue on disk not replayed yet."""
+
+
+# ---- an alias's figures ------------------------------------------------------------------
+
+ALIAS: tuple[Figure[tuple[int, int]], ...] = (
+    Figure("put_items", COUNTER, "Items put through the alias.", lambda s: s[0], wire=False),
+    Figure(
+        "put_bytes", COUNTER, "Payload bytes put through the alias.", lambda s: s[1], wire=False
+    ),
+)
+"""An alias's figures (its source: ``(items, bytes)`` put through it), shown per queue name."""
+
+
+# ---- readings -----------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
-class QueueStats:
-    """One queue's figures (``mem_*``: the part held in memory; the rest is on disk)."""
+class QueueReading:
+    """One queue's figures shown on one view, at one moment."""
 
     name: str
-    items: int
-    bytes: int
-    total_items: int
-    logsize: int
-    journal_size: int
-    expired_items: int
-    mem_items: int
-    mem_bytes: int
-    age: int
-    discarded: int
-    waiters: int
-    open_transactions: int
-    transactions: int
-    canceled_transactions: int
-    total_flushes: int
-    journal_rewrites: int
-    journal_rotations: int
-    open_leases: int
-    dead_lettered: int
-    children: tuple[str, ...]
-    max_items: int
-    max_bytes: int
-    create_time: int
-    replaying: bool = False
-    """A queue on disk whose replay has not finished (start-up replays in the background):
-    its figures are what its replay has read so far (0 before it starts; from a checkpoint,
-    the checkpoint's items and bytes as soon as it starts)."""
+    readings: list[Reading]
 
-
-@dataclass(frozen=True, slots=True)
-class StatsSnapshot:
-    """Every figure of a server at one moment."""
-
-    uptime: int
-    time: int
-    version: str
-    curr_items: int
-    total_items: int
-    bytes: int
-    reserved_memory_ratio: float
-    curr_connections: int
-    total_connections: int
-    cmd_get: int
-    cmd_set: int
-    cmd_peek: int
-    get_hits: int
-    get_misses: int
-    bytes_read: int
-    bytes_written: int
-    queue_creates: int
-    queue_deletes: int
-    queue_expires: int
-    journal_torn_tails: int
-    journal_write_errors: int
-    journal_fsyncs: int
-    journal_fsync_waits: int
-    journal_fsyncs_aio: int
-    journal_files_open: int
-    journal_files_limit: int
-    journal_files_evictions: int
-    journal_files_reopens: int
-    journal_files_emfile: int
-    journal_files_refused: int
-    journal_files_put_off: int
-    queues_replaying: int
-    """Queues on disk not replayed yet (start-up replays them in the background); they are in
-    :attr:`queues` with ``replaying`` set."""
-    status: str
-    readable: bool
-    writable: bool
-    queues: list[QueueStats] = field(default_factory=list)
-    """Sorted by name."""
-    front_ends: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Per front end (by listener name): its connection counts and its own counters."""
-    labelled: dict[str, tuple[str, dict[str, dict[str, int]]]] = field(default_factory=dict)
-    """Per front end with counters per entity (beanstalkd: per tube): the label's name and
-    ``{entity: {counter: value}}`` (``curr_*`` are levels, the rest count)."""
-    alias_puts: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Per alias: items and bytes put through it."""
-
-    def queue(self, name: str) -> QueueStats | None:
-        for q in self.queues:
-            if q.name == name:
-                return q
+    def get(self, figure: str) -> Any:
+        """The value of the figure called ``figure``, None when it is not read."""
+        for f, v in self.readings:
+            if f.name == figure:
+                return v
         return None
 
 
-GLOBAL_LINES = (
-    "uptime",
-    "time",
-    "version",
-    "curr_items",
-    "total_items",
-    "bytes",
-    "reserved_memory_ratio",
-    "curr_connections",
-    "total_connections",
-    "cmd_get",
-    "cmd_set",
-    "cmd_peek",
-    "get_hits",
-    "get_misses",
-    "bytes_read",
-    "bytes_written",
-    "queue_creates",
-    "queue_deletes",
-    "queue_expires",
-    "journal_torn_tails",
-    "journal_write_errors",
-    "journal_fsyncs",
-    "journal_fsync_waits",
-    "journal_fsyncs_aio",
-    "journal_files_open",
-    "journal_files_limit",
-    "journal_files_evictions",
-    "journal_files_reopens",
-    "journal_files_emfile",
-    "journal_files_refused",
-    "journal_files_put_off",
-    "queues_replaying",
-)
-"""The global ``stats`` lines: Kestrel's 19 in Kestrel's order, then tercel's own."""
-
-GLOBAL_LEVELS = frozenset(
-    {
-        "uptime",
-        "time",
-        "version",
-        "curr_items",
-        "bytes",
-        "reserved_memory_ratio",
-        "curr_connections",
-        "journal_files_open",
-        "journal_files_limit",
-    }
-)
-"""The global lines that are levels, not counts (the admin port's gauges and labels)."""
-
-GLOBAL_COUNTERS = tuple(k for k in GLOBAL_LINES if k not in GLOBAL_LEVELS)
-"""The global lines that only grow: the admin port's ``counters`` (``/stats.json``) and
-``tercel_<name>_total`` (``/metrics``)."""
-
-QUEUE_LINES = (
-    "items",
-    "bytes",
-    "total_items",
-    "logsize",
-    "expired_items",
-    "mem_items",
-    "mem_bytes",
-    "age",
-    "discarded",
-    "waiters",
-    "open_transactions",
-    "transactions",
-    "canceled_transactions",
-    "total_flushes",
-    "journal_rewrites",
-    "journal_rotations",
-    "open_leases",
-    "dead_lettered",
-)
-"""One queue's lines: Kestrel's in Kestrel's order, then tercel's own (leases open now, items
-moved to the dead-letter queue); ``children`` follows for a fanout parent, and ``replaying 1``
-for a queue on disk not replayed yet."""
+def server_readings(ctx: ServerContext, view: str) -> list[Reading]:
+    """The server-wide figures shown on ``view``, now."""
+    return figures.read(figures.shown(SERVER, view), ServerSource(ctx))
 
 
-def queue_stats(
-    ctx: ServerContext, q: PersistentQueue, now: int, replaying: bool = False
-) -> QueueStats:
-    cfg = q.config
-    return QueueStats(
-        name=q.name,
-        items=len(q),
-        bytes=q.bytes,
-        total_items=q.total_items,
-        logsize=q.log.current_size,
-        journal_size=q.log.size,
-        expired_items=q.expired_items,
-        mem_items=q.mem_items,
-        mem_bytes=q.mem_bytes,
-        age=q.age(now),
-        discarded=q.discarded,
-        waiters=q.waiters,
-        open_transactions=q.open_reads,
-        transactions=q.transactions,
-        canceled_transactions=q.canceled_transactions,
-        total_flushes=q.total_flushes,
-        journal_rewrites=q.journal_rewrites,
-        journal_rotations=q.journal_rotations,
-        open_leases=ctx.reservations.table.open_count(q),
-        dead_lettered=q.dead_lettered,
-        children=tuple(ctx.collection.children(q.name)),
-        max_items=cfg.max_items,
-        max_bytes=cfg.max_size,
-        create_time=q.create_time,
-        replaying=replaying,
-    )
+def queue_reading(
+    ctx: ServerContext,
+    shown: tuple[Figure[QueueSource], ...],
+    name: str,
+    q: PersistentQueue | None,
+    now: int,
+    *,
+    replaying: bool = False,
+) -> QueueReading:
+    """One queue's figures of ``shown``; ``q`` None for a queue on disk not read at all (its
+    figures not ``from_config`` are 0)."""
+    cfg = q.config if q is not None else ctx.collection.config.queue_config(name)
+    src = QueueSource(ctx, name, cfg, q, now, replaying=replaying)
+    if q is None:
+        readings = [
+            (f, f.read(src) if f.from_config else 0)
+            for f in shown
+            if not f.omit_zero or (f.from_config and f.read(src))
+        ]
+    else:
+        readings = figures.read(shown, src)
+    return QueueReading(name, readings)
 
 
-def pending_stats(ctx: ServerContext, now: int, names: list[str] | None = None) -> list[QueueStats]:
-    """The figures of the queues on disk not replayed yet (of ``names``, all pending, or of
-    every one): those being replayed as far as their replay went, the others' all 0
-    (nothing is read for them: 100,000 queues would be 100,000 file reads per ``stats``)."""
+def queue_names(ctx: ServerContext, names: tuple[str, ...] | None = None) -> list[str]:
+    """The queues a snapshot lists, sorted: the named ones that exist (replayed or not), or
+    all."""
     coll = ctx.collection
     if names is None:
-        names = coll.pending_names()
-    if not names:
-        return []
-    half = coll.half_built()
-    out = []
-    for name in names:
-        q = half.get(name)
-        if q is not None:
-            out.append(queue_stats(ctx, q, now, replaying=True))
-            continue
-        cfg = coll.config.queue_config(name)
-        out.append(replace(_NOT_READ, name=name, max_items=cfg.max_items, max_bytes=cfg.max_size))
-    return out
+        return sorted([q.name for q in coll] + coll.pending_names())
+    return sorted(n for n in set(names) if coll.replayed(n) is not None or coll.is_pending(n))
 
 
-_NOT_READ = QueueStats(
-    name="",
-    items=0,
-    bytes=0,
-    total_items=0,
-    logsize=0,
-    journal_size=0,
-    expired_items=0,
-    mem_items=0,
-    mem_bytes=0,
-    age=0,
-    discarded=0,
-    waiters=0,
-    open_transactions=0,
-    transactions=0,
-    canceled_transactions=0,
-    total_flushes=0,
-    journal_rewrites=0,
-    journal_rotations=0,
-    open_leases=0,
-    dead_lettered=0,
-    children=(),
-    max_items=0,
-    max_bytes=0,
-    create_time=0,
-    replaying=True,
-)
-"""A queue on disk not replayed yet (its own name and limits replaced)."""
-
-
-def snapshot(ctx: ServerContext, names: tuple[str, ...] | None = None) -> StatsSnapshot:
-    """Read every figure now (the queues named, or all)."""
+def queue_readings(
+    ctx: ServerContext, view: str, names: list[str] | None = None
+) -> Iterator[QueueReading]:
+    """Each queue's figures shown on ``view`` (of ``names``, else of every queue; sorted by
+    name). A queue on disk not replayed yet is listed as replaying, never replayed now: those
+    being replayed as far as their replay went, the others' all 0 (nothing is read for them:
+    100,000 queues would be 100,000 file reads per ``stats``)."""
+    shown = figures.shown(QUEUE, view)
     coll = ctx.collection
-    st = coll.stats
     now = ctx.clock.now_ms()
-    committer = ctx.committer
-    status = ctx.status.current
-    if names is None:
-        queues = list(coll)
-        listed = [queue_stats(ctx, q, now) for q in queues] + pending_stats(ctx, now)
-        listed.sort(key=lambda q: q.name)
-    else:  # a queue not replayed yet is listed as replaying, not replayed now
-        queues = [q for q in (coll.replayed(n) for n in names) if q is not None]
-        listed = [queue_stats(ctx, q, now) for q in queues]
-        listed += pending_stats(ctx, now, [n for n in names if coll.is_pending(n)])
-    reserved = sum(q.config.max_memory_size for q in coll) / _physical_memory()
-    pool = ctx.journal_files()
-    return StatsSnapshot(
-        uptime=now // 1000 - ctx.started_at // 1000,
-        time=now // 1000,
-        version=ctx.version,
-        curr_items=coll.total_length,
-        total_items=st.total_items,
-        bytes=coll.total_bytes,
-        reserved_memory_ratio=reserved,
-        curr_connections=len(ctx.connections),
-        total_connections=ctx.total_connections,
-        cmd_get=st.cmd_get,
-        cmd_set=st.cmd_set,
-        cmd_peek=st.cmd_peek,
-        get_hits=st.get_hits,
-        get_misses=st.get_misses,
-        bytes_read=ctx.bytes_read,
-        bytes_written=ctx.bytes_written,
-        queue_creates=st.queue_creates,
-        queue_deletes=st.queue_deletes,
-        queue_expires=st.queue_expires,
-        journal_torn_tails=st.journal_torn_tails,
-        journal_write_errors=committer.write_errors,
-        journal_fsyncs=committer.fsyncs,
-        journal_fsync_waits=committer.fsync_waits,
-        journal_fsyncs_aio=committer.aio_fsyncs,
-        journal_files_open=pool.get("open", 0),
-        journal_files_limit=pool.get("limit", 0),
-        journal_files_evictions=pool.get("evictions", 0),
-        journal_files_reopens=pool.get("reopens", 0),
-        journal_files_emfile=pool.get("emfile", 0),
-        journal_files_refused=pool.get("refused", 0),
-        journal_files_put_off=pool.get("put_off", 0),
-        queues_replaying=coll.pending,
-        status=status.name,
-        readable=status.readable,
-        writable=status.writable,
-        queues=listed,
-        front_ends=ctx.front_end_counters(),
-        labelled=ctx.labelled_counters(),
-        alias_puts={k: (v[0], v[1]) for k, v in coll.alias_puts.items()},
-    )
+    half = coll.half_built() if coll.pending else {}
+    for name in queue_names(ctx) if names is None else names:
+        q = coll.replayed(name)
+        if q is not None:
+            yield queue_reading(ctx, shown, name, q, now)
+        elif coll.is_pending(name):
+            yield queue_reading(ctx, shown, name, half.get(name), now, replaying=True)
 
 
-def _value(snap: StatsSnapshot, key: str) -> object:
-    if key == "reserved_memory_ratio":
-        return f"{snap.reserved_memory_ratio:.3f}"
-    return getattr(snap, key)
+def alias_readings(ctx: ServerContext) -> list[QueueReading]:
+    """Each alias's figures (on the admin port only)."""
+    return [
+        QueueReading(name, figures.read(ALIAS, (v[0], v[1])))
+        for name, v in ctx.collection.alias_puts.items()
+    ]
 
 
-def queue_lines(q: QueueStats) -> list[tuple[str, object]]:
+def _wire(value: Any) -> Any:
+    return f"{value:.3f}" if isinstance(value, float) else value
+
+
+def queue_lines(reading: QueueReading) -> list[tuple[str, object]]:
     """One queue's lines in Kestrel's order (``children`` only for a fanout parent)."""
-    lines: list[tuple[str, object]] = [(k, getattr(q, k)) for k in QUEUE_LINES]
-    if q.children:
-        lines.append(("children", ",".join(q.children)))
-    if q.replaying:
-        lines.append(("replaying", 1))
+    return [(f.name, _wire(v)) for f, v in reading.readings]
+
+
+def front_end_lines(ctx: ServerContext) -> list[tuple[str, object]]:
+    """Each front end's figures as ``<front end>_<figure>`` lines (sorted by front end, then
+    figure)."""
+    lines: list[tuple[str, object]] = []
+    for fe, readings in sorted(ctx.front_end_counters().items()):
+        named = sorted((f.admin_name or f.name, v) for f, v in readings)
+        lines.extend((f"{fe}_{k}", _wire(v)) for k, v in named)
     return lines
 
 
 def stats_lines(ctx: ServerContext) -> list[tuple[str, object]]:
     """Everything ``stats`` prints: global lines, each front end's, then each queue's."""
-    snap = snapshot(ctx)
-    lines = [(k, _value(snap, k)) for k in GLOBAL_LINES]
-    for fe, counters in sorted(snap.front_ends.items()):
-        lines.extend((f"{fe}_{k}", v) for k, v in sorted(counters.items()))
-    for q in snap.queues:
-        lines.extend((f"queue_{q.name}_{k}", v) for k, v in queue_lines(q))
+    lines = [(f.name, _wire(v)) for f, v in server_readings(ctx, WIRE)]
+    lines += front_end_lines(ctx)
+    for r in queue_readings(ctx, WIRE):
+        lines.extend((f"queue_{r.name}_{k}", v) for k, v in queue_lines(r))
     return lines
 
 
@@ -376,11 +541,7 @@ def dump_stats(
     ctx: ServerContext, names: tuple[str, ...]
 ) -> list[tuple[str, list[tuple[str, object]]]]:
     """``dump_stats`` blocks: the named queues (empty block for an unknown one), or all."""
-    snap = snapshot(ctx, names or None)
     if not names:
-        return [(q.name, queue_lines(q)) for q in snap.queues]
-    out: list[tuple[str, list[tuple[str, object]]]] = []
-    for name in names:
-        q = snap.queue(name)
-        out.append((name, [] if q is None else queue_lines(q)))
-    return out
+        return [(r.name, queue_lines(r)) for r in queue_readings(ctx, WIRE)]
+    found = {r.name: r for r in queue_readings(ctx, WIRE, queue_names(ctx, names))}
+    return [(name, queue_lines(found[name]) if name in found else []) for name in names]
