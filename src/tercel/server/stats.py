@@ -16,8 +16,10 @@ on the admin port and ``tercel_<front end>_<figure>`` metrics, without touching 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -473,32 +475,85 @@ def queue_reading(
     return QueueReading(name, readings)
 
 
-def queue_names(ctx: ServerContext, names: tuple[str, ...] | None = None) -> list[str]:
-    """The queues a snapshot lists, sorted: the named ones that exist (replayed or not), or
-    all."""
+SLICE = 64
+"""Queues read per loop pass by a sliced render (about 2 ms of pure Python at most): memcache
+``stats`` and ``dump_stats``, ``/stats.json``, ``/metrics`` and ``?period=`` windows of a
+server with more queues answer over several loop passes, serving other clients in between."""
+SORT_RUN = 4096
+"""Names sorted per loop pass (the runs are then merged as they are read)."""
+
+
+def queue_names(ctx: ServerContext, names: tuple[str, ...]) -> list[str]:
+    """The named queues that exist (replayed or not), sorted."""
     coll = ctx.collection
-    if names is None:
-        return sorted([q.name for q in coll] + coll.pending_names())
     return sorted(n for n in set(names) if coll.replayed(n) is not None or coll.is_pending(n))
+
+
+def sorted_names(ctx: ServerContext) -> Generator[None, None, Iterator[str]]:
+    """Every queue's name, replayed or not, in order: sorted in runs of :data:`SORT_RUN`
+    (yielding after each when there is more than one), merged as the result is read."""
+    coll = ctx.collection
+    queues = list(coll)
+    pending = coll.pending_names()
+    runs: list[list[str]] = []
+    for i in range(0, len(queues), SORT_RUN):
+        runs.append(sorted([q.name for q in queues[i : i + SORT_RUN]]))
+        if len(queues) + len(pending) > SORT_RUN:
+            yield
+    for i in range(0, len(pending), SORT_RUN):
+        runs.append(sorted(pending[i : i + SORT_RUN]))
+        if len(queues) + len(pending) > SORT_RUN:
+            yield
+    if len(runs) == 1:
+        return iter(runs[0])
+    return heapq.merge(*runs)
+
+
+def queue_batches(
+    ctx: ServerContext, view: str, names: list[str] | None = None
+) -> Iterator[list[QueueReading]]:
+    """Each queue's figures shown on ``view`` (of ``names``, else of every queue; sorted by
+    name), :data:`SLICE` queues per batch; an empty batch while the names are sorted. A
+    caller that yields to the loop between batches never holds it long, whatever the number
+    of queues; a queue deleted meanwhile is left out.
+
+    A queue on disk not replayed yet is listed as replaying, never replayed now: those being
+    replayed as far as their replay went, the others' all 0 (nothing is read for them:
+    100,000 queues would be 100,000 file reads per ``stats``)."""
+    if names is None:
+        sorter = sorted_names(ctx)
+        while True:
+            try:
+                next(sorter)
+            except StopIteration as stop:
+                ordered: Iterator[str] = stop.value
+                break
+            yield []
+    else:
+        ordered = iter(names)
+    shown = figures.shown(QUEUE, view)
+    coll = ctx.collection
+    while True:
+        now = ctx.clock.now_ms()
+        half = coll.half_built() if coll.pending else {}
+        batch = []
+        for name in itertools.islice(ordered, SLICE):
+            q = coll.replayed(name)
+            if q is not None:
+                batch.append(queue_reading(ctx, shown, name, q, now))
+            elif coll.is_pending(name):
+                batch.append(queue_reading(ctx, shown, name, half.get(name), now, replaying=True))
+        if not batch:
+            return
+        yield batch
 
 
 def queue_readings(
     ctx: ServerContext, view: str, names: list[str] | None = None
 ) -> Iterator[QueueReading]:
-    """Each queue's figures shown on ``view`` (of ``names``, else of every queue; sorted by
-    name). A queue on disk not replayed yet is listed as replaying, never replayed now: those
-    being replayed as far as their replay went, the others' all 0 (nothing is read for them:
-    100,000 queues would be 100,000 file reads per ``stats``)."""
-    shown = figures.shown(QUEUE, view)
-    coll = ctx.collection
-    now = ctx.clock.now_ms()
-    half = coll.half_built() if coll.pending else {}
-    for name in queue_names(ctx) if names is None else names:
-        q = coll.replayed(name)
-        if q is not None:
-            yield queue_reading(ctx, shown, name, q, now)
-        elif coll.is_pending(name):
-            yield queue_reading(ctx, shown, name, half.get(name), now, replaying=True)
+    """:func:`queue_batches` at once (for a caller that reads few queues)."""
+    for batch in queue_batches(ctx, view, names):
+        yield from batch
 
 
 def alias_readings(ctx: ServerContext) -> list[QueueReading]:
@@ -528,20 +583,47 @@ def front_end_lines(ctx: ServerContext) -> list[tuple[str, object]]:
     return lines
 
 
-def stats_lines(ctx: ServerContext) -> list[tuple[str, object]]:
-    """Everything ``stats`` prints: global lines, each front end's, then each queue's."""
+Lines = list[tuple[str, object]]
+"""``(name, value)`` lines of ``stats``, or of one ``dump_stats`` block."""
+PAUSE = None
+"""Yielded by a sliced render where its caller should let the loop run."""
+
+
+def stats_slices(ctx: ServerContext) -> Iterator[Lines | None]:
+    """Everything ``stats`` prints, in parts: global lines and each front end's, then each
+    queue's, :data:`PAUSE` between slices of queues."""
     lines = [(f.name, _wire(v)) for f, v in server_readings(ctx, WIRE)]
-    lines += front_end_lines(ctx)
-    for r in queue_readings(ctx, WIRE):
-        lines.extend((f"queue_{r.name}_{k}", v) for k, v in queue_lines(r))
-    return lines
+    yield lines + front_end_lines(ctx)
+    first = True
+    for batch in queue_batches(ctx, WIRE):
+        if not first:
+            yield PAUSE
+        first = False
+        yield [(f"queue_{r.name}_{k}", v) for r in batch for k, v in queue_lines(r)]
 
 
-def dump_stats(
+def stats_lines(ctx: ServerContext) -> Lines:
+    """Everything ``stats`` prints, at once."""
+    return [line for part in stats_slices(ctx) if part is not None for line in part]
+
+
+def dump_stats_slices(
     ctx: ServerContext, names: tuple[str, ...]
-) -> list[tuple[str, list[tuple[str, object]]]]:
-    """``dump_stats`` blocks: the named queues (empty block for an unknown one), or all."""
-    if not names:
-        return [(r.name, queue_lines(r)) for r in queue_readings(ctx, WIRE)]
-    found = {r.name: r for r in queue_readings(ctx, WIRE, queue_names(ctx, names))}
-    return [(name, queue_lines(found[name]) if name in found else []) for name in names]
+) -> Iterator[list[tuple[str, Lines]] | None]:
+    """``dump_stats`` blocks, in parts (:data:`PAUSE` between slices of queues): the named
+    queues (empty block for an unknown one), or all."""
+    if names:
+        found = {r.name: r for r in queue_readings(ctx, WIRE, queue_names(ctx, names))}
+        yield [(name, queue_lines(found[name]) if name in found else []) for name in names]
+        return
+    first = True
+    for batch in queue_batches(ctx, WIRE):
+        if not first:
+            yield PAUSE
+        first = False
+        yield [(r.name, queue_lines(r)) for r in batch]
+
+
+def dump_stats(ctx: ServerContext, names: tuple[str, ...]) -> list[tuple[str, Lines]]:
+    """``dump_stats`` blocks, at once."""
+    return [b for part in dump_stats_slices(ctx, names) if part is not None for b in part]

@@ -10,7 +10,8 @@ open-read violations and unknown commands -> ``ERROR``, ``UnavailableError``/jou
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from time import perf_counter_ns
 from typing import Any, Final
 
@@ -45,6 +46,8 @@ from tercel.server.connection import Connection
 from tercel.server.context import ANY, WRITES, ServerContext, sampled
 from tercel.server.memcache import leases as ext
 from tercel.server.status import parse_status
+
+log = logging.getLogger(__name__)
 
 EXPIRY_RELATIVE_LIMIT = 1_000_000
 """Kestrel's rule: a set's exptime below this is relative seconds, at or above it epoch
@@ -247,7 +250,7 @@ def handle_flush_expired(conn: MemcacheConnection, cmd: FlushExpired) -> None:
 
 
 def handle_dump_stats(conn: MemcacheConnection, cmd: DumpStats) -> None:
-    conn.out.append(mc.blocks(stats.dump_stats(conn.ctx, cmd.queues)))
+    SlicedReply(conn, stats.dump_stats_slices(conn.ctx, cmd.queues), _blocks).start()
 
 
 def handle_status(conn: MemcacheConnection, cmd: Status) -> None:
@@ -297,7 +300,69 @@ def _reload(conn: MemcacheConnection) -> None:
 
 
 def _stats(conn: MemcacheConnection) -> None:
-    conn.out.append(mc.stats(stats.stats_lines(conn.ctx)))
+    SlicedReply(conn, stats.stats_slices(conn.ctx), _stat_lines).start()
+
+
+def _stat_lines(lines: Any) -> bytes:
+    return mc.stats(lines)[: -len(mc.END)]
+
+
+def _blocks(blocks: Any) -> bytes:
+    return mc.blocks(blocks)[: -len(mc.END)]
+
+
+class SlicedReply:
+    """A reply rendered over several loop passes: memcache ``stats`` and ``dump_stats`` of a
+    server with many queues (``stats.SLICE`` queues per pass). ``parts`` yields what to
+    encode, and ``None`` where the loop should run. Rendered in one pass, the reply is
+    recorded at once; else the connection parks on it (the commands behind it wait, other
+    connections are served), each loop pass renders up to the next pause, and the last one
+    records the reply and resumes the connection."""
+
+    def __init__(
+        self, conn: MemcacheConnection, parts: Iterator[Any], encode: Callable[[Any], bytes]
+    ) -> None:
+        self.conn = conn
+        self.parts = parts
+        self.encode = encode
+        self.chunks: list[bytes] = []
+
+    def start(self) -> None:
+        conn = self.conn
+        if self.advance():
+            conn.out.append(b"".join(self.chunks) + mc.END)
+            return
+        conn.park_untimed(None, self, b"")
+        conn.ctx.loop.call_soon(self.step)
+
+    def advance(self) -> bool:
+        """Render up to the next pause; True when the reply is complete."""
+        for part in self.parts:
+            if part is None:
+                return False
+            self.chunks.append(self.encode(part))
+        return True
+
+    def step(self) -> None:
+        conn = self.conn
+        parked = conn.parked
+        if parked is None or parked.waiter is not self:
+            return  # the connection went away meanwhile
+        try:
+            done = self.advance()
+        except Exception:
+            log.exception("bug while rendering stats; closing the connection")
+            conn.parked = None
+            conn.closing = True
+            conn.resume()
+            return
+        if not done:
+            conn.ctx.loop.call_soon(self.step)
+            return
+        conn.parked = None
+        conn.out.append(b"".join(self.chunks) + mc.END)
+        self.chunks = []
+        conn.resume()
 
 
 def _dump_config(conn: MemcacheConnection) -> None:
