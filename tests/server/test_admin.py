@@ -20,8 +20,9 @@ from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
 from tercel.server import figures, stats
-from tercel.server.admin import Guard, PeriodCollector, Snapshot
+from tercel.server.admin import Guard
 from tercel.server.beanstalk import service as bsvc
+from tercel.server.exposition import PeriodCollector, Snapshot
 from tercel.server.figures import COUNTER, GAUGE, LABEL
 from tercel.server.metrics import BUCKETS, LogHistogram, bucket_bounds, bucket_index
 from tercel.testing import ServerProcess

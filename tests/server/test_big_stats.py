@@ -7,11 +7,16 @@ never a timer."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from tercel.config import parse_config
 from tercel.protocol import memcache as mc
-from tercel.server import stats
+from tercel.server import exposition, stats
+from tercel.server.admin import AdminServer
 from tercel.server.app import Server
 from tercel.server.memcache.connection import MemcacheConnection
 
@@ -105,5 +110,77 @@ def test_a_few_queues_are_answered_at_once(tmp_path: Path) -> None:
         a.data_received(b"stats\r\n")
         assert ta.written.endswith(b"END\r\n")  # one slice: no loop pass needed
         a.connection_lost(None)
+
+    asyncio.run(main())
+
+
+def test_admin_documents_of_many_queues_are_made_in_slices(tmp_path: Path) -> None:
+    """Reading the figures, sorting and writing ``/stats.json``, grouping and formatting
+    ``/metrics``: each yields at least once per slice of queues, and the document made in
+    slices is the whole one."""
+
+    async def main() -> None:
+        srv = server(tmp_path, QUEUES)
+        for i in range(0, QUEUES, 3):  # some queues with a latency sample
+            srv.ctx.metrics.queue(f"q{i:05d}").set.add(i)
+        steps = exposition.snapshot_steps(srv.ctx)
+        yields = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                snap: exposition.Snapshot = stop.value
+                break
+            yields += 1
+        assert yields >= SLICES
+        assert sum(k.endswith("/total_items") for k in snap.counters) == QUEUES
+
+        chunks = list(exposition.json_chunks(snap))
+        assert chunks.count(exposition.PAUSE) >= SLICES
+        doc = json.loads(b"".join(c for c in chunks if c is not None))
+        assert doc == snap.to_json()
+        assert list(doc["gauges"]) == sorted(doc["gauges"])
+
+        chunks = list(exposition.prometheus_chunks(snap))
+        assert chunks.count(exposition.PAUSE) >= SLICES
+        text = b"".join(c for c in chunks if c is not None).decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert {s.labels["queue"] for s in families["tercel_items"].samples} == {
+            f"q{i:05d}" for i in range(QUEUES)
+        }
+        latency = families["tercel_set_latency_usec"].samples
+        assert len(latency) == len(range(0, QUEUES, 3)) * 10  # count, sum, 8 quantiles
+        types = [ln.split()[2] for ln in text.splitlines() if ln.startswith("# TYPE")]
+        assert len(types) == len(set(types))  # a family written in parts is one family
+
+    asyncio.run(main())
+
+
+def test_admin_streams_a_big_document_while_the_loop_serves_others(tmp_path: Path) -> None:
+    """The response of ``/metrics`` (and ``/stats.json``) with many queues starts before its
+    body is made: its headers reach the client, which runs on the same loop, while the render
+    is suspended between slices (and a memcache command is answered then, from a consistent
+    server)."""
+
+    async def main() -> None:
+        srv = server(tmp_path, 4 * QUEUES)
+        admin = AdminServer(srv.ctx)
+        port = await admin.start("127.0.0.1", 0)
+        b, tb = connect(srv)
+        try:
+            async with aiohttp.ClientSession() as session:
+                for path in ("/metrics", "/stats.json"):
+                    async with session.get(f"http://127.0.0.1:{port}{path}") as resp:
+                        assert resp.status == 200
+                        assert not resp.content.at_eof()  # the render goes on
+                        before = tb.written
+                        b.data_received(b"version\r\n")
+                        assert tb.written == before + mc.version(srv.ctx.version)
+                        body = await resp.read()
+                    assert str(4 * QUEUES - 1).encode() in body
+                    assert resp.headers["Transfer-Encoding"] == "chunked"
+        finally:
+            b.connection_lost(None)
+            await admin.stop()
 
     asyncio.run(main())

@@ -14,7 +14,7 @@ is the admin endpoint's cost, not the command's.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 _MAX_BITS = 36
 BUCKETS = ((_MAX_BITS - 4) << 3) + 16
@@ -216,6 +216,25 @@ class Metrics:
     def prune(self, alive: set[str]) -> None:
         """Forget the distributions of names not in ``alive``."""
         for name in [n for n in self.queues if n not in alive]:
-            lat = self.queues.pop(name)
-            for (_, mine), (_, theirs) in zip(self._retired.items(), lat.items(), strict=True):
-                mine.merge(theirs)
+            self.retire(name)
+
+    def retire(self, name: str) -> None:
+        """Forget the distributions of ``name`` (what they counted stays in the total)."""
+        lat = self.queues.pop(name, None)
+        if lat is None:
+            return
+        for (_, mine), (_, theirs) in zip(self._retired.items(), lat.items(), strict=True):
+            mine.merge(theirs)
+
+    def total_steps(self, per_pass: int) -> Generator[None, None, LatencySet]:
+        """:attr:`total`, summed ``per_pass`` queues at a time with a yield between (a caller
+        on the loop lets it run there)."""
+        out = LatencySet()
+        sets = [self._retired, *self.queues.values()]
+        for i in range(0, len(sets), per_pass):
+            if i:
+                yield
+            for lat in sets[i : i + per_pass]:
+                for (_, mine), (_, theirs) in zip(out.items(), lat.items(), strict=True):
+                    mine.merge(theirs)
+        return out
