@@ -77,8 +77,9 @@ class Snapshot:
         """:meth:`minus` in slices of :data:`KEYS`."""
         out = Snapshot({}, dict(self.gauges), dict(self.labels), {}, dict(self.families), self.help)
         before = earlier.counters
-        for part in _slices(list(self.counters.items()), KEYS):
-            out.counters.update((k, v - before.get(k, 0)) for k, v in part)
+        counters = self.counters
+        for part in _slices(list(counters), KEYS):
+            out.counters.update((k, counters[k] - before.get(k, 0)) for k in part)
             yield
         hists = earlier.metrics
         for some in _slices(list(self.metrics.items()), KEYS // 8):
@@ -130,7 +131,7 @@ def snapshot_steps(server: ServerContext, copy: bool = False) -> Steps[Snapshot]
     (``server/stats.py``, each front end's) and the latency distributions; ``copy`` the
     histograms to keep the snapshot. Yields between slices of queues."""
     snap = Snapshot()
-    _add(snap, stats.server_readings(server, ADMIN), "")
+    _add(snap, (yield from stats.server_steps(server, ADMIN)), "")
     for fe, readings in server.front_end_counters().items():
         _add(snap, readings, f"{fe}/")
     for fe, (label, entities) in server.labelled_counters().items():
@@ -301,8 +302,9 @@ def prometheus_chunks(snap: Snapshot) -> Chunks:
     plain: list[tuple[str, str, Any]] = []
     keys = _Budget(KEYS)
     for kind, values in (("counter", snap.counters), ("gauge", snap.gauges)):
-        for part in _slices(list(values.items()), KEYS):
-            for key, value in part:
+        for part in _slices(list(values), KEYS):
+            for key in part:
+                value = values[key]
                 found = _entity_stat(key, snap.families)
                 if found is None:
                     plain.append((kind, key, value))
@@ -323,12 +325,12 @@ def prometheus_chunks(snap: Snapshot) -> Chunks:
     budget = _Budget(SAMPLES)
     for (kind, stat), (label, samples) in labelled.items():
         doc = snap.help.get(stat, stat)
-        for i, part in enumerate(_slices(samples, SAMPLES)):
+        for i, some in enumerate(_slices(samples, SAMPLES)):
             fam = _family(kind, _metric_name(stat), doc, None, label)
-            for entity, value in part:
-                fam.add_metric([entity], value)
+            for entity, v in some:
+                fam.add_metric([entity], v)
             yield _continued(generate_latest(_Families([fam])), i)
-            if budget.spend(len(part)):
+            if budget.spend(len(some)):
                 yield PAUSE
     yield from _summaries(snap, keys, budget)
 

@@ -28,7 +28,7 @@ from tercel.core.queue import PersistentQueue
 from tercel.core.stats import GlobalStats
 from tercel.server import figures
 from tercel.server.context import ServerContext
-from tercel.server.figures import COUNTER, GAUGE, LABEL, WIRE, Figure, Reading
+from tercel.server.figures import COUNTER, DASHBOARD, GAUGE, LABEL, WIRE, Figure, Reading
 
 
 def _physical_memory() -> int:
@@ -42,20 +42,20 @@ def _physical_memory() -> int:
 
 
 class ServerSource:
-    """What the server-wide figures read: the context, read once per snapshot."""
+    """What the server-wide figures read: the context, and the sums over the queues (items,
+    bytes, max_memory_size, journal bytes) taken by :func:`server_steps` in slices."""
 
-    __slots__ = ("ctx", "now", "pool", "stats")
+    __slots__ = ("bytes", "ctx", "items", "journal_bytes", "now", "pool", "reserved", "stats")
 
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
         self.now = ctx.clock.now_ms()
         self.stats: GlobalStats = ctx.collection.stats
         self.pool: dict[str, int] = ctx.journal_files()
-
-
-def _reserved(s: ServerSource) -> float:
-    coll = s.ctx.collection
-    return sum(q.config.max_memory_size for q in coll) / _physical_memory()
+        self.items = 0
+        self.bytes = 0
+        self.reserved = 0
+        self.journal_bytes = 0
 
 
 def _global(name: str, help_text: str) -> Figure[ServerSource]:
@@ -83,7 +83,7 @@ SERVER: tuple[Figure[ServerSource], ...] = (
         "curr_items",
         GAUGE,
         "Items waiting, in every queue.",
-        lambda s: s.ctx.collection.total_length,
+        lambda s: s.items,
         "items",
         dashboard="items",
     ),
@@ -92,14 +92,14 @@ SERVER: tuple[Figure[ServerSource], ...] = (
         "bytes",
         GAUGE,
         "Payload bytes waiting, in every queue.",
-        lambda s: s.ctx.collection.total_bytes,
+        lambda s: s.bytes,
         dashboard="bytes",
     ),
     Figure(
         "reserved_memory_ratio",
         GAUGE,
         "The queues' max_memory_size summed, over the physical memory.",
-        _reserved,
+        lambda s: s.reserved / _physical_memory(),
     ),
     Figure(
         "curr_connections",
@@ -207,7 +207,7 @@ SERVER: tuple[Figure[ServerSource], ...] = (
         "journal_bytes",
         GAUGE,
         "Bytes of every queue's journal files.",
-        lambda s: sum(q.log.size for q in s.ctx.collection),
+        lambda s: s.journal_bytes,
         None,
         wire=False,
         dashboard="journal_bytes",
@@ -446,9 +446,36 @@ class QueueReading:
         return None
 
 
+SUM_SLICE = 1024
+"""Queues summed per loop pass for the server-wide figures."""
+
+
+def server_steps(ctx: ServerContext, view: str) -> Generator[None, None, list[Reading]]:
+    """The server-wide figures shown on ``view``, now: the sums over the queues taken
+    :data:`SUM_SLICE` queues at a time, a yield between."""
+    src = ServerSource(ctx)
+    queues = list(ctx.collection)
+    journals = view == DASHBOARD
+    for i in range(0, len(queues), SUM_SLICE):
+        if i:
+            yield
+        for q in queues[i : i + SUM_SLICE]:
+            src.items += len(q)
+            src.bytes += q.bytes
+            src.reserved += q.config.max_memory_size
+            if journals:
+                src.journal_bytes += q.log.size
+    return figures.read(figures.shown(SERVER, view), src)
+
+
 def server_readings(ctx: ServerContext, view: str) -> list[Reading]:
-    """The server-wide figures shown on ``view``, now."""
-    return figures.read(figures.shown(SERVER, view), ServerSource(ctx))
+    """:func:`server_steps` at once."""
+    steps = server_steps(ctx, view)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
 
 
 def queue_reading(
@@ -592,8 +619,15 @@ PAUSE = None
 def stats_slices(ctx: ServerContext) -> Iterator[Lines | None]:
     """Everything ``stats`` prints, in parts: global lines and each front end's, then each
     queue's, :data:`PAUSE` between slices of queues."""
-    lines = [(f.name, _wire(v)) for f, v in server_readings(ctx, WIRE)]
-    yield lines + front_end_lines(ctx)
+    steps = server_steps(ctx, WIRE)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            readings: list[Reading] = stop.value
+            break
+        yield PAUSE
+    yield [(f.name, _wire(v)) for f, v in readings] + front_end_lines(ctx)
     first = True
     for batch in queue_batches(ctx, WIRE):
         if not first:
