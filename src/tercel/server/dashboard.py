@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Iterator
+import heapq
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,8 @@ STATIC = Path(__file__).resolve().parent / "static"
 SAMPLE_EVERY_S = 1.0
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 5000
+MATCH_SLICE = 4096
+"""Queues matched against ``?search=`` per loop pass."""
 _QUEUE_SHOWN = figures.shown(stats.QUEUE, DASHBOARD)
 
 
@@ -82,14 +84,25 @@ class Dashboard:
             self._timer = None
 
     def sample(self) -> None:
-        """Record the server's and every queue's depth and added count, then re-arm."""
+        """Record the server's and every tracked queue's depth and added count (a queue gets
+        rings, while there is room, in the order the queues were made), then re-arm. Only
+        the tracked queues are read, not every queue."""
         srv = self.server
         coll = srv.collection
-        self.history.record(
-            srv.clock.now_ms(),
-            (coll.total_length, coll.stats.total_items),
-            ((q.name, len(q), q.total_items) for q in coll),
-        )
+        history = self.history
+        rows = []
+        for name in history.tracked_names():
+            q = coll.replayed(name)
+            if q is not None:
+                rows.append((name, len(q), q.total_items))
+        if room := history.room + len(history.tracked_names()) - len(rows):
+            for q in coll:
+                if not history.tracked(q.name):
+                    rows.append((q.name, len(q), q.total_items))
+                    room -= 1
+                    if not room:
+                        break
+        history.record(srv.clock.now_ms(), (coll.total_length, coll.stats.total_items), rows)
         self._timer = srv.loop.call_later(SAMPLE_EVERY_S, self.sample)
 
     # ---- GET ------------------------------------------------------------------------------
@@ -97,10 +110,18 @@ class Dashboard:
     async def page(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
-    def server_doc(self) -> dict[str, Any]:
+    async def server_doc(self) -> dict[str, Any]:
         """The server's figures for the page's cards (those shown on the dashboard,
-        ``server/stats.py``) and the rates of the last second."""
-        readings = stats.server_readings(self.server, DASHBOARD)
+        ``server/stats.py``; summed over the queues in slices) and the rates of the last
+        second."""
+        steps = stats.server_steps(self.server, DASHBOARD)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                readings: list[figures.Reading] = stop.value
+                break
+            await asyncio.sleep(0)
         doc = dict(figures.keyed(readings, DASHBOARD))
         rates = self.history.latest_rates().get(None, (0.0, 0.0))
         doc.update(in_per_s=rates[0], out_per_s=rates[1])
@@ -121,6 +142,8 @@ class Dashboard:
         return doc
 
     async def now(self, request: web.Request) -> web.Response:
+        """The server and the first ``limit`` queues (by name) matching ``search``: matched
+        :data:`MATCH_SLICE` queues per loop pass, their rows read ``stats.SLICE`` per pass."""
         search = request.query.get("search", "").strip()
         try:
             limit = int(request.query.get("limit", DEFAULT_LIMIT))
@@ -128,12 +151,34 @@ class Dashboard:
             limit = 0
         if not 1 <= limit <= MAX_LIMIT:
             return error_response(400, f"limit must be 1-{MAX_LIMIT}")
-        matched = sorted(_matching(self.server, search), key=lambda q: q.name)
-        now = self.server.clock.now_ms()
-        rates = self.history.latest_rates()
-        rows = [self.queue_doc(q, now, rates.get(q.name)) for q in matched[:limit]]
+        needle = search.lower()
+        queues = list(self.server.collection)
+        first: list[PersistentQueue] = []
+        matched = 0
+        for i in range(0, len(queues), MATCH_SLICE):
+            if i:
+                await asyncio.sleep(0)
+            found = [q for q in queues[i : i + MATCH_SLICE] if needle in q.name.lower()]
+            matched += len(found)
+            first = heapq.nsmallest(limit, first + found, key=_name)
+        rows = []
+        coll = self.server.collection
+        for i in range(0, len(first), stats.SLICE):
+            await asyncio.sleep(0)
+            now = self.server.clock.now_ms()
+            rates = self.history.latest_rates()
+            rows += [
+                self.queue_doc(q, now, rates.get(q.name))
+                for q in first[i : i + stats.SLICE]
+                if coll.replayed(q.name) is q  # (not deleted meanwhile)
+            ]
         return json_response(
-            {"server": self.server_doc(), "queues": rows, "matched": len(matched), "search": search}
+            {
+                "server": await self.server_doc(),
+                "queues": rows,
+                "matched": matched,
+                "search": search,
+            }
         )
 
     async def past(self, request: web.Request) -> web.Response:
@@ -180,8 +225,5 @@ def _settle(ready: asyncio.Future[None]) -> None:
         ready.set_result(None)
 
 
-def _matching(server: ServerContext, search: str) -> Iterator[PersistentQueue]:
-    needle = search.lower()
-    for q in server.collection:
-        if needle in q.name.lower():
-            yield q
+def _name(q: PersistentQueue) -> str:
+    return q.name
