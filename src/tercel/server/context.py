@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final, Protocol
 
 from tercel import __version__
@@ -96,7 +96,9 @@ class ServerContext:
         self.total_connections = 0
         self._per_front_end: dict[str, list[int]] = {}  # name -> [open now, ever opened]
         self._counters: dict[str, Callable[[], list[Reading]]] = {}
-        self._labelled: dict[str, tuple[str, Callable[[], dict[str, list[Reading]]]]] = {}
+        self._labelled: dict[
+            str, tuple[str, Callable[[], Iterable[tuple[str, list[Reading]]]]]
+        ] = {}
         self._cmd_counts: dict[str, dict[str, int]] = {}
         self.journal_files: Callable[[], dict[str, int]] = dict
         """The data dir's descriptor pool figures (``DataDir.stats``; set at start-up)."""
@@ -139,15 +141,18 @@ class ServerContext:
         self._counters[front_end] = provider
 
     def add_labelled(
-        self, front_end: str, label: str, provider: Callable[[], dict[str, list[Reading]]]
+        self,
+        front_end: str,
+        label: str,
+        provider: Callable[[], Iterable[tuple[str, list[Reading]]]],
     ) -> None:
         """Register a front end's figures per entity (beanstalkd's per tube): ``provider``
-        returns ``{entity: readings}``, taken at each stats snapshot and exported with the
-        entity in the label ``label`` (``server/admin.py``)."""
+        gives ``(entity, readings)`` pairs, best lazily (a snapshot reads them in slices,
+        ``server/exposition.py``), exported with the entity in the label ``label``."""
         self._labelled[front_end] = (label, provider)
 
-    def labelled_counters(self) -> dict[str, tuple[str, dict[str, list[Reading]]]]:
-        """Per front end that registered some: its label and ``{entity: readings}``."""
+    def labelled_counters(self) -> dict[str, tuple[str, Iterable[tuple[str, list[Reading]]]]]:
+        """Per front end that registered some: its label and its ``(entity, readings)``."""
         return {fe: (label, provider()) for fe, (label, provider) in self._labelled.items()}
 
     def command_counts(self, front_end: str) -> dict[str, int]:

@@ -137,8 +137,10 @@ def snapshot_steps(server: ServerContext, copy: bool = False) -> Steps[Snapshot]
     for fe, (label, entities) in server.labelled_counters().items():
         prefix = f"{fe}/{label}/"
         snap.families[prefix] = label
-        for entity, readings in entities.items():
+        for i, (entity, readings) in enumerate(entities, 1):
             _add(snap, readings, prefix, f"{entity}/")
+            if i % stats.SLICE == 0:
+                yield
     for batch in stats.queue_batches(server, ADMIN):
         for r in batch:
             _add(snap, r.readings, QUEUE_PREFIX, f"{r.name}/")

@@ -22,7 +22,7 @@ import platform
 import resource
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
 
 from tercel import __version__
@@ -265,12 +265,12 @@ class BeanstalkService:
         counts are the shared layer's: ``curr_connections``, ``total_connections``)."""
         return figures.read(_ADMIN, self)
 
-    def tube_counters(self) -> dict[str, list[Reading]]:
-        """Per tube, the ``stats-tube`` figures the admin server exports (label ``tube``)."""
+    def tube_counters(self) -> Iterator[tuple[str, list[Reading]]]:
+        """Per tube, the ``stats-tube`` figures the admin server exports (label ``tube``),
+        read as they are asked for (a tube freed meanwhile: as it was)."""
         store = self.store
-        return {
-            name: figures.read(_TUBE_ADMIN, TubeSource(store, t)) for name, t in store.tubes.items()
-        }
+        for name, t in list(store.tubes.items()):
+            yield name, figures.read(_TUBE_ADMIN, TubeSource(store, t))
 
 
 # ---- beanstalkd's figures ------------------------------------------------------------------
