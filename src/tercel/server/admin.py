@@ -210,7 +210,8 @@ class AdminServer:
     def __init__(self, server: ServerContext) -> None:
         self.server = server
         self._periods: dict[int, tuple[PeriodCollector, TimerHandle]] = {}
-        self._latching: set[asyncio.Task[None]] = set()
+        self._latching: dict[asyncio.Task[None], PeriodCollector] = {}
+        """The windows being closed (their snapshots take several loop passes)."""
         self.dashboard = Dashboard(server)
         self.guard = Guard(server.config.server)  # raises ConfigError: before listening
         app = web.Application(middlewares=[self.guard.middleware])
@@ -306,12 +307,18 @@ class AdminServer:
 
     def _schedule(self, period: int, collector: PeriodCollector) -> TimerHandle:
         def tick() -> None:
-            task = self.server.loop.create_task(self._latch(collector))
-            self._latching.add(task)
-            task.add_done_callback(self._latching.discard)
+            # A window closes every ``period`` s; a latch still taking its snapshot (a server
+            # with many queues, a short period) lets this one pass: the window is longer.
+            if not any(busy is collector for busy in self._latching.values()):
+                task = self.server.loop.create_task(self._latch(collector))
+                self._latching[task] = collector
+                task.add_done_callback(self._latched)
             self._periods[period] = (collector, self._schedule(period, collector))
 
         return self.server.loop.call_later(period, tick)
+
+    def _latched(self, task: asyncio.Task[None]) -> None:
+        self._latching.pop(task, None)
 
     async def _latch(self, collector: PeriodCollector) -> None:
         """Close ``collector``'s window: its snapshot and deltas taken in slices."""
