@@ -121,11 +121,6 @@ class _Budget:
 # ---- reading ------------------------------------------------------------------------------
 
 
-def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
-    """:func:`snapshot_steps` at once."""
-    return run(snapshot_steps(server, copy))
-
-
 def snapshot_steps(server: ServerContext, copy: bool = False) -> Steps[Snapshot]:
     """Every stat of ``server`` now in Ostrich's groups: the figures shown on the admin port
     (``server/stats.py``, each front end's) and the latency distributions; ``copy`` the
