@@ -19,7 +19,8 @@ from support import Raw
 from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
-from tercel.server import figures, stats
+from tercel.server import figures
+from tercel.server import kestrel_figures as kf
 from tercel.server.admin import Guard
 from tercel.server.beanstalk import service as bsvc
 from tercel.server.exposition import PeriodCollector, Snapshot
@@ -474,10 +475,10 @@ def test_every_figure_is_shown_where_its_declaration_says(tmp_path: Path) -> Non
         assert tube_keys == [f.name for f in bsvc.TUBE_FIGURES if f.wire]
 
         lines = list(support_stats(raw))
-        wire_server = [f.name for f in stats.SERVER if f.wire]
+        wire_server = [f.name for f in kf.SERVER if f.wire]
         assert lines[: len(wire_server)] == wire_server
         queue_lines = [k.removeprefix("queue_fq_") for k in lines if k.startswith("queue_fq_")]
-        assert queue_lines == [f.name for f in stats.QUEUE if f.wire and not f.omit_zero]
+        assert queue_lines == [f.name for f in kf.QUEUE if f.wire and not f.omit_zero]
         fe_lines = {k.removeprefix("beanstalk_") for k in lines if k.startswith("beanstalk_")}
         declared_fe = {f.admin_name for f in (*bsvc.SERVER_FIGURES, *figures.CONNECTIONS)}
         assert fe_lines == declared_fe - {None}
@@ -485,10 +486,10 @@ def test_every_figure_is_shown_where_its_declaration_says(tmp_path: Path) -> Non
         doc = get_json(srv, "/stats.json")
         group = {COUNTER: "counters", GAUGE: "gauges", LABEL: "labels"}
         expected: dict[str, set[str]] = {"counters": set(), "gauges": set(), "labels": set()}
-        for f in stats.SERVER:
+        for f in kf.SERVER:
             if f.admin_name is not None:
                 expected[group[f.kind]].add(f.admin_name)
-        for f in stats.QUEUE:
+        for f in kf.QUEUE:
             if f.admin_name is not None and not f.omit_zero:
                 expected[group[f.kind]].add(f"q/fq/{f.admin_name}")
         for f in (*bsvc.SERVER_FIGURES, *figures.CONNECTIONS):
@@ -505,19 +506,19 @@ def test_every_figure_is_shown_where_its_declaration_says(tmp_path: Path) -> Non
 
         text = http(srv, "/metrics")[1].decode()
         families = {f.name: f for f in text_string_to_metric_families(text)}
-        for f in (*stats.SERVER, *stats.QUEUE):
+        for f in (*kf.SERVER, *kf.QUEUE):
             if f.admin_name is None or f.kind is LABEL or f.omit_zero:
                 continue
             fam = families["tercel_" + f.admin_name.replace("/", "_")]
             assert fam.type == f.kind.value, f.name
-            if f in stats.QUEUE or f.admin_name not in {q.admin_name for q in stats.QUEUE}:
+            if f in kf.QUEUE or f.admin_name not in {q.admin_name for q in kf.QUEUE}:
                 assert fam.documentation == f.help, f.name
 
         dash = get_json(srv, "/dashboard.json")
-        server_keys = {f.dashboard for f in stats.SERVER if f.dashboard is not None}
+        server_keys = {f.dashboard for f in kf.SERVER if f.dashboard is not None}
         assert set(dash["server"]) == server_keys | {"in_per_s", "out_per_s"}
         (row,) = [r for r in dash["queues"] if r["name"] == "fq"]
-        queue_keys = {f.dashboard for f in stats.QUEUE if f.dashboard is not None}
+        queue_keys = {f.dashboard for f in kf.QUEUE if f.dashboard is not None}
         assert set(row) == queue_keys | {"name", "in_per_s", "out_per_s", "history"}
 
 

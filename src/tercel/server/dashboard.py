@@ -32,7 +32,7 @@ from aiohttp import web
 
 from tercel.errors import UnavailableError
 from tercel.names import valid_name
-from tercel.server import figures, stats
+from tercel.server import figures, kestrel_figures, stats
 from tercel.server.figures import DASHBOARD
 from tercel.server.history import History
 from tercel.server.http import error_response, json_response
@@ -51,7 +51,7 @@ DEFAULT_LIMIT = 500
 MAX_LIMIT = 5000
 MATCH_SLICE = 4096
 """Queues matched against ``?search=`` per loop pass."""
-_QUEUE_SHOWN = figures.shown(stats.QUEUE, DASHBOARD)
+_QUEUE_SHOWN = figures.shown(kestrel_figures.QUEUE, DASHBOARD)
 
 
 class Dashboard:
@@ -112,7 +112,7 @@ class Dashboard:
 
     async def server_doc(self) -> dict[str, Any]:
         """The server's figures for the page's cards (those shown on the dashboard,
-        ``server/stats.py``; summed over the queues in slices) and the rates of the last
+        ``server/kestrel_figures.py``; summed over the queues in slices) and the rates of the last
         second."""
         steps = stats.server_steps(self.server, DASHBOARD)
         while True:

@@ -1,6 +1,6 @@
 """The admin port's documents, rendered in slices: Ostrich's ``/stats.json`` and Prometheus'
 ``/metrics``, from one :class:`Snapshot` of the figures the admin port shows
-(``server/stats.py``) and the latency distributions (``server/metrics.py``).
+(``server/kestrel_figures.py``) and the latency distributions (``server/metrics.py``).
 
 Every step here that grows with the number of queues (reading their figures, summing their
 distributions, sorting keys, formatting) is a generator that yields between slices
@@ -123,7 +123,7 @@ class _Budget:
 
 def snapshot_steps(server: ServerContext, copy: bool = False) -> Steps[Snapshot]:
     """Every stat of ``server`` now in Ostrich's groups: the figures shown on the admin port
-    (``server/stats.py``, each front end's) and the latency distributions; ``copy`` the
+    (``server/kestrel_figures.py``, each front end's) and the latency distributions; ``copy`` the
     histograms to keep the snapshot. Yields between slices of queues."""
     snap = Snapshot()
     _add(snap, (yield from stats.server_steps(server, ADMIN)), "")

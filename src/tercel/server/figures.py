@@ -17,7 +17,7 @@ A :class:`Figure` says
   ``/dashboard.json``, None for nowhere).
 
 The declarations of a scope are one tuple, in the order the protocol lists them (Kestrel's
-``stats``: ``server/stats.py``; beanstalkd's: ``server/beanstalk/figures.py``). A surface
+``stats``: ``server/kestrel_figures.py``; beanstalkd's: ``server/beanstalk/service.py``). A surface
 reads only the figures it shows (:func:`read`), so a figure only the dashboard shows costs
 ``stats`` nothing. A front end's own figures reach the server-wide surfaces (memcache
 ``stats`` as ``<front end>_<admin name>``, ``/stats.json`` as ``<front end>/<admin name>``,
