@@ -74,8 +74,9 @@ class Snapshot:
         return run(self.minus_steps(earlier))
 
     def minus_steps(self, earlier: Snapshot) -> Steps[Snapshot]:
-        """:meth:`minus` in slices of :data:`KEYS`."""
-        out = Snapshot({}, dict(self.gauges), dict(self.labels), {}, dict(self.families), self.help)
+        """:meth:`minus` in slices of :data:`KEYS` (gauges, labels and the rest are shared
+        with this snapshot: a snapshot is not changed once made)."""
+        out = Snapshot({}, self.gauges, self.labels, {}, self.families, self.help)
         before = earlier.counters
         counters = self.counters
         for part in _slices(list(counters), KEYS):

@@ -1,5 +1,5 @@
 """The readings of Kestrel's figures (declared once in ``server/kestrel_figures.py``:
-:data:`SERVER`, :data:`QUEUE`, :data:`ALIAS`, re-exported here), in slices, and memcache's
+:data:`SERVER`, :data:`QUEUE`, :data:`ALIAS`), in slices, and memcache's
 ``stats`` and ``dump_stats`` made from them (:func:`stats_slices`, :func:`dump_stats_slices`).
 The admin port's ``/stats.json`` and ``/metrics`` (``server/exposition.py``) and the dashboard
 (``server/dashboard.py``) read them too, each only the figures it shows.
@@ -35,13 +35,6 @@ class QueueReading:
 
     name: str
     readings: list[Reading]
-
-    def get(self, figure: str) -> Any:
-        """The value of the figure called ``figure``, None when it is not read."""
-        for f, v in self.readings:
-            if f.name == figure:
-                return v
-        return None
 
 
 SUM_SLICE = 1024
