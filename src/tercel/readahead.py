@@ -54,7 +54,7 @@ tercel.server.frontend tercel.server.connection tercel.server.loop uvloop uvloop
 uvloop.loop uvloop._noop uvloop._version tercel.server.memcache tercel.server.memcache.connection
 tercel.protocol tercel.protocol.memcache tercel.protocol.commands tercel.server.stats
 tercel.server.kestrel tercel.server.kestrel.ops tercel.server.kestrel.connection tercel.session
-tercel.server.memcache.leases
+tercel.server.memcache.leases tercel.server.figures tercel.server.kestrel_figures
 """
 SERVE_MODULES: tuple[str, ...] = tuple(_SERVE.split())
 """The modules ``tercel serve`` imports before its first reply, in import order (memcache and

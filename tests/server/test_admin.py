@@ -19,7 +19,12 @@ from support import Raw
 from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
-from tercel.server.admin import Guard, PeriodCollector, Snapshot
+from tercel.server import figures
+from tercel.server import kestrel_figures as kf
+from tercel.server.admin import Guard
+from tercel.server.beanstalk import service as bsvc
+from tercel.server.exposition import PeriodCollector, Snapshot
+from tercel.server.figures import COUNTER, GAUGE, LABEL
 from tercel.server.metrics import BUCKETS, LogHistogram, bucket_bounds, bucket_index
 from tercel.testing import ServerProcess
 
@@ -451,3 +456,92 @@ def test_memcache_stats_json_and_metrics_render_one_snapshot(tmp_path: Path) -> 
         families = {f.name: f for f in text_string_to_metric_families(text)}
         sample = [s for s in families["tercel_mem_items"].samples if s.labels["queue"] == "rb"]
         assert [s.value for s in sample] == [mem_items]
+
+
+# ---- every figure where its one declaration says (issue 31 §5) -----------------------------
+
+
+def bs_call(sock: socket.socket, request: bytes) -> list[str]:
+    """A beanstalkd ``stats``-like answer's ``key: value`` lines, or the reply line."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n" not in data:
+        data += sock.recv(65536)
+    head, rest = data.split(b"\r\n", 1)
+    if not head.startswith(b"OK "):
+        return [head.decode()]
+    size = int(head.split()[1])
+    while len(rest) < size + 2:
+        rest += sock.recv(65536)
+    return rest[:size].decode().splitlines()[1:]  # (after "---")
+
+
+def test_every_figure_is_shown_where_its_declaration_says(tmp_path: Path) -> None:
+    """The declarations (``server/stats.py``, ``server/beanstalk/service.py``) are the only
+    lists: each figure is on memcache ``stats``, beanstalkd ``stats``/``stats-tube``,
+    ``/stats.json`` (in its kind's group), ``/metrics`` (with its kind's type and its help)
+    and ``/dashboard.json`` exactly where it says, and nothing else is."""
+    with ServerProcess(tmp_path, extra_args=("--beanstalk-port", "0")) as srv:
+        raw = Raw(srv.connect())
+        raw.call(set_cmd("fq", b"abc"), b"STORED\r\n")
+        with socket.create_connection(("127.0.0.1", srv.ports["beanstalk"]), timeout=10) as b:
+            assert bs_call(b, b"use ft\r\n") == ["USING ft"]
+            assert bs_call(b, b"put 1 0 60 2\r\nhi\r\n") == ["INSERTED 1"]
+            bs_keys = [ln.split(": ", 1)[0] for ln in bs_call(b, b"stats\r\n")]
+            tube_keys = [ln.split(": ", 1)[0] for ln in bs_call(b, b"stats-tube ft\r\n")]
+        assert bs_keys == [f.name for f in bsvc.SERVER_FIGURES if f.wire]
+        assert tube_keys == [f.name for f in bsvc.TUBE_FIGURES if f.wire]
+
+        lines = list(support_stats(raw))
+        wire_server = [f.name for f in kf.SERVER if f.wire]
+        assert lines[: len(wire_server)] == wire_server
+        queue_lines = [k.removeprefix("queue_fq_") for k in lines if k.startswith("queue_fq_")]
+        assert queue_lines == [f.name for f in kf.QUEUE if f.wire and not f.omit_zero]
+        fe_lines = {k.removeprefix("beanstalk_") for k in lines if k.startswith("beanstalk_")}
+        declared_fe = {f.admin_name for f in (*bsvc.SERVER_FIGURES, *figures.CONNECTIONS)}
+        assert fe_lines == declared_fe - {None}
+
+        doc = get_json(srv, "/stats.json")
+        group = {COUNTER: "counters", GAUGE: "gauges", LABEL: "labels"}
+        expected: dict[str, set[str]] = {"counters": set(), "gauges": set(), "labels": set()}
+        for f in kf.SERVER:
+            if f.admin_name is not None:
+                expected[group[f.kind]].add(f.admin_name)
+        for f in kf.QUEUE:
+            if f.admin_name is not None and not f.omit_zero:
+                expected[group[f.kind]].add(f"q/fq/{f.admin_name}")
+        for f in (*bsvc.SERVER_FIGURES, *figures.CONNECTIONS):
+            if f.admin_name is not None:
+                expected[group[f.kind]].add(f"beanstalk/{f.admin_name}")
+        for f in bsvc.TUBE_FIGURES:
+            if f.admin_name is not None:
+                expected[group[f.kind]].add(f"beanstalk/tube/ft/{f.admin_name}")
+        for name in ("memcache/curr_connections", "memcache/total_connections"):
+            expected[group[GAUGE if "curr" in name else COUNTER]].add(name)
+        for g, keys in expected.items():
+            mine = {k for k in doc[g] if "/default/" not in k}  # (beanstalkd's default tube)
+            assert mine == keys, g
+
+        text = http(srv, "/metrics")[1].decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        for f in (*kf.SERVER, *kf.QUEUE):
+            if f.admin_name is None or f.kind is LABEL or f.omit_zero:
+                continue
+            fam = families["tercel_" + f.admin_name.replace("/", "_")]
+            assert fam.type == f.kind.value, f.name
+            if f in kf.QUEUE or f.admin_name not in {q.admin_name for q in kf.QUEUE}:
+                assert fam.documentation == f.help, f.name
+
+        dash = get_json(srv, "/dashboard.json")
+        server_keys = {f.dashboard for f in kf.SERVER if f.dashboard is not None}
+        assert set(dash["server"]) == server_keys | {"in_per_s", "out_per_s"}
+        (row,) = [r for r in dash["queues"] if r["name"] == "fq"]
+        queue_keys = {f.dashboard for f in kf.QUEUE if f.dashboard is not None}
+        assert set(row) == queue_keys | {"name", "in_per_s", "out_per_s", "history"}
+
+
+def support_stats(raw: Raw) -> Iterator[str]:
+    """The names of memcache ``stats``' lines, in order."""
+    raw.send(b"stats\r\n")
+    while (line := raw.read_line()) != b"END\r\n":
+        yield line.decode().split(" ", 2)[1]

@@ -15,9 +15,11 @@ from tercel import native
 from tercel.config import ServerConfig
 from tercel.errors import ConfigError, ProtocolError, TercelError
 from tercel.listening import bind_tcp
+from tercel.server import figures
 from tercel.server.app import FRONT_ENDS, Server, listener_table
 from tercel.server.connection import Connection
 from tercel.server.context import ServerContext
+from tercel.server.figures import COUNTER, Figure
 from tercel.server.frontend import FrontEnd, Running, StartHook
 
 if "tercel.server.connection" in native.compiled_modules():  # pragma: no cover
@@ -95,15 +97,15 @@ class PingConnection(Connection):
     def buffered(self) -> int:
         return self.codec.buffered
 
-    def run(self) -> None:
-        while not self.closing and self.parked is None:
-            cmd = self.codec.next_command()
-            if cmd is NEED_DATA:
-                return
-            handler = HANDLERS.get(cmd.verb)
-            if handler is None:
-                raise ProtocolError(f"unknown command {cmd.verb.decode(errors='replace')}")
-            handler(self, cmd)
+    def next_command(self) -> Line | None:
+        cmd = self.codec.next_command()
+        return None if cmd is NEED_DATA else cmd
+
+    def dispatch(self, cmd: Line) -> None:
+        handler = HANDLERS.get(cmd.verb)
+        if handler is None:
+            raise ProtocolError(f"unknown command {cmd.verb.decode(errors='replace')}")
+        handler(self, cmd)
 
     def error_reply(self, exc: TercelError) -> None:
         self.out.append(f"ERROR {exc}\r\n".encode())
@@ -120,13 +122,18 @@ class PingFrontEnd(Running):
         self.ctx = ctx
         self.pings = 0
         self.stopped = False
-        self.counters = lambda: {"cmd_ping": self.pings}
+        self.counters = lambda: figures.read(PING_FIGURES, self)
 
     def connection(self) -> Connection:
         return PingConnection(self.ctx, self)
 
     async def stop(self) -> None:
         self.stopped = True
+
+
+PING_FIGURES = (Figure("cmd_ping", COUNTER, "PING commands answered.", lambda f: f.pings),)
+"""Its one figure, declared once: shown in memcache ``stats`` (``ping_cmd_ping``),
+``/stats.json`` and ``/metrics`` (``tercel_ping_cmd_ping_total``)."""
 
 
 def _load_ping() -> StartHook:
@@ -154,8 +161,17 @@ def test_a_toy_front_end_runs_through_the_lifecycle(tmp_path: Path) -> None:
             writer.write(b"NG\r\n")
             want = b"PONG\r\nhello there\r\nERROR unknown command NOPE\r\nPONG\r\n"
             assert await reader.readexactly(len(want)) == want
-            counters = server.ctx.front_end_counters()["ping"]
+            readings = server.ctx.front_end_counters()["ping"]
+            counters = {f.name: v for f, v in readings}
             assert counters == {"curr_connections": 1, "total_connections": 1, "cmd_ping": 2}
+            mc_reader, mc_writer = await asyncio.open_connection(
+                "127.0.0.1", server.ports["memcache"]
+            )
+            mc_writer.write(b"stats\r\n")
+            stats = await mc_reader.readuntil(b"END\r\n")
+            assert b"STAT ping_cmd_ping 2\r\n" in stats  # the declaration, on the wire
+            mc_writer.close()
+            await mc_writer.wait_closed()
             front = server.running["ping"]
             assert isinstance(front, PingFrontEnd) and not front.stopped
             writer.close()

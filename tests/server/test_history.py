@@ -48,3 +48,12 @@ def test_a_queue_recreated_between_samples_never_has_negative_rates() -> None:
     assert q is not None and q["in"][1] == 0.0 and q["out"][1] == 4.0
     assert h.latest_rates()["q"] == (0.0, 4.0)
     assert History().latest_rates() == {}
+
+
+def test_room_and_tracked_names_say_which_queues_a_sample_must_read() -> None:
+    h = History(capacity=3, max_queues=2)
+    assert (h.room, h.tracked_names()) == (2, [])
+    h.record(0, (0, 0), [("a", 0, 0), ("b", 0, 0), ("c", 0, 0)])
+    assert (h.room, h.tracked_names()) == (0, ["a", "b"])
+    h.record(1000, (0, 0), [("b", 0, 0)])  # a deleted: room for one more
+    assert (h.room, h.tracked_names()) == (1, ["b"])

@@ -35,31 +35,35 @@ a loopback address. Each refusal, and each malformed request, is one log line (n
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.metrics_core import SummaryMetricFamily
-from prometheus_client.samples import Sample
 
 from tercel import native
 from tercel.config import ServerSettings
 from tercel.errors import ConfigError
 from tercel.logtext import quoted
-from tercel.server import stats
 from tercel.server.admin_rules import check_admin_settings, is_loopback, split_origin
 from tercel.server.context import ServerContext
 from tercel.server.dashboard import Dashboard
+from tercel.server.exposition import (
+    PAUSE,
+    Chunks,
+    PeriodCollector,
+    Snapshot,
+    Steps,
+    json_chunks,
+    prometheus_chunks,
+    snapshot_steps,
+)
 from tercel.server.http import error_response, json_response
-from tercel.server.metrics import PERCENTILES, LogHistogram
 from tercel.server.status import parse_status
 
 if TYPE_CHECKING:
@@ -67,255 +71,12 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_PERIOD_S = 3600
 """Longest ``?period=`` window (Ostrich keeps one collector per period asked for)."""
 MAX_PERIODS = 8
 """At most this many distinct windows are kept, so a client cannot make us keep thousands."""
-
-_QUEUE_COUNTERS = (
-    "total_items",
-    "expired_items",
-    "discarded",
-    "transactions",
-    "canceled_transactions",
-    "total_flushes",
-    "journal_rewrites",
-    "journal_rotations",
-)
-QUEUE_PREFIX = "q/"
-"""Per-queue stats are ``q/<queue>/<stat>`` (exported with a ``queue`` label)."""
-
-_DOCS = {
-    "items": "Items waiting (open reads excluded).",
-    "bytes": "Payload bytes waiting.",
-    "total_items": "Items added.",
-    "set_latency_usec": "Time to handle a set, in microseconds.",
-    "get_hit_latency_usec": "Time to answer a get that found an item, in microseconds.",
-    "get_miss_latency_usec": "Time to answer a get that found none, in microseconds.",
-    "delivery_latency_msec": "Time from an item's add to its removal, in milliseconds.",
-    "journal_torn_tails": "Torn journal tails cut at start-up.",
-    "journal_write_errors": "Failed journal writes and fsyncs.",
-    "journal_fsyncs": "Group fsyncs of sync_journal = true queues.",
-    "journal_fsync_waits": "Reply writes released after a group fsync.",
-    "journal_fsyncs_aio": "Group fsyncs that went through native AIO.",
-    "beanstalk/tube/curr_jobs_ready": "beanstalkd jobs ready in the tube.",
-    "beanstalk/tube/curr_jobs_urgent": "Ready beanstalkd jobs of priority below 1024.",
-    "beanstalk/tube/curr_jobs_reserved": "beanstalkd jobs of the tube reserved now.",
-    "beanstalk/tube/curr_jobs_delayed": "beanstalkd jobs of the tube waiting for their delay.",
-    "beanstalk/tube/curr_jobs_buried": "beanstalkd jobs of the tube buried.",
-    "beanstalk/tube/total_jobs": "beanstalkd jobs put into the tube.",
-    "beanstalk/tube/cmd_delete": "beanstalkd delete commands on jobs of the tube.",
-    "beanstalk/tube/cmd_pause_tube": "beanstalkd pause-tube commands on the tube.",
-    "journal_files_open": "Journal file descriptors held by the pool now.",
-    "journal_files_limit": "The pool's bound (max_open_journals, or auto).",
-    "journal_files_evictions": "Journal descriptors closed by the pool (least recently used).",
-    "journal_files_reopens": "Parked journal files opened again on their next use.",
-    "journal_files_emfile": "Journal file opens that failed with EMFILE or ENFILE.",
-    "journal_files_refused": "Opens given up: a request refused, a rotation or compaction put off.",
-    "journal_files_put_off": "Journal rotations and compactions put off for want of a descriptor.",
-    "queues_replaying": "Queues on disk not replayed yet (start-up replays in the background).",
-    "replaying": "1 while the queue's replay is not done (its figures: what it read so far).",
-}
-
-
-@dataclass
-class Snapshot:
-    """Every stat at one moment, in Ostrich's four groups."""
-
-    counters: dict[str, int] = field(default_factory=dict)
-    gauges: dict[str, int | float] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-    metrics: dict[str, LogHistogram] = field(default_factory=dict)
-    families: dict[str, str] = field(default_factory=lambda: {QUEUE_PREFIX: "queue"})
-    """Key prefixes of per-entity stats (``<prefix><entity>/<stat>``) and the Prometheus label
-    the entity goes in: ``q/`` (queues) and each front end's, as ``beanstalk/tube/``."""
-
-    def minus(self, earlier: Snapshot) -> Snapshot:
-        """Counters and distributions counted since ``earlier``; gauges and labels as now."""
-        counters = {k: v - earlier.counters.get(k, 0) for k, v in self.counters.items()}
-        metrics = {
-            k: h.minus(earlier.metrics[k]) if k in earlier.metrics else h
-            for k, h in self.metrics.items()
-        }
-        return Snapshot(
-            counters, dict(self.gauges), dict(self.labels), metrics, dict(self.families)
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """Ostrich's ``stats.json`` document."""
-        return {
-            "counters": dict(sorted(self.counters.items())),
-            "gauges": dict(sorted(self.gauges.items())),
-            "labels": dict(sorted(self.labels.items())),
-            "metrics": {k: h.summary() for k, h in sorted(self.metrics.items())},
-        }
-
-
-def take_snapshot(server: ServerContext, copy: bool = False) -> Snapshot:
-    """Every stat of ``server`` now in Ostrich's groups, from the one typed snapshot
-    (``server/stats.py``); ``copy`` the histograms to keep the snapshot."""
-    stat = stats.snapshot(server)
-    snap = Snapshot()
-    snap.counters.update({k: getattr(stat, k) for k in stats.GLOBAL_COUNTERS})
-    for fe, counters in stat.front_ends.items():
-        for k, v in counters.items():  # curr_* are levels, the rest counts
-            (snap.gauges if k.startswith("curr_") else snap.counters)[f"{fe}/{k}"] = v
-    for fe, (label, entities) in stat.labelled.items():
-        prefix = f"{fe}/{label}/"
-        snap.families[prefix] = label
-        for entity, counters in entities.items():
-            for k, v in counters.items():
-                group = snap.gauges if k.startswith("curr_") else snap.counters
-                group[f"{prefix}{entity}/{k}"] = v
-    snap.gauges.update(
-        items=stat.curr_items,
-        bytes=stat.bytes,
-        reserved_memory_ratio=round(stat.reserved_memory_ratio, 3),
-        connections=stat.curr_connections,
-        uptime=stat.uptime,
-        journal_files_open=stat.journal_files_open,
-        journal_files_limit=stat.journal_files_limit,
-        queues_replaying=stat.queues_replaying,
-    )
-    snap.gauges["status/readable"] = int(stat.readable)
-    snap.gauges["status/writeable"] = int(stat.writable)
-    snap.labels.update(version=stat.version, status=stat.status)
-    for q in stat.queues:
-        p = f"q/{q.name}/"
-        snap.counters.update({p + k: getattr(q, k) for k in _QUEUE_COUNTERS})
-        gauges: dict[str, int | float] = {
-            "items": q.items,
-            "max_items": q.max_items,
-            "bytes": q.bytes,
-            "max_bytes": q.max_bytes,
-            "journal_size": q.journal_size,
-            "mem_items": q.mem_items,
-            "mem_bytes": q.mem_bytes,
-            "age_msec": q.age,
-            "waiters": q.waiters,
-            "open_transactions": q.open_transactions,
-            "create_time": q.create_time // 1000,
-        }
-        if q.replaying:  # on disk, not replayed yet: the figures are what replay read so far
-            gauges["replaying"] = 1
-        snap.gauges.update({p + k: v for k, v in gauges.items()})
-    for name, (items, nbytes) in stat.alias_puts.items():
-        snap.counters[f"q/{name}/put_items"] = items
-        snap.counters[f"q/{name}/put_bytes"] = nbytes
-    metrics = server.metrics
-    coll = server.collection
-    metrics.prune({q.name for q in coll} | set(coll.config.aliases))
-    for key, h in metrics.total.items():
-        snap.metrics[key] = h.copy() if copy else h
-    for name, lat in metrics.queues.items():
-        for key, h in lat.items():
-            if h.sum or any(h.counts):  # a queue's empty distributions are left out
-                snap.metrics[f"q/{name}/{key}"] = h.copy() if copy else h
-    return snap
-
-
-class PeriodCollector:
-    """Ostrich's latched collector: :meth:`latch` closes a window every ``period`` seconds;
-    :meth:`report` gives the last closed window, or what was counted since the collector
-    began while the first window is still open."""
-
-    def __init__(self, take: Callable[[], Snapshot]) -> None:
-        self._take = take
-        self._start = take()
-        self._last: Snapshot | None = None
-
-    def latch(self) -> None:
-        """Close the current window."""
-        now = self._take()
-        self._last = now.minus(self._start)
-        self._start = now
-
-    def report(self) -> Snapshot:
-        """The deltas of the last closed window (or of the open first one)."""
-        if self._last is not None:
-            return self._last
-        return self._take().minus(self._start)
-
-
-def _entity_stat(key: str, families: dict[str, str]) -> tuple[str, str, str] | None:
-    """For a per-entity key (``q/<queue>/<stat>``, ``beanstalk/tube/<tube>/<stat>``): the
-    stat as exported (queues' bare, the others' under their prefix: ``beanstalk/tube/<stat>``),
-    the label and the entity (which may contain ``/``: the stat is the last part)."""
-    for prefix, label in families.items():
-        if key.startswith(prefix):
-            entity, stat = key[len(prefix) :].rsplit("/", 1)
-            return (stat if prefix == QUEUE_PREFIX else prefix + stat), label, entity
-    return None
-
-
-class _PrometheusCollector:
-    """Turns a snapshot into metric families: ``tercel_<stat>`` with a ``queue`` label on
-    per-queue stats, ``tercel_<front end>_<label>_<stat>`` with a ``<label>`` label on a front
-    end's per-entity ones (beanstalkd's ``tube``). A stat kept both server-wide and per queue
-    (items, bytes, total_items, the latencies) is exported per queue only: the server total
-    is their sum."""
-
-    def __init__(self, server: ServerContext) -> None:
-        self.server = server
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        snap = take_snapshot(self.server)
-        labelled: dict[tuple[str, str], tuple[str, list[tuple[str, Any]]]] = {}
-        plain: list[tuple[str, str, Any]] = []
-        for kind, values in (("counter", snap.counters), ("gauge", snap.gauges)):
-            for key, value in values.items():
-                found = _entity_stat(key, snap.families)
-                if found is None:
-                    plain.append((kind, key, value))
-                    continue
-                stat, label, entity = found
-                labelled.setdefault((kind, stat), (label, []))[1].append((entity, value))
-        for kind, key, value in plain:
-            if (kind, key) not in labelled:
-                yield _family(kind, _metric_name(key), key, value)
-        for (kind, stat), (label, samples) in labelled.items():
-            fam = _family(kind, _metric_name(stat), stat, None, label)
-            for entity, value in samples:
-                fam.add_metric([entity], value)
-            yield fam
-        yield from self._summaries(snap)
-
-    def _summaries(self, snap: Snapshot) -> Iterator[Metric]:
-        families: dict[str, SummaryMetricFamily] = {}
-        for key, hist in snap.metrics.items():
-            if not key.startswith("q/"):
-                continue
-            name, stat = key[2:].rsplit("/", 1)
-            fam = families.get(stat)
-            if fam is None:
-                fam = families[stat] = SummaryMetricFamily(
-                    _metric_name(stat), _DOCS.get(stat, stat), labels=["queue"]
-                )
-            fam.add_metric([name], hist.count, hist.sum)
-            for _, p in PERCENTILES:
-                fam.samples.append(
-                    Sample(fam.name, {"queue": name, "quantile": str(p)}, hist.percentile(p))
-                )
-        yield from families.values()
-
-
-def _metric_name(stat: str) -> str:
-    return "tercel_" + stat.replace("/", "_")
-
-
-def _family(
-    kind: str, name: str, stat: str, value: Any, label: str = "queue"
-) -> CounterMetricFamily | GaugeMetricFamily:
-    doc = _DOCS.get(stat, f"Kestrel's {stat}.")
-    labels = None if value is not None else [label]
-    if kind == "counter":
-        return CounterMetricFamily(name, doc, value=value, labels=labels)
-    return GaugeMetricFamily(name, doc, value=value, labels=labels)
-
 
 SIMPLE_CONTENT_TYPES = frozenset(
     {"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"}
@@ -418,14 +179,55 @@ class _OneLineLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         self.logger.warning("admin: %s: %s", quoted(str(msg) % args if args else str(msg)), text)
 
 
+JSON = "application/json"
+PROMETHEUS = "text/plain; version=0.0.4"
+
+
+async def _drive(steps: Steps[T]) -> T:
+    """Run ``steps``, letting the loop run at each of its yields."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        await asyncio.sleep(0)
+
+
+async def _send(request: web.Request, chunks: Chunks, content_type: str) -> web.StreamResponse:
+    """The document of ``chunks``: one response when it is made in one pass, else streamed
+    (chunked), letting the loop run at each :data:`~tercel.server.exposition.PAUSE`."""
+    head: list[bytes] = []
+    for chunk in chunks:
+        if chunk is PAUSE:
+            break
+        head.append(chunk)
+    else:
+        return web.Response(
+            body=b"".join(head),
+            headers={"Content-Type": f"{content_type}; charset=utf-8", "Cache-Control": "no-store"},
+        )
+    resp = web.StreamResponse(
+        headers={"Content-Type": f"{content_type}; charset=utf-8", "Cache-Control": "no-store"}
+    )
+    await resp.prepare(request)
+    await resp.write(b"".join(head))
+    for chunk in chunks:
+        if chunk is PAUSE:
+            await asyncio.sleep(0)
+        else:
+            await resp.write(chunk)
+    await resp.write_eof()
+    return resp
+
+
 class AdminServer:
     """The admin HTTP listener of one :class:`~tercel.server.app.Server`."""
 
     def __init__(self, server: ServerContext) -> None:
         self.server = server
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_PrometheusCollector(server))
         self._periods: dict[int, tuple[PeriodCollector, TimerHandle]] = {}
+        self._latching: dict[asyncio.Task[None], PeriodCollector] = {}
+        """The windows being closed (their snapshots take several loop passes)."""
         self.dashboard = Dashboard(server)
         self.guard = Guard(server.config.server)  # raises ConfigError: before listening
         app = web.Application(middlewares=[self.guard.middleware])
@@ -472,6 +274,8 @@ class AdminServer:
         for _, timer in self._periods.values():
             timer.cancel()
         self._periods.clear()
+        for task in list(self._latching):
+            task.cancel()
         await self._runner.cleanup()
 
     # ---- GET ------------------------------------------------------------------------------
@@ -479,43 +283,68 @@ class AdminServer:
     async def ping(self, request: web.Request) -> web.Response:
         return json_response({"response": "pong"})
 
-    async def stats(self, request: web.Request) -> web.Response:
+    async def stats(self, request: web.Request) -> web.StreamResponse:
         raw = request.query.get("period")
         if raw is None:
-            return json_response(take_snapshot(self.server).to_json())
+            snap = await _drive(snapshot_steps(self.server))
+            return await _send(request, json_chunks(snap), JSON)
         try:
             period = int(raw)
         except ValueError:
             period = 0
         if not 1 <= period <= MAX_PERIOD_S:
             return error_response(400, f"period must be 1-{MAX_PERIOD_S} seconds")
-        collector = self._collector(period)
+        collector = await self._collector(period)
         if collector is None:
             return error_response(400, f"at most {MAX_PERIODS} different periods are kept")
-        return json_response(collector.report().to_json())
+        report = collector.last
+        if report is None:  # the first window is still open: what it counted so far
+            now = await _drive(snapshot_steps(self.server, copy=True))
+            report = await _drive(now.minus_steps(collector.start))
+        return await _send(request, json_chunks(report), JSON)
 
-    def _collector(self, period: int) -> PeriodCollector | None:
+    async def _collector(self, period: int) -> PeriodCollector | None:
         got = self._periods.get(period)
         if got is not None:
             return got[0]
         if len(self._periods) >= MAX_PERIODS:
             return None
-        collector = PeriodCollector(lambda: take_snapshot(self.server, copy=True))
+        start = await _drive(snapshot_steps(self.server, copy=True))
+        got = self._periods.get(period)  # (another request may have made it meanwhile)
+        if got is not None:
+            return got[0]
+        if len(self._periods) >= MAX_PERIODS:
+            return None
+        collector = PeriodCollector(self._take, start)
         self._periods[period] = (collector, self._schedule(period, collector))
         return collector
 
+    def _take(self) -> Snapshot:
+        raise AssertionError("the admin server takes its snapshots in slices")  # pragma: no cover
+
     def _schedule(self, period: int, collector: PeriodCollector) -> TimerHandle:
         def tick() -> None:
-            collector.latch()
+            # A window closes every ``period`` s; a latch still taking its snapshot (a server
+            # with many queues, a short period) lets this one pass: the window is longer.
+            if not any(busy is collector for busy in self._latching.values()):
+                task = self.server.loop.create_task(self._latch(collector))
+                self._latching[task] = collector
+                task.add_done_callback(self._latched)
             self._periods[period] = (collector, self._schedule(period, collector))
 
         return self.server.loop.call_later(period, tick)
 
-    async def prometheus(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(
-            body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
-        )
+    def _latched(self, task: asyncio.Task[None]) -> None:
+        self._latching.pop(task, None)
+
+    async def _latch(self, collector: PeriodCollector) -> None:
+        """Close ``collector``'s window: its snapshot and deltas taken in slices."""
+        now = await _drive(snapshot_steps(self.server, copy=True))
+        collector.close(now, await _drive(now.minus_steps(collector.start)))
+
+    async def prometheus(self, request: web.Request) -> web.StreamResponse:
+        snap = await _drive(snapshot_steps(self.server))
+        return await _send(request, prometheus_chunks(snap), PROMETHEUS)
 
     async def server_info(self, request: web.Request) -> web.Response:
         srv = self.server

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final, Protocol
 
 from tercel import __version__
@@ -27,6 +27,7 @@ from tercel.core.collection import QueueCollection
 from tercel.errors import UnavailableError
 from tercel.server.commit import Committer
 from tercel.server.deadlines import Reservations
+from tercel.server.figures import CURR_CONNECTIONS, TOTAL_CONNECTIONS, Reading, counts
 from tercel.server.metrics import Metrics
 from tercel.server.status import Status, StatusKeeper
 
@@ -97,8 +98,10 @@ class ServerContext:
         ``storage.auto_max_connections``); ``max_connections`` never goes above it."""
         self.total_connections = 0
         self._per_front_end: dict[str, list[int]] = {}  # name -> [open now, ever opened]
-        self._counters: dict[str, Callable[[], dict[str, int]]] = {}
-        self._labelled: dict[str, tuple[str, Callable[[], dict[str, dict[str, int]]]]] = {}
+        self._counters: dict[str, Callable[[], list[Reading]]] = {}
+        self._labelled: dict[
+            str, tuple[str, Callable[[], Iterable[tuple[str, list[Reading]]]]]
+        ] = {}
         self._cmd_counts: dict[str, dict[str, int]] = {}
         self.journal_files: Callable[[], dict[str, int]] = dict
         """The data dir's descriptor pool figures (``DataDir.stats``; set at start-up)."""
@@ -138,40 +141,44 @@ class ServerContext:
 
     # ---- per-front-end counters -----------------------------------------------------------
 
-    def add_counters(self, front_end: str, provider: Callable[[], dict[str, int]]) -> None:
-        """Register a front end's own counters (e.g. its ``cmd_*``), read at each stats
-        snapshot (``server/stats.py``)."""
+    def add_counters(self, front_end: str, provider: Callable[[], list[Reading]]) -> None:
+        """Register a front end's own figures (e.g. its ``cmd_*``): ``provider`` returns their
+        readings (``figures.read(FIGURES, source)``, or ``figures.counts(dict)``), taken at
+        each stats snapshot (``server/stats.py``)."""
         self._counters[front_end] = provider
 
     def add_labelled(
-        self, front_end: str, label: str, provider: Callable[[], dict[str, dict[str, int]]]
+        self,
+        front_end: str,
+        label: str,
+        provider: Callable[[], Iterable[tuple[str, list[Reading]]]],
     ) -> None:
-        """Register a front end's counters per entity (beanstalkd's per tube): ``provider``
-        returns ``{entity: {counter: value}}``, read at each stats snapshot and exported with
-        the entity in the label ``label`` (``server/stats.py``, ``server/admin.py``)."""
+        """Register a front end's figures per entity (beanstalkd's per tube): ``provider``
+        gives ``(entity, readings)`` pairs, best lazily (a snapshot reads them in slices,
+        ``server/exposition.py``), exported with the entity in the label ``label``."""
         self._labelled[front_end] = (label, provider)
 
-    def labelled_counters(self) -> dict[str, tuple[str, dict[str, dict[str, int]]]]:
-        """Per front end that registered some: its label and ``{entity: {counter: value}}``."""
+    def labelled_counters(self) -> dict[str, tuple[str, Iterable[tuple[str, list[Reading]]]]]:
+        """Per front end that registered some: its label and its ``(entity, readings)``."""
         return {fe: (label, provider()) for fe, (label, provider) in self._labelled.items()}
 
     def command_counts(self, front_end: str) -> dict[str, int]:
         """The ``cmd_<command>`` counters of a front end whose connections count their own
         commands (text, Thrift): one dict per front end, shared by its connections,
         registered with :meth:`add_counters` when first asked for."""
-        counts = self._cmd_counts.get(front_end)
-        if counts is None:
-            counts = self._cmd_counts[front_end] = {}
-            self.add_counters(front_end, lambda: dict(counts))
-        return counts
+        got = self._cmd_counts.get(front_end)
+        if got is None:
+            got = self._cmd_counts[front_end] = {}
+            self.add_counters(front_end, lambda: counts(got))
+        return got
 
-    def front_end_counters(self) -> dict[str, dict[str, int]]:
-        """Per front end: ``curr_connections``, ``total_connections`` and its own counters."""
-        out: dict[str, dict[str, int]] = {}
+    def front_end_counters(self) -> dict[str, list[Reading]]:
+        """Per front end: its connection counts and its own figures, now."""
+        out: dict[str, list[Reading]] = {}
         for name, (now, ever) in self._per_front_end.items():
-            out[name] = {"curr_connections": now, "total_connections": ever}
+            out[name] = [(CURR_CONNECTIONS, now), (TOTAL_CONNECTIONS, ever)]
         for name, provider in self._counters.items():
-            out.setdefault(name, {}).update(provider())
+            out.setdefault(name, []).extend(provider())
         return out
 
     # ---- status ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Iterator
+import heapq
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,8 @@ from aiohttp import web
 
 from tercel.errors import UnavailableError
 from tercel.names import valid_name
+from tercel.server import figures, kestrel_figures, stats
+from tercel.server.figures import DASHBOARD
 from tercel.server.history import History
 from tercel.server.http import error_response, json_response
 
@@ -47,6 +49,9 @@ STATIC = Path(__file__).resolve().parent / "static"
 SAMPLE_EVERY_S = 1.0
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 5000
+MATCH_SLICE = 4096
+"""Queues matched against ``?search=`` per loop pass."""
+_QUEUE_SHOWN = figures.shown(kestrel_figures.QUEUE, DASHBOARD)
 
 
 class Dashboard:
@@ -79,14 +84,25 @@ class Dashboard:
             self._timer = None
 
     def sample(self) -> None:
-        """Record the server's and every queue's depth and added count, then re-arm."""
+        """Record the server's and every tracked queue's depth and added count (a queue gets
+        rings, while there is room, in the order the queues were made), then re-arm. Only
+        the tracked queues are read, not every queue."""
         srv = self.server
         coll = srv.collection
-        self.history.record(
-            srv.clock.now_ms(),
-            (coll.total_length, coll.stats.total_items),
-            ((q.name, len(q), q.total_items) for q in coll),
-        )
+        history = self.history
+        rows = []
+        for name in history.tracked_names():
+            q = coll.replayed(name)
+            if q is not None:
+                rows.append((name, len(q), q.total_items))
+        if room := history.room + len(history.tracked_names()) - len(rows):
+            for q in coll:
+                if not history.tracked(q.name):
+                    rows.append((q.name, len(q), q.total_items))
+                    room -= 1
+                    if not room:
+                        break
+        history.record(srv.clock.now_ms(), (coll.total_length, coll.stats.total_items), rows)
         self._timer = srv.loop.call_later(SAMPLE_EVERY_S, self.sample)
 
     # ---- GET ------------------------------------------------------------------------------
@@ -94,47 +110,40 @@ class Dashboard:
     async def page(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
-    def server_doc(self) -> dict[str, Any]:
-        """The server's figures for the page's cards."""
-        srv = self.server
-        coll = srv.collection
-        fsync = srv.committer.fsync_latency
+    async def server_doc(self) -> dict[str, Any]:
+        """The server's figures for the page's cards (those shown on the dashboard,
+        ``server/kestrel_figures.py``; summed over the queues in slices) and the rates of the last
+        second."""
+        steps = stats.server_steps(self.server, DASHBOARD)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                readings: list[figures.Reading] = stop.value
+                break
+            await asyncio.sleep(0)
+        doc = dict(figures.keyed(readings, DASHBOARD))
         rates = self.history.latest_rates().get(None, (0.0, 0.0))
-        return {
-            "version": srv.version,
-            "status": srv.status.current.name,
-            "uptime_ms": srv.clock.now_ms() - srv.started_at,
-            "connections": len(srv.connections),
-            "queues": len(coll),
-            "items": coll.total_length,
-            "bytes": coll.total_bytes,
-            "journal_bytes": sum(q.log.size for q in coll),
-            "fsyncs": fsync.count,
-            "fsync_p50_us": fsync.percentile(0.5),
-            "fsync_p99_us": fsync.percentile(0.99),
-            "in_per_s": rates[0],
-            "out_per_s": rates[1],
-        }
+        doc.update(in_per_s=rates[0], out_per_s=rates[1])
+        return doc
 
     def queue_doc(
         self, q: PersistentQueue, now: int, rates: tuple[float, float] | None
     ) -> dict[str, Any]:
         """One queue's row."""
-        return {
-            "name": q.name,
-            "items": len(q),
-            "bytes": q.bytes,
-            "mem_bytes": q.mem_bytes,
-            "head_age_ms": q.head_age(now),
-            "open_reads": q.open_reads,
-            "open_leases": self.server.reservations.table.open_count(q),
-            "waiters": q.waiters,
-            "in_per_s": None if rates is None else rates[0],
-            "out_per_s": None if rates is None else rates[1],
-            "history": self.history.tracked(q.name),
-        }
+        reading = stats.queue_reading(self.server, _QUEUE_SHOWN, q.name, q, now)
+        doc: dict[str, Any] = {"name": q.name}
+        doc.update(figures.keyed(reading.readings, DASHBOARD))
+        doc.update(
+            in_per_s=None if rates is None else rates[0],
+            out_per_s=None if rates is None else rates[1],
+            history=self.history.tracked(q.name),
+        )
+        return doc
 
     async def now(self, request: web.Request) -> web.Response:
+        """The server and the first ``limit`` queues (by name) matching ``search``: matched
+        :data:`MATCH_SLICE` queues per loop pass, their rows read ``stats.SLICE`` per pass."""
         search = request.query.get("search", "").strip()
         try:
             limit = int(request.query.get("limit", DEFAULT_LIMIT))
@@ -142,12 +151,34 @@ class Dashboard:
             limit = 0
         if not 1 <= limit <= MAX_LIMIT:
             return error_response(400, f"limit must be 1-{MAX_LIMIT}")
-        matched = sorted(_matching(self.server, search), key=lambda q: q.name)
-        now = self.server.clock.now_ms()
-        rates = self.history.latest_rates()
-        rows = [self.queue_doc(q, now, rates.get(q.name)) for q in matched[:limit]]
+        needle = search.lower()
+        queues = list(self.server.collection)
+        first: list[PersistentQueue] = []
+        matched = 0
+        for i in range(0, len(queues), MATCH_SLICE):
+            if i:
+                await asyncio.sleep(0)
+            found = [q for q in queues[i : i + MATCH_SLICE] if needle in q.name.lower()]
+            matched += len(found)
+            first = heapq.nsmallest(limit, first + found, key=_name)
+        rows = []
+        coll = self.server.collection
+        for i in range(0, len(first), stats.SLICE):
+            await asyncio.sleep(0)
+            now = self.server.clock.now_ms()
+            rates = self.history.latest_rates()
+            rows += [
+                self.queue_doc(q, now, rates.get(q.name))
+                for q in first[i : i + stats.SLICE]
+                if coll.replayed(q.name) is q  # (not deleted meanwhile)
+            ]
         return json_response(
-            {"server": self.server_doc(), "queues": rows, "matched": len(matched), "search": search}
+            {
+                "server": await self.server_doc(),
+                "queues": rows,
+                "matched": matched,
+                "search": search,
+            }
         )
 
     async def past(self, request: web.Request) -> web.Response:
@@ -194,8 +225,5 @@ def _settle(ready: asyncio.Future[None]) -> None:
         ready.set_result(None)
 
 
-def _matching(server: ServerContext, search: str) -> Iterator[PersistentQueue]:
-    needle = search.lower()
-    for q in server.collection:
-        if needle in q.name.lower():
-            yield q
+def _name(q: PersistentQueue) -> str:
+    return q.name

@@ -17,16 +17,18 @@ commands that run a server of their own rows (``tercel beanstalkd``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tercel.server.connection import Connection
 from tercel.server.context import ServerContext
+from tercel.server.figures import Reading
 
-Counters = Callable[[], dict[str, int]]
-"""A front end's own counters, read at each stats snapshot: ``{counter: value}``."""
-Labelled = Callable[[], dict[str, dict[str, int]]]
-"""A front end's counters per entity (per tube): ``{entity: {counter: value}}``."""
+Counters = Callable[[], list[Reading]]
+"""A front end's own figures, read at each stats snapshot (``figures.read(FIGURES, source)``;
+plain dict counters through ``figures.counts``)."""
+Labelled = Callable[[], Iterable[tuple[str, list[Reading]]]]
+"""A front end's figures per entity (per tube): ``(entity, readings)`` pairs, read lazily."""
 
 
 class Running:

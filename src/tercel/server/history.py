@@ -52,11 +52,22 @@ class History:
         """True when ``name`` has its own rings."""
         return name in self._queues
 
+    def tracked_names(self) -> list[str]:
+        """The queues with rings, in the order they got them."""
+        return list(self._queues)
+
+    @property
+    def room(self) -> int:
+        """How many more queues can get rings."""
+        return self.max_queues - len(self._queues)
+
     def record(
         self, t_ms: int, server: tuple[int, int], queues: Iterable[tuple[str, int, int]]
     ) -> None:
         """Store one sample taken at ``t_ms``: the server's ``(items, added)`` (``added``: the
-        global counter, which never falls) and ``(name, items, added)`` for every queue."""
+        global counter, which never falls) and ``(name, items, added)`` for every queue that
+        has rings (:meth:`tracked_names`; one left out was deleted: its rings go) and for those
+        that may get them (the first :attr:`room` of the others; the rest are ignored)."""
         slot = self._count % self.capacity
         self._times[slot] = t_ms
         now = {name: (items, added) for name, items, added in queues}

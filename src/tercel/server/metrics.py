@@ -14,7 +14,7 @@ is the admin endpoint's cost, not the command's.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 _MAX_BITS = 36
 BUCKETS = ((_MAX_BITS - 4) << 3) + 16
@@ -152,6 +152,16 @@ def _padded(a: list[int], b: list[int]) -> tuple[list[int], list[int]]:
     return a + [0] * (n - len(a)), b + [0] * (n - len(b))
 
 
+DISTRIBUTIONS = {
+    "set_latency_usec": "Time to handle a set, in microseconds.",
+    "get_hit_latency_usec": "Time to answer a get that found an item, in microseconds.",
+    "get_miss_latency_usec": "Time to answer a get that found none, in microseconds.",
+    "delivery_latency_msec": "Time from an item's add to its removal, in milliseconds.",
+}
+"""The distributions each :class:`LatencySet` keeps (Ostrich's names, as in ``/stats.json``'s
+``metrics``) and their help (``/metrics``' summaries)."""
+
+
 class LatencySet:
     """The four distributions Kestrel keeps, for the whole server or one queue."""
 
@@ -206,6 +216,25 @@ class Metrics:
     def prune(self, alive: set[str]) -> None:
         """Forget the distributions of names not in ``alive``."""
         for name in [n for n in self.queues if n not in alive]:
-            lat = self.queues.pop(name)
-            for (_, mine), (_, theirs) in zip(self._retired.items(), lat.items(), strict=True):
-                mine.merge(theirs)
+            self.retire(name)
+
+    def retire(self, name: str) -> None:
+        """Forget the distributions of ``name`` (what they counted stays in the total)."""
+        lat = self.queues.pop(name, None)
+        if lat is None:
+            return
+        for (_, mine), (_, theirs) in zip(self._retired.items(), lat.items(), strict=True):
+            mine.merge(theirs)
+
+    def total_steps(self, per_pass: int) -> Generator[None, None, LatencySet]:
+        """:attr:`total`, summed ``per_pass`` queues at a time with a yield between (a caller
+        on the loop lets it run there)."""
+        out = LatencySet()
+        sets = [self._retired, *self.queues.values()]
+        for i in range(0, len(sets), per_pass):
+            if i:
+                yield
+            for lat in sets[i : i + per_pass]:
+                for (_, mine), (_, theirs) in zip(out.items(), lat.items(), strict=True):
+                    mine.merge(theirs)
+        return out

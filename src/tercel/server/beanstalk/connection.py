@@ -278,26 +278,7 @@ class BeanstalkConnection(Connection):
         if tube is None:
             self.out.append(bp.NOT_FOUND)
             return
-        self.out.append(
-            bp.yaml_dict(
-                [
-                    ("name", tube.name),
-                    ("current-jobs-urgent", tube.urgent_count),
-                    ("current-jobs-ready", tube.ready_count),
-                    ("current-jobs-reserved", tube.reserved_count),
-                    ("current-jobs-delayed", tube.delayed_count),
-                    ("current-jobs-buried", tube.buried_count),
-                    ("total-jobs", tube.total_jobs),
-                    ("current-using", tube.using),
-                    ("current-watching", tube.watching),
-                    ("current-waiting", len(tube.waiting)),
-                    ("cmd-delete", tube.cmd_delete),
-                    ("cmd-pause-tube", tube.cmd_pause),
-                    ("pause", tube.pause),
-                    ("pause-time-left", store.pause_left(tube)),
-                ]
-            )
-        )
+        self.out.append(bp.yaml_dict(self.svc.tube_stats(tube)))
 
     def _list_tubes(self, c: Command) -> None:
         self.out.append(bp.yaml_list(list(self.store.tubes)))

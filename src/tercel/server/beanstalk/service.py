@@ -21,14 +21,16 @@ import os
 import platform
 import resource
 import socket
-from collections.abc import Iterable
-from typing import Final
+from collections.abc import Iterable, Iterator
+from typing import Final, NamedTuple
 
 from tercel import __version__
-from tercel.core.tubes import JobRecord, JobStore, NativeJobLog
+from tercel.core.tubes import JobRecord, JobStore, NativeJobLog, Tube
 from tercel.journal.joblog import DEFAULT_MAX_FILE_SIZE, SERVE_DIR, JobJournal
 from tercel.protocol.beanstalk import COUNTED, DEFAULT_MAX_JOB_SIZE, OPS, random_id
+from tercel.server import figures
 from tercel.server.context import ServerContext
+from tercel.server.figures import ADMIN, COUNTER, GAUGE, LABEL, WIRE, Figure, Kind, Reading
 
 log = logging.getLogger("tercel.beanstalk")
 
@@ -217,92 +219,292 @@ class BeanstalkService:
             log.exception("beanstalk timer failed")
         self.rearm()
 
-    # ---- stats ----------------------------------------------------------------------------
+    # ---- stats (the figures: SERVER_FIGURES, TUBE_FIGURES below) --------------------------
 
     def stats(self) -> list[tuple[str, int | str | bool | float]]:
-        """``stats``' body: beanstalkd 1.12's keys in its order, then ``tercel-version``."""
-        s = self.store.stats
-        connections, total_connections = self.ctx.connection_counts(FRONT_END)
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        j = self.journal
-        uname = os.uname()
-        pairs: list[tuple[str, int | str | bool | float]] = [
-            ("current-jobs-urgent", s.urgent),
-            ("current-jobs-ready", s.ready),
-            ("current-jobs-reserved", s.reserved),
-            ("current-jobs-delayed", s.delayed),
-            ("current-jobs-buried", s.buried),
-        ]
-        pairs.extend(
-            (f"cmd-{name}", n) for name, n in zip(CMD_COUNTERS, self.cmd_counts, strict=True)
-        )
-        pairs += [
-            ("job-timeouts", s.job_timeouts),
-            ("total-jobs", s.total_jobs),
-            ("max-job-size", self.max_job_size),
-            ("current-tubes", len(self.store.tubes)),
-            ("current-connections", connections),
-            ("current-producers", self.producers),
-            ("current-workers", self.workers),
-            ("current-waiting", s.waiting),
-            ("total-connections", total_connections),
-            ("pid", os.getpid()),
-            ("version", PROTOCOL_VERSION),
-            ("rusage-utime", usage.ru_utime),
-            ("rusage-stime", usage.ru_stime),
-            ("uptime", (self.clock.monotonic_ms() - self.started) // 1000),
-            ("binlog-oldest-index", j.oldest_seq if j is not None else 0),
-            ("binlog-current-index", j.seq if j is not None else 0),
-            ("binlog-records-migrated", j.records_migrated if j is not None else 0),
-            ("binlog-records-written", j.records_written if j is not None else 0),
-            ("binlog-max-size", self.max_file_size),
-            ("draining", self.draining),
-            ("id", self.instance_id),
-            ("hostname", self.hostname),
-            ("os", uname.version),
-            ("platform", platform.machine()),
-            ("tercel-version", __version__),
-        ]
-        return pairs
+        """``stats``' body, in beanstalkd 1.12's key order."""
+        return figures.keyed(figures.read(_WIRE, self), WIRE)
 
-    def counters(self) -> dict[str, int]:
-        """The counters ``tercel serve`` adds to its stats under ``beanstalk`` (``curr_*`` are
-        levels: gauges on the admin server; the rest count). The connection counts are the
-        shared layer's (``curr_connections``, ``total_connections`` per front end)."""
-        s = self.store.stats
-        out = {
-            f"cmd_{name.replace('-', '_')}": n
-            for name, n in zip(CMD_COUNTERS, self.cmd_counts, strict=True)
-        }
-        out.update(
-            curr_producers=self.producers,
-            curr_workers=self.workers,
-            curr_jobs_ready=s.ready,
-            curr_jobs_reserved=s.reserved,
-            curr_jobs_delayed=s.delayed,
-            curr_jobs_buried=s.buried,
-            curr_waiting=s.waiting,
-            curr_tubes=len(self.store.tubes),
-            total_jobs=s.total_jobs,
-            job_timeouts=s.job_timeouts,
-            # rotations and compactions of the job log put off for want of a descriptor
-            job_log_put_off=0 if self.journal is None else self.journal.put_off,
-        )
-        return out
+    def tube_stats(self, tube: Tube) -> list[tuple[str, int | str | bool | float]]:
+        """``stats-tube``'s body, in beanstalkd 1.12's key order."""
+        return figures.keyed(figures.read(_TUBE_WIRE, TubeSource(self.store, tube)), WIRE)
 
-    def tube_counters(self) -> dict[str, dict[str, int]]:
-        """Per tube, what ``stats-tube`` counts (the admin server's per-tube metrics, label
-        ``tube``: ``curr_*`` gauges, the rest counters)."""
-        return {
-            name: {
-                "curr_jobs_urgent": t.urgent_count,
-                "curr_jobs_ready": t.ready_count,
-                "curr_jobs_reserved": t.reserved_count,
-                "curr_jobs_delayed": t.delayed_count,
-                "curr_jobs_buried": t.buried_count,
-                "total_jobs": t.total_jobs,
-                "cmd_delete": t.cmd_delete,
-                "cmd_pause_tube": t.cmd_pause,
-            }
-            for name, t in self.store.tubes.items()
-        }
+    def counters(self) -> list[Reading]:
+        """The figures ``tercel serve`` adds to its stats under ``beanstalk`` (the connection
+        counts are the shared layer's: ``curr_connections``, ``total_connections``)."""
+        return figures.read(_ADMIN, self)
+
+    def tube_counters(self) -> Iterator[tuple[str, list[Reading]]]:
+        """Per tube, the ``stats-tube`` figures the admin server exports (label ``tube``),
+        read as they are asked for (a tube freed meanwhile: as it was)."""
+        store = self.store
+        for name, t in list(store.tubes.items()):
+            yield name, figures.read(_TUBE_ADMIN, TubeSource(store, t))
+
+
+# ---- beanstalkd's figures ------------------------------------------------------------------
+
+
+def _cmd(name: str, code: int) -> Figure[BeanstalkService]:
+    return Figure(
+        f"cmd-{name}",
+        COUNTER,
+        f"beanstalkd {name} commands received.",
+        lambda s: s.cmd_counts[code],
+        f"cmd_{name.replace('-', '_')}",
+    )
+
+
+def _journal(name: str, attr: str, help_text: str) -> Figure[BeanstalkService]:
+    return Figure(
+        name,
+        GAUGE,
+        help_text,
+        lambda s: 0 if s.journal is None else getattr(s.journal, attr),
+        None,
+    )
+
+
+SERVER_FIGURES: Final[tuple[Figure[BeanstalkService], ...]] = (
+    Figure(
+        "current-jobs-urgent",
+        GAUGE,
+        "beanstalkd jobs ready of priority below 1024.",
+        lambda s: s.store.stats.urgent,
+        None,
+    ),
+    Figure(
+        "current-jobs-ready",
+        GAUGE,
+        "beanstalkd jobs ready.",
+        lambda s: s.store.stats.ready,
+        "curr_jobs_ready",
+    ),
+    Figure(
+        "current-jobs-reserved",
+        GAUGE,
+        "beanstalkd jobs reserved now.",
+        lambda s: s.store.stats.reserved,
+        "curr_jobs_reserved",
+    ),
+    Figure(
+        "current-jobs-delayed",
+        GAUGE,
+        "beanstalkd jobs waiting for their delay.",
+        lambda s: s.store.stats.delayed,
+        "curr_jobs_delayed",
+    ),
+    Figure(
+        "current-jobs-buried",
+        GAUGE,
+        "beanstalkd jobs buried.",
+        lambda s: s.store.stats.buried,
+        "curr_jobs_buried",
+    ),
+    *(_cmd(name, code) for code, name in enumerate(CMD_COUNTERS)),
+    Figure(
+        "job-timeouts",
+        COUNTER,
+        "beanstalkd reservations ended by their TTR.",
+        lambda s: s.store.stats.job_timeouts,
+        "job_timeouts",
+    ),
+    Figure(
+        "total-jobs",
+        COUNTER,
+        "beanstalkd jobs put.",
+        lambda s: s.store.stats.total_jobs,
+        "total_jobs",
+    ),
+    Figure("max-job-size", GAUGE, "Largest job body accepted.", lambda s: s.max_job_size, None),
+    Figure(
+        "current-tubes",
+        GAUGE,
+        "beanstalkd tubes that exist.",
+        lambda s: len(s.store.tubes),
+        "curr_tubes",
+    ),
+    Figure(
+        "current-connections",
+        GAUGE,
+        "beanstalkd connections open now.",
+        lambda s: s.ctx.connection_counts(FRONT_END)[0],
+        None,
+    ),
+    Figure(
+        "current-producers",
+        GAUGE,
+        "beanstalkd connections open now that have sent a put.",
+        lambda s: s.producers,
+        "curr_producers",
+    ),
+    Figure(
+        "current-workers",
+        GAUGE,
+        "beanstalkd connections open now that have sent a reserve.",
+        lambda s: s.workers,
+        "curr_workers",
+    ),
+    Figure(
+        "current-waiting",
+        GAUGE,
+        "beanstalkd reserves waiting for a job.",
+        lambda s: s.store.stats.waiting,
+        "curr_waiting",
+    ),
+    Figure(
+        "total-connections",
+        COUNTER,
+        "beanstalkd connections accepted.",
+        lambda s: s.ctx.connection_counts(FRONT_END)[1],
+        None,
+    ),
+    Figure("pid", LABEL, "The server's process id.", lambda s: os.getpid(), None),
+    Figure(
+        "version",
+        LABEL,
+        "The beanstalkd protocol version served (clients gate features on it).",
+        lambda s: PROTOCOL_VERSION,
+        None,
+    ),
+    Figure(
+        "rusage-utime",
+        COUNTER,
+        "User CPU seconds of the process.",
+        lambda s: resource.getrusage(resource.RUSAGE_SELF).ru_utime,
+        None,
+    ),
+    Figure(
+        "rusage-stime",
+        COUNTER,
+        "System CPU seconds of the process.",
+        lambda s: resource.getrusage(resource.RUSAGE_SELF).ru_stime,
+        None,
+    ),
+    Figure(
+        "uptime",
+        GAUGE,
+        "Seconds since the beanstalkd front end started.",
+        lambda s: (s.clock.monotonic_ms() - s.started) // 1000,
+        None,
+    ),
+    _journal("binlog-oldest-index", "oldest_seq", "Number of the oldest job log file."),
+    _journal("binlog-current-index", "seq", "Number of the job log file written now."),
+    _journal("binlog-records-migrated", "records_migrated", "Job records moved by compaction."),
+    _journal("binlog-records-written", "records_written", "Job records written."),
+    Figure(
+        "binlog-max-size",
+        GAUGE,
+        "Largest job log file, in bytes.",
+        lambda s: s.max_file_size,
+        None,
+    ),
+    Figure("draining", LABEL, "Whether puts are refused.", lambda s: s.draining, None),
+    Figure("id", LABEL, "This process's random id.", lambda s: s.instance_id, None),
+    Figure("hostname", LABEL, "The host's name.", lambda s: s.hostname, None),
+    Figure("os", LABEL, "The kernel's version.", lambda s: os.uname().version, None),
+    Figure("platform", LABEL, "The machine's architecture.", lambda s: platform.machine(), None),
+    Figure("tercel-version", LABEL, "tercel's own version.", lambda s: __version__, None),
+    Figure(
+        "job-log-put-off",
+        COUNTER,
+        "Job log rotations and compactions put off for want of a descriptor.",
+        lambda s: 0 if s.journal is None else s.journal.put_off,
+        "job_log_put_off",
+        wire=False,
+    ),
+)
+"""The server-wide figures: ``stats``' keys in beanstalkd 1.12's order, and what ``tercel
+serve`` shows under ``beanstalk`` (``admin``)."""
+
+
+class TubeSource(NamedTuple):
+    """What a tube's figures read."""
+
+    store: JobStore
+    tube: Tube
+
+
+def _tube(
+    name: str, kind: Kind, help_text: str, attr: str, admin: str | None
+) -> Figure[TubeSource]:
+    return Figure(name, kind, help_text, lambda s: getattr(s.tube, attr), admin)
+
+
+TUBE_FIGURES: Final[tuple[Figure[TubeSource], ...]] = (
+    _tube("name", LABEL, "The tube's name.", "name", None),
+    _tube(
+        "current-jobs-urgent",
+        GAUGE,
+        "Ready beanstalkd jobs of priority below 1024.",
+        "urgent_count",
+        "curr_jobs_urgent",
+    ),
+    _tube(
+        "current-jobs-ready",
+        GAUGE,
+        "beanstalkd jobs ready in the tube.",
+        "ready_count",
+        "curr_jobs_ready",
+    ),
+    _tube(
+        "current-jobs-reserved",
+        GAUGE,
+        "beanstalkd jobs of the tube reserved now.",
+        "reserved_count",
+        "curr_jobs_reserved",
+    ),
+    _tube(
+        "current-jobs-delayed",
+        GAUGE,
+        "beanstalkd jobs of the tube waiting for their delay.",
+        "delayed_count",
+        "curr_jobs_delayed",
+    ),
+    _tube(
+        "current-jobs-buried",
+        GAUGE,
+        "beanstalkd jobs of the tube buried.",
+        "buried_count",
+        "curr_jobs_buried",
+    ),
+    _tube("total-jobs", COUNTER, "beanstalkd jobs put into the tube.", "total_jobs", "total_jobs"),
+    _tube("current-using", GAUGE, "Connections using the tube.", "using", None),
+    _tube("current-watching", GAUGE, "Connections watching the tube.", "watching", None),
+    Figure(
+        "current-waiting",
+        GAUGE,
+        "Reserves waiting on the tube.",
+        lambda s: len(s.tube.waiting),
+        None,
+    ),
+    _tube(
+        "cmd-delete",
+        COUNTER,
+        "beanstalkd delete commands on jobs of the tube.",
+        "cmd_delete",
+        "cmd_delete",
+    ),
+    _tube(
+        "cmd-pause-tube",
+        COUNTER,
+        "beanstalkd pause-tube commands on the tube.",
+        "cmd_pause",
+        "cmd_pause_tube",
+    ),
+    _tube("pause", GAUGE, "Seconds of the tube's pause.", "pause", None),
+    Figure(
+        "pause-time-left",
+        GAUGE,
+        "Seconds left of the tube's pause.",
+        lambda s: s.store.pause_left(s.tube),
+        None,
+    ),
+)
+"""A tube's figures: ``stats-tube``'s keys in beanstalkd 1.12's order, and what the admin port
+exports per tube (label ``tube``)."""
+
+_WIRE: Final = figures.shown(SERVER_FIGURES, WIRE)
+_ADMIN: Final = figures.shown(SERVER_FIGURES, ADMIN)
+_TUBE_WIRE: Final = figures.shown(TUBE_FIGURES, WIRE)
+_TUBE_ADMIN: Final = figures.shown(TUBE_FIGURES, ADMIN)

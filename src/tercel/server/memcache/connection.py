@@ -11,6 +11,8 @@ commands are in :mod:`tercel.server.memcache.leases`.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator
 from time import perf_counter_ns
 from typing import Any, Final
 
@@ -38,6 +40,8 @@ from tercel.server.context import ANY, WRITES, ServerContext, sampled
 from tercel.server.kestrel import ops
 from tercel.server.kestrel.connection import KestrelConnection
 from tercel.server.memcache import leases as ext
+
+log = logging.getLogger(__name__)
 
 EXPIRY_RELATIVE_LIMIT = 1_000_000
 """Kestrel's rule: a set's exptime below this is relative seconds, at or above it epoch
@@ -255,7 +259,7 @@ def handle_flush_expired(conn: MemcacheConnection, cmd: FlushExpired) -> None:
 
 
 def handle_dump_stats(conn: MemcacheConnection, cmd: DumpStats) -> None:
-    conn.out.append(mc.blocks(stats.dump_stats(conn.ctx, cmd.queues)))
+    SlicedReply(conn, stats.dump_stats_slices(conn.ctx, cmd.queues), _blocks).start()
 
 
 def handle_status(conn: MemcacheConnection, cmd: Status) -> None:
@@ -294,7 +298,66 @@ def _reload(conn: MemcacheConnection, cmd: Simple) -> None:
 
 
 def _stats(conn: MemcacheConnection, cmd: Simple) -> None:
-    conn.out.append(mc.stats(stats.stats_lines(conn.ctx)))
+    SlicedReply(conn, stats.stats_slices(conn.ctx), _stat_lines).start()
+
+
+def _stat_lines(lines: Any) -> bytes:
+    return mc.stats(lines)[: -len(mc.END)]
+
+
+def _blocks(blocks: Any) -> bytes:
+    return mc.blocks(blocks)[: -len(mc.END)]
+
+
+class SlicedReply:
+    """A reply rendered over several loop passes: memcache ``stats`` and ``dump_stats`` of a
+    server with many queues (``stats.SLICE`` queues per pass). ``parts`` yields what to
+    encode, and ``None`` where the loop should run. Rendered in one pass, the reply is
+    recorded at once; else the connection parks on it (the commands behind it wait, other
+    connections are served), each loop pass renders up to the next pause, and the last one
+    records the reply and resumes the connection."""
+
+    def __init__(
+        self, conn: MemcacheConnection, parts: Iterator[Any], encode: Callable[[Any], bytes]
+    ) -> None:
+        self.conn = conn
+        self.parts = parts
+        self.encode = encode
+        self.chunks: list[bytes] = []
+
+    def start(self) -> None:
+        conn = self.conn
+        if self.advance():
+            conn.out.append(b"".join(self.chunks) + mc.END)
+            return
+        conn.park_untimed(None, self, b"")
+        conn.continue_soon(self.step)
+
+    def advance(self) -> bool:
+        """Render up to the next pause; True when the reply is complete."""
+        for part in self.parts:
+            if part is None:
+                return False
+            self.chunks.append(self.encode(part))
+        return True
+
+    def step(self) -> bool:
+        """One loop pass of rendering (:meth:`Connection.continue_soon`): True while parked
+        again for the next pass; else the reply is recorded."""
+        conn = self.conn
+        try:
+            done = self.advance()
+        except Exception:
+            log.exception("bug while rendering stats; closing the connection")
+            conn.closing = True
+            return False
+        if not done:
+            conn.park_untimed(None, self, b"")
+            conn.continue_soon(self.step)
+            return True
+        conn.out.append(b"".join(self.chunks) + mc.END)
+        self.chunks = []
+        return False
 
 
 def _dump_config(conn: MemcacheConnection, cmd: Simple) -> None:
