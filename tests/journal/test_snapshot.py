@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tercel.journal.snapshot import write_snapshot
 from tercel.journal import records as rec
+from tercel.journal.snapshot import write_snapshot
 
 
 @dataclass
