@@ -390,6 +390,12 @@ class JournalBase(AppendLog):
         return super().begin_sync()
 
     @property
+    def holds_descriptor(self) -> bool:
+        """True while the current file's descriptor is open; False when the journal is
+        closed, or its descriptor parked by the data dir's pool until the next use."""
+        return self._fd >= 0
+
+    @property
     def size(self) -> int:
         """Bytes of all this queue's files, including what is still buffered."""
         return self._older_total + self._written + self._pending
