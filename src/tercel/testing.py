@@ -1,8 +1,8 @@
 """tercel's testing API: run a real server in a test, and break its files on purpose.
 
-This module and :mod:`tercel.journal.faults` are public and documented (docs/reliability.md,
-"Testing your own code against tercel"): tercel's own tests, the soak (``bench/soak.py``) and
-users' tests use the same helpers. Everything here is in :data:`__all__`.
+This module and :mod:`tercel.journal.faults` are public and documented (docs/testing.md):
+tercel's own tests, the soak (``bench/soak.py``) and users' tests use the same helpers. What
+is public is in ``__all__``.
 
 - :class:`ServerProcess` runs ``tercel serve`` in a subprocess on ``127.0.0.1:0`` and learns the
   bound port through a FIFO handed to ``--ports-file``: the read blocks until the server has

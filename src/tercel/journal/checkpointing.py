@@ -2,7 +2,7 @@
 files before replay trusts it (the file format is :mod:`tercel.journal.checkpoint`'s).
 
 A checkpoint lets a restart replay from the head item's ADD record instead of the first file
-(docs/journal_format.md §12). It is only ever a shortcut: one that does not fit the files
+(docs/journal_format.md §16). It is only ever a shortcut: one that does not fit the files
 (its end moved, the head record changed, a mark's record is not the ADD it names) is ignored
 and replay reads every file.
 """

@@ -26,6 +26,10 @@ from outside a server process by making that call happen: creating a queue of th
 compaction crash windows the journals document are :data:`COMPACTION_CRASHES` (queue
 journals) and :data:`JOB_COMPACTION_CRASHES` (the beanstalkd job log).
 
+A subclass may watch every call by overriding :meth:`FaultyFiles.run` (the one method every
+operation goes through). This module is public, part of tercel's testing API with
+:mod:`tercel.testing`, which re-exports it (docs/testing.md): users' own tests may use it.
+
 Thread-safe enough for the journal's worker threads (a lock around the rule bookkeeping).
 """
 
@@ -43,6 +47,19 @@ from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from tercel.journal.files import FileOps, default_ops
+
+__all__ = [
+    "COMPACTION_CRASHES",
+    "CRASH_EXIT",
+    "JOB_COMPACTION_CRASHES",
+    "PAGE",
+    "TAILS",
+    "Crashes",
+    "FaultyFiles",
+    "PowerLossFiles",
+    "Rule",
+    "power_loss",
+]
 
 T = TypeVar("T")
 

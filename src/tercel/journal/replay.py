@@ -3,7 +3,7 @@
 Replay starts at the newest file that begins with a SNAPSHOT (older ones are left over from
 an interrupted compaction, :mod:`tercel.journal.rotation`, and are deleted), or at a
 checkpoint's end when one fits the files (:mod:`tercel.journal.checkpointing`). The torn-tail
-policy (docs/journal_format.md §10): only the newest file may end badly; its tail is cut at the
+policy (docs/journal_format.md §5-6): only the newest file may end badly; its tail is cut at the
 last good record when the damage has the shape of a power loss in the unsynced tail
 (:func:`~tercel.journal.tail.tail_cut`; the bytes cut are kept aside in a file), a hole of zeros
 where its header was means nothing in it was ever fsynced, and zeros written ahead

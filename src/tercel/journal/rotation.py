@@ -1,6 +1,6 @@
 """The crash-safe file moves of a queue journal: rotation, the compaction switch-over, and
 erase. Every step here is ordered so that a crash between any two leaves files that replay
-(:mod:`tercel.journal.replay`) turns back into the same queue (docs/journal_format.md §11-13).
+(:mod:`tercel.journal.replay`) turns back into the same queue (docs/journal_format.md §12-13).
 
 - **Rotation** closes the current file as ``<name>.<seq>`` and starts ``<name>``: the old
   file is fdatasynced (and its zeros written ahead cut) before its rename, so an older file

@@ -3,7 +3,7 @@ packer, kept out of the journal as Kestrel keeps ``JournalPacker`` out of ``Jour
 
 A snapshot file starts with a SNAPSHOT record (the counters), then the open reads (each an ADD,
 its deliveries and its OPEN), then the items in memory, head first, then, for a queue that
-leaves items on disk, a RESUME record saying where they are (docs/journal_format.md §11).
+leaves items on disk, a RESUME record saying where they are (docs/journal_format.md §11, §13).
 :mod:`tercel.journal.rotation` writes it on a worker thread under a temporary name and
 switches it into place.
 """
