@@ -38,7 +38,7 @@ log = logging.getLogger("tercel.journal.journal")
 
 _NO_OLDER: Final[dict[int, int]] = {}
 """The older files of every journal that has none: one empty dict shared, never added to
-(:meth:`FileJournal._older_files` gives a journal its own), not 64 bytes per queue."""
+(:meth:`JournalBase._older_files` gives a journal its own), not 64 bytes per queue."""
 
 REPLAY_START: Final[rec.Position] = (1, 0)
 """``replay_position`` before and after a replay (one tuple for every journal)."""
