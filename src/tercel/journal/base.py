@@ -130,8 +130,6 @@ class JournalBase(AppendLog):
         self._size_before_cache: tuple[tuple[int, int, int], int] = ((0, 0, 0), 0)
         self._close_after_sync = False  # close and rotation wait for a worker's sync
         self._erased = False
-        self.pages = True
-        """Items can be left on disk and read back (read-behind)."""
         self._marks: list[int] = []  # see MARK_EVERY, in journal order, each mark's
         # item id, seq and offset one after another (no tuple per mark: 64 bytes per queue)
         self._mark_seq = 0  # the file of the last mark
@@ -277,41 +275,7 @@ class JournalBase(AppendLog):
         self._ops.close(fd)
         return True
 
-    def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
-        """Journal an item entering the tail of the queue."""
-        if self._failed is not None:
-            raise self._failed
-        if self._fd < 0 and self._parts is None and not self.closed:
-            self._hold()  # before the mark: a refused ADD leaves none
-        pos = self._written + self._pending
-        if pos >= self._mark_off or self._seq != self._mark_seq:
-            self._mark(item_id, self._seq, pos)
-        prefix, fields = rec.add_header(item_id, add_time, expiry, data)
-        # The payload is not copied: write_out hands all the pieces to pwritev.
-        self._append_parts([prefix, fields, data], rec.ADD_HEAD_SIZE + len(data))
-
-    def remove(self) -> None:
-        """Journal the removal of the head item."""
-        self._append(rec.REMOVE_RECORD)
-
-    def flush_items(self) -> None:
-        """Journal the removal of every item that is not open."""
-        self._append(rec.FLUSH_RECORD)
-
-    def open_read(self, xid: int) -> None:
-        """Journal the head item moving into open read ``xid``."""
-        self._xid(rec.OP_OPEN, xid)
-
-    def confirm(self, xid: int) -> None:
-        """Journal open read ``xid`` being confirmed (the item is gone)."""
-        self._xid(rec.OP_CONFIRM, xid)
-
-    def abort(self, xid: int) -> None:
-        """Journal open read ``xid`` being aborted: a RETURN record (the item back in place)."""
-        self._xid(rec.OP_RETURN, xid)
-
-    def _xid(self, op: int, xid: int) -> None:
-        self._append(rec.xid_record(op, xid))
+    # ---- syncs ----------------------------------------------------------------------------
 
     def sync(self) -> None:
         """fdatasync the current file (safe to run in a worker thread).
@@ -394,16 +358,6 @@ class JournalBase(AppendLog):
         """True while the current file's descriptor is open; False when the journal is
         closed, or its descriptor parked by the data dir's pool until the next use."""
         return self._fd >= 0
-
-    @property
-    def size(self) -> int:
-        """Bytes of all this queue's files, including what is still buffered."""
-        return self._older_total + self._written + self._pending
-
-    @property
-    def current_size(self) -> int:
-        """Bytes of the current file (Kestrel's ``logsize``)."""
-        return self._written + self._pending
 
     # ---- marks (where to find an ADD: checkpoints and compaction use them) ---------------
 

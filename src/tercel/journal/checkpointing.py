@@ -34,14 +34,6 @@ MARK_AHEAD = 4096
 class CheckpointingJournal(JournalBase):
     """:class:`~tercel.journal.base.JournalBase` with checkpoints (see the module docstring)."""
 
-    def checkpoint_due(self) -> bool:
-        """True once per :data:`CHECKPOINT_EVERY` bytes appended: the owner should call
-        :meth:`checkpoint` now (or skip this turn)."""
-        if self._appended + self._pending - self._checkpoint_at < CHECKPOINT_EVERY:
-            return False
-        self._checkpoint_at = self._appended + self._pending
-        return True
-
     def checkpoint(
         self,
         *,

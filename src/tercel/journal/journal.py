@@ -100,6 +100,69 @@ class FileJournal(ReplayingJournal):
             background=background,
             directory=directory,
         )
+        self.pages = True  # (here, not in a layer below: the core reads it, see below)
+        """Items can be left on disk and read back (read-behind)."""
+
+    # ---- what the core calls on every command ------------------------------------------------
+    # Defined here, on the class the journal is, not in a layer below: called from the core
+    # through ``QueueLog``, a compiled method checks that ``self`` is its class, an exact type
+    # compare for a class without subclasses and a walk of the MRO otherwise.
+
+    def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
+        """Journal an item entering the tail of the queue."""
+        if self._failed is not None:
+            raise self._failed
+        if self._fd < 0 and self._parts is None and not self.closed:
+            self._hold()  # before the mark: a refused ADD leaves none
+        pos = self._written + self._pending
+        if pos >= self._mark_off or self._seq != self._mark_seq:
+            self._mark(item_id, self._seq, pos)
+        prefix, fields = rec.add_header(item_id, add_time, expiry, data)
+        # The payload is not copied: write_out hands all the pieces to pwritev.
+        self._append_parts([prefix, fields, data], rec.ADD_HEAD_SIZE + len(data))
+
+    def remove(self) -> None:
+        """Journal the removal of the head item."""
+        self._append(rec.REMOVE_RECORD)
+
+    def flush_items(self) -> None:
+        """Journal the removal of every item that is not open."""
+        self._append(rec.FLUSH_RECORD)
+
+    def open_read(self, xid: int) -> None:
+        """Journal the head item moving into open read ``xid``."""
+        self._xid(rec.OP_OPEN, xid)
+
+    def confirm(self, xid: int) -> None:
+        """Journal open read ``xid`` being confirmed (the item is gone)."""
+        self._xid(rec.OP_CONFIRM, xid)
+
+    def abort(self, xid: int) -> None:
+        """Journal open read ``xid`` being aborted: a RETURN record (the item back in place)."""
+        self._xid(rec.OP_RETURN, xid)
+
+    def _xid(self, op: int, xid: int) -> None:
+        self._append(rec.xid_record(op, xid))
+
+    @property
+    def size(self) -> int:
+        """Bytes of all this queue's files, including what is still buffered."""
+        return self._older_total + self._written + self._pending
+
+    @property
+    def current_size(self) -> int:
+        """Bytes of the current file (Kestrel's ``logsize``)."""
+        return self._written + self._pending
+
+    def checkpoint_due(self) -> bool:
+        """True once per :data:`CHECKPOINT_EVERY` bytes appended: the owner should call
+        :meth:`checkpoint` now (or skip this turn)."""
+        if self._appended + self._pending - self._checkpoint_at < CHECKPOINT_EVERY:
+            return False
+        self._checkpoint_at = self._appended + self._pending
+        return True
+
+    # ---- read-behind ------------------------------------------------------------------------
 
     def reader(self, position: rec.Position) -> AddReader:
         """A reader of the ADD records from ``position`` on (see :class:`AddReader`)."""

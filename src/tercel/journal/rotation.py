@@ -292,6 +292,8 @@ class RotatingJournal(CheckpointingJournal):
         self.compactions += 1
         log.debug("journal %s: compacted into %s.%d", self.path, self.path, target)
 
+    # ---- erase ----------------------------------------------------------------------------
+
     def erase(self) -> None:
         """Close and delete every file of this journal (a compaction still running is thrown
         away when it ends, not switched over).
