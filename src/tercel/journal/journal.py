@@ -8,9 +8,9 @@ log group, ``walg.c``, apart from one file's record I/O, ``file.c``; Kestrel kee
    the group-commit write (one ``pwritev``), zeros written ahead, failure for good, the sync
    hand-off. Shared with beanstalkd's job log.
 2. :class:`~tercel.journal.base.JournalBase` (``base.py``): the queue's file names and sizes,
-   the current file's descriptor (in the data dir's pool), the record appends (``add``,
-   ``remove``...), syncs (and the directory fsync that makes a new file's name durable), the
-   ADD marks, close. Holds the state of every layer (one compiled struct).
+   the current file's descriptor (in the data dir's pool), syncs (and the directory fsync
+   that makes a new file's name durable), the ADD marks, close. Holds the state of every
+   layer (one compiled struct).
 3. :class:`~tercel.journal.checkpointing.CheckpointingJournal` (``checkpointing.py``): when a
    checkpoint is due, writing one, and checking one against the files at replay.
 4. :class:`~tercel.journal.rotation.RotatingJournal` (``rotation.py``): **the crash-safe file
@@ -18,9 +18,13 @@ log group, ``walg.c``, apart from one file's record I/O, ``file.c``; Kestrel kee
    (the snapshot itself is written by :func:`~tercel.journal.snapshot.write_snapshot`).
 5. :class:`~tercel.journal.replay.ReplayingJournal` (``replay.py``): **replay**, from the
    newest snapshot or a checkpoint, with the torn-tail policy.
-6. :class:`FileJournal` (here): the read-behind cursor (:class:`~tercel.journal.readbehind.
-   AddReader`) on top: the whole journal, as the core sees it through ``QueueLog``
-   (``core/log.py``) and :mod:`tercel.storage` builds it.
+6. :class:`FileJournal` (here): what the core calls on every command (the record appends
+   ``add``, ``remove``, ``open_read``..., ``size``, ``checkpoint_due``) and the read-behind
+   cursor (:class:`~tercel.journal.readbehind.AddReader`): the whole journal, as the core sees
+   it through ``QueueLog`` (``core/log.py``) and :mod:`tercel.storage` builds it. The
+   per-command methods live on this class, the one without subclasses, because compiled, a
+   method called from the core checks ``self``'s type: one compare for such a class, a walk
+   of the MRO for a layer below.
 
 To review crash safety, read ``rotation.py`` and ``replay.py`` (with ``tail.py``, the shape of
 a torn tail); the rest never moves or cuts a file.
