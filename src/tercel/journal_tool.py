@@ -219,7 +219,8 @@ def check_job_log(directory: str, out: TextIO) -> int:
     ``jobs.<n>``, in order), record by record as a start frames them (journal_format.md §17);
     1 when any file is damaged. A bad record at the end of the newest ``jobs`` file is one a
     start cuts as a torn tail; it is reported all the same, as a queue journal's is."""
-    from tercel.journal.joblog import JOBS_PREFIX, SNAP_PREFIX, check_file
+    from tercel.journal.joblog import JOBS_PREFIX, SNAP_PREFIX
+    from tercel.journal.jobrecords import check_file
 
     files = sorted(
         (int(name[len(prefix) :]), prefix == JOBS_PREFIX, name)

@@ -44,9 +44,11 @@ asyncio.threads asyncio.unix_events asyncio.base_subprocess asyncio.selector_eve
 tercel.server tercel.server.app tercel.storage tercel.clock librt librt.time tercel.core
 tercel.core.log
 tercel.steps tercel.core.queue tercel.core.items mypy_extensions tercel.core.source tercel.journal
-tercel.journal.journal mmap tercel.journal.checkpoint tercel.journal.records zlib_ng
-zlib_ng._version zlib_ng.zlib_ng gzip zlib _compression tercel.journal.append
-tercel.journal.files resource tercel.journal.reader tercel.journal.tail tercel.journal.memory
+tercel.journal.journal tercel.journal.records mmap zlib_ng zlib_ng._version zlib_ng.zlib_ng
+gzip zlib _compression tercel.journal.base tercel.journal.checkpoint tercel.journal.append
+tercel.journal.files resource tercel.journal.checkpointing tercel.journal.reader
+tercel.journal.readbehind tercel.journal.replay tercel.journal.rotation tercel.journal.snapshot
+tercel.journal.tail tercel.journal.memory
 tercel.core.collection tercel.core.stats tercel.server.admin_rules tercel.server.commit
 concurrent.futures.thread queue _queue tercel.server.aio tercel.server.metrics
 tercel.server.context tercel.server.deadlines tercel.core.reservations tercel.server.status

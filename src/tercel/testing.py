@@ -1,13 +1,34 @@
-"""Helpers for testing tercel (and programs that use it) against a real server.
+"""tercel's testing API: run a real server in a test, and break its files on purpose.
 
-:class:`ServerProcess` runs ``tercel serve`` in a subprocess on ``127.0.0.1:0`` and learns the
-bound port through a FIFO handed to ``--ports-file``: the read blocks until the server has
-bound every listener, so there is no polling and no sleep. It can be stopped with SIGTERM,
-killed with SIGKILL and restarted on the same data directory.
+This module and :mod:`tercel.journal.faults` are public and documented (docs/testing.md):
+tercel's own tests, the soak (``bench/soak.py``) and users' tests use the same helpers. What
+is public is in ``__all__``.
+
+- :class:`ServerProcess` runs ``tercel serve`` in a subprocess on ``127.0.0.1:0`` and learns the
+  bound port through a FIFO handed to ``--ports-file``: the read blocks until the server has
+  bound every listener, so there is no polling and no sleep. It can be stopped with SIGTERM,
+  killed with SIGKILL and restarted on the same data directory. :class:`BeanstalkdProcess`
+  does the same for ``tercel beanstalkd``.
+- **Faults in a server process.** Hand ``launcher=FAULTY_LAUNCHER`` to a
+  :class:`ServerProcess` and put rules in its environment under :data:`FAULTS_ENV` (a JSON
+  list, :func:`faults_from_rules`): the server then runs with a
+  :class:`~tercel.journal.faults.FaultyFiles` as the file seam of every data dir (a disk that
+  fills up, an fsync that fails, descriptors that run out, a slow disk, a crash at a chosen
+  call). With :data:`POWER_LOSS_ENV` set to a directory, the seam also records what a power
+  cut would leave (:class:`~tercel.journal.faults.PowerLossFiles`; after a SIGKILL,
+  :func:`~tercel.journal.faults.power_loss` rewrites the data dir to that state).
+- **Faults in-process**: :class:`~tercel.journal.faults.FaultyFiles` (re-exported here) handed
+  to a :class:`~tercel.journal.files.DataDir` (``ops=``). The file seam
+  (:class:`~tercel.journal.files.FileOps`) is the one way to break files: production code never
+  tests for a fault.
+
+Run as ``python -m tercel.testing serve ARGS...`` (what :data:`FAULTY_LAUNCHER` does), this
+module installs the rules of :data:`FAULTS_ENV` and runs ``tercel`` with ``ARGS``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -20,6 +41,46 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+
+from tercel.journal import files
+from tercel.journal.faults import (
+    COMPACTION_CRASHES,
+    CRASH_EXIT,
+    JOB_COMPACTION_CRASHES,
+    FaultyFiles,
+    PowerLossFiles,
+    Rule,
+    power_loss,
+)
+
+__all__ = [
+    "COMPACTION_CRASHES",
+    "CRASH_EXIT",
+    "FAULTS_ENV",
+    "FAULTY_LAUNCHER",
+    "JOB_COMPACTION_CRASHES",
+    "POWER_LOSS_ENV",
+    "BeanstalkdProcess",
+    "FaultyFiles",
+    "PowerLossFiles",
+    "Rule",
+    "ServerProcess",
+    "ServerStartError",
+    "faults_from_rules",
+    "power_loss",
+    "run_with_faults",
+]
+
+FAULTS_ENV = "TERCEL_SOAK_FAULTS"
+"""The environment variable that carries a server's fault rules (a JSON list, see
+:func:`faults_from_rules`) to :data:`FAULTY_LAUNCHER`."""
+POWER_LOSS_ENV = "TERCEL_POWER_LOSS_SHADOW"
+"""When set, a directory: the file seam also records there what a power cut would leave of the
+data dir (:class:`~tercel.journal.faults.PowerLossFiles`; the test then calls
+:func:`~tercel.journal.faults.power_loss` after a SIGKILL)."""
+FAULTY_LAUNCHER: tuple[str, ...] = (sys.executable, "-m", "tercel.testing")
+"""A :class:`ServerProcess` ``launcher``: ``tercel`` with the rules of :data:`FAULTS_ENV` (and
+:data:`POWER_LOSS_ENV`) installed in its file seam before it opens its data dir."""
 
 
 class ServerStartError(RuntimeError):
@@ -61,7 +122,7 @@ class ServerProcess:
         """When set, the server runs under ``ulimit -n`` of this (soft and hard limit)."""
         self.launcher = launcher
         """The command line before ``serve`` (default: this Python, ``-m tercel``): say, a
-        script that installs fault injection first (``bench/faulty_serve.py``)."""
+        launcher that installs fault injection first (:data:`FAULTY_LAUNCHER`)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = ""
         self.ports: dict[str, int] = {}
@@ -251,3 +312,63 @@ class BeanstalkdProcess(ServerProcess):
     def port(self) -> int:
         """The beanstalkd port."""
         return self.ports["beanstalk"]
+
+
+# ---- the fault launcher -------------------------------------------------------------------------
+
+
+def faults_from_rules(rules: list[dict[str, object]]) -> FaultyFiles:
+    """The rules, as :data:`FAULTS_ENV` carries them, as a :class:`FaultyFiles`. A rule is an
+    object:
+
+    - ``{"kind": "crash", "op": "pwritev", "after": true, "skip": 300}``: the process exits
+      with status 99 (:data:`CRASH_EXIT`) just after (or before) that call, once;
+    - ``{"kind": "fail", "op": "fdatasync", "errno": "EIO", "skip": 20, "times": 1}``: the
+      call raises that ``OSError``; ``"until": ["open", "/release"]`` ends the rule once such a
+      call has completed (a client lifts the fault by creating the queue ``release``);
+    - ``{"kind": "slow", "op": "fdatasync", "seconds": 0.02}``: the call waits first.
+
+    ``path`` (a substring of the file's path) may narrow any rule; ``op`` is a
+    :class:`~tercel.journal.files.FileOps` method. Raises ValueError for an unknown kind."""
+    faults = FaultyFiles()
+    for rule in rules:
+        op = str(rule["op"])
+        path = str(rule["path"]) if "path" in rule else None
+        skip = int(str(rule.get("skip", 0)))
+        if rule["kind"] == "crash":
+            faults.crash(op, path=path, after=bool(rule.get("after")), skip=skip)
+        elif rule["kind"] == "fail":
+            times = int(str(rule["times"])) if "times" in rule else None
+            code = getattr(errno, str(rule["errno"]))
+            until = rule.get("until")
+            off = (str(until[0]), str(until[1])) if isinstance(until, list) else None
+            faults.fail(op, code, path=path, skip=skip, times=times, disarmed_by=off)
+        elif rule["kind"] == "slow":
+            faults.slow(op, float(str(rule["seconds"])), path=path)
+        else:
+            raise ValueError(f"unknown fault kind in {rule}")
+    return faults
+
+
+def _with_power_loss(ops: files.FileOps, argv: list[str]) -> files.FileOps:
+    """``ops`` under a :class:`PowerLossFiles` of the ``--data-dir`` in ``argv``, when the
+    environment asks for one (:data:`POWER_LOSS_ENV`)."""
+    shadow = os.environ.get(POWER_LOSS_ENV)
+    if not shadow:
+        return ops
+    data_dir = argv[argv.index("--data-dir") + 1]
+    os.makedirs(data_dir, exist_ok=True)
+    return PowerLossFiles(data_dir, shadow, inner=ops)
+
+
+def run_with_faults(argv: list[str]) -> int:
+    """``tercel ARGV`` with the faults of the environment in its file seam (the launcher)."""
+    faults = faults_from_rules(json.loads(os.environ.get(FAULTS_ENV, "[]")))
+    files.set_default_ops(_with_power_loss(faults, argv))
+    from tercel.cli import main
+
+    return main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run_with_faults(sys.argv[1:]))

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 from support import Raw, drain, set_cmd, stats
-from tercel.testing import ServerProcess
+from tercel.testing import FAULTS_ENV, FAULTY_LAUNCHER, ServerProcess
 
 LIMIT = 256
 QUEUES = 1100
 CRLF = b"\r\n"
-LAUNCHER = (sys.executable, str(Path(__file__).resolve().parents[2] / "bench" / "faulty_serve.py"))
 
 
 def _replies(sock: socket.socket, count: int) -> list[bytes]:
@@ -148,8 +146,8 @@ def test_a_parked_queue_out_of_descriptors_refuses_those_requests_and_works_agai
     rule = {"kind": "fail", "op": "open", "errno": "EMFILE", "path": "/victim", "skip": 1}
     rule["until"] = ["open", "/release"]  # skip: the queue's first open, as it is created
     config = "[server]\nmax_open_journals = 2\n"
-    env = {"TERCEL_SOAK_FAULTS": json.dumps([rule])}
-    with ServerProcess(data_dir, config, launcher=LAUNCHER, env=env) as srv:
+    env = {FAULTS_ENV: json.dumps([rule])}
+    with ServerProcess(data_dir, config, launcher=FAULTY_LAUNCHER, env=env) as srv:
         conn = Raw(srv.connect())
         conn.call(set_cmd("victim", b"first"), b"STORED\r\n")
         for other in ("other1", "other2"):  # a pool of two: victim's file is parked

@@ -2,7 +2,7 @@
 
 A kill -9 keeps the page cache, so it proves the write-before-reply rule only. Here the
 server runs through the journal's file seam with :class:`tercel.journal.faults.PowerLossFiles`
-(``bench/faulty_serve.py``, ``TERCEL_POWER_LOSS_SHADOW``), which mirrors every fsync of a file
+(``tercel.testing.FAULTY_LAUNCHER``, ``POWER_LOSS_ENV``), which mirrors every fsync of a file
 and of the directory into a shadow directory. After a SIGKILL, :func:`power_loss` rewrites the
 data dir to what a power cut would leave: each file's bytes as of its last fsync and the
 directory's names as of its last directory fsync, with the bytes written since dropped, cut at
@@ -27,18 +27,15 @@ import json
 import os
 import random
 import socket
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from support import Raw, set_cmd, stats
-from tercel.journal.faults import TAILS, power_loss
-from tercel.testing import ServerProcess
+from tercel.journal.faults import TAILS
+from tercel.testing import FAULTY_LAUNCHER, POWER_LOSS_ENV, ServerProcess, power_loss
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-LAUNCHER = (sys.executable, str(BENCH / "faulty_serve.py"))
 QUEUES = {"on": "true", "periodic": '"20ms"', "off": "false"}
 CONFIG = """[queues]
 max_memory_size = "2KB"
@@ -109,8 +106,8 @@ def test_after_a_power_loss_every_fsynced_item_is_back(
     srv = ServerProcess(
         data_dir,
         CONFIG,
-        launcher=LAUNCHER,
-        env={"TERCEL_POWER_LOSS_SHADOW": str(shadow)},
+        launcher=FAULTY_LAUNCHER,
+        env={POWER_LOSS_ENV: str(shadow)},
     )
     srv.start()
     ledgers = {q: Ledger() for q in QUEUES}
@@ -165,8 +162,8 @@ def test_a_new_queue_survives_a_power_loss_right_after_its_first_set(
     """The first set to a new ``sync_journal = true`` queue creates its journal file: its
     name must be durable (a directory fsync) before the ``STORED``, not only its bytes."""
     shadow = tmp_path / "shadow"
-    env = {"TERCEL_POWER_LOSS_SHADOW": str(shadow)}
-    with ServerProcess(data_dir, CONFIG, launcher=LAUNCHER, env=env) as srv:
+    env = {POWER_LOSS_ENV: str(shadow)}
+    with ServerProcess(data_dir, CONFIG, launcher=FAULTY_LAUNCHER, env=env) as srv:
         conn = Raw(srv.connect())
         conn.call(set_cmd("on", b"first"), b"STORED\r\n")
         srv.kill()
@@ -181,9 +178,9 @@ def test_the_lost_page_of_the_last_fsync_is_cut_not_refused(data_dir: Path, tmp_
     written: start-up used to refuse it (exit 3, docs/reliability.md §5); it cuts there now,
     and every item fsynced before is back."""
     shadow = tmp_path / "shadow"
-    env = {"TERCEL_POWER_LOSS_SHADOW": str(shadow)}
+    env = {POWER_LOSS_ENV: str(shadow)}
     config = "[queues.off]\nsync_journal = false\n"
-    with ServerProcess(data_dir, config, launcher=LAUNCHER, env=env) as srv:
+    with ServerProcess(data_dir, config, launcher=FAULTY_LAUNCHER, env=env) as srv:
         conn = Raw(srv.connect())
         synced = [b"synced %d" % i for i in range(7)]
         conn.call(b"".join(set_cmd("off", d) for d in synced), b"STORED\r\n" * 7)
@@ -237,8 +234,8 @@ def test_the_beanstalkd_job_log_after_a_power_loss(
     srv = ServerProcess(
         data_dir,
         f"[queues]\nsync_journal = {sync}\n",
-        launcher=LAUNCHER,
-        env={"TERCEL_POWER_LOSS_SHADOW": str(shadow)},
+        launcher=FAULTY_LAUNCHER,
+        env={POWER_LOSS_ENV: str(shadow)},
         extra_args=("--beanstalk-port", "0"),
     )
     srv.start()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import threading
 import urllib.request
 from pathlib import Path
@@ -31,9 +30,8 @@ from tercel.clock import SystemClock
 from tercel.config import ServerConfig
 from tercel.protocol.thrift import IDL_PATH
 from tercel.storage import open_queue
-from tercel.testing import ServerProcess
+from tercel.testing import FAULTS_ENV, FAULTY_LAUNCHER, ServerProcess
 
-REPO = Path(__file__).resolve().parents[2]
 BIG = "backlog"
 N = 12_000
 """Items of 1 KiB: about 12 MiB of journal, a dozen steps of replay."""
@@ -71,8 +69,8 @@ def slow_server(
         data_dir,
         config if admin else "[server]\nadmin_port = false\n" + config,
         log_level="info",
-        launcher=(sys.executable, str(REPO / "bench" / "faulty_serve.py")),
-        env={"TERCEL_SOAK_FAULTS": json.dumps(slow)},
+        launcher=FAULTY_LAUNCHER,
+        env={FAULTS_ENV: json.dumps(slow)},
         admin_port=0 if admin else None,
         extra_args=PORTS,
     )

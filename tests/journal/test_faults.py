@@ -259,7 +259,7 @@ def _parked(tmp_path: Path, files: DataDir, q: FileJournal) -> list[FileJournal]
     for other in others:
         other.add(1, 1, 0, other.name.encode())
         other.write_out()
-    assert q._fd < 0  # parked
+    assert not q.holds_descriptor  # parked
     return others
 
 
@@ -304,7 +304,7 @@ def test_a_journal_parked_with_records_buffered_writes_them_first(tmp_path: Path
     q.sync()  # the new file's name is durable: q may be parked with a sync due
     q.add(2, 2, 0, b"also")
     other = journal(tmp_path, "other", files)  # beyond the pool: q is parked
-    assert q._fd < 0 and faults.calls["pwritev"] == 2
+    assert not q.holds_descriptor and faults.calls["pwritev"] == 2
     faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
     assert q.write_out() == 0  # nothing left to write: no reopen
     faults.clear()
@@ -312,7 +312,7 @@ def test_a_journal_parked_with_records_buffered_writes_them_first(tmp_path: Path
     q.write_out()
     q.sync_due = True  # ... what the committer sets for a sync_journal = true group
     other.add(1, 1, 0, b"o")  # q is parked again: fdatasynced first
-    assert q._fd < 0 and faults.calls["fdatasync"] == 2
+    assert not q.holds_descriptor and faults.calls["fdatasync"] == 2
     faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
     q.sync()  # the group's fsync: done already, no reopen
     assert not q.failed and faults.calls["fdatasync"] == 2
@@ -382,7 +382,7 @@ def test_a_group_fsync_needs_no_reopen_after_its_journal_was_parked(tmp_path: Pa
         committer.hold(Conn(), b"STORED")
         other = open_journal("other")  # its new file takes the pool's one place: q is parked
         other.add(1, 1, 0, b"o")
-        assert q._fd < 0
+        assert not q.holds_descriptor
         faults.fail("open", errno.EMFILE, path=str(tmp_path / "q"))
         committer.run(inline=True)
         assert not q.failed

@@ -6,6 +6,7 @@ what is on disk; MemoryJournal must behave like the file journal for the same ap
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ from tercel.journal import FileJournal, MemoryJournal, NullJournal, list_queue_n
 from tercel.journal import journal as jmod
 from tercel.journal import records as rec
 from tercel.journal.append import IOV_MAX
+from tercel.journal.faults import FaultyFiles
+from tercel.journal.files import DataDir
 from tercel.journal.tail import TORN_SCAN
 
 
@@ -411,29 +414,21 @@ def test_journal_files_order(tmp_path: Path) -> None:
 # ---- write failures ------------------------------------------------------------------------
 
 
-def _swap_fd(j: FileJournal, path: str, flags: int) -> None:
-    """Point the journal's descriptor at another file (a real OS error on the next write)."""
-    other = os.open(path, flags)
-    os.dup2(other, j._fd)
-    os.close(other)
+def faulty_journal(tmp_path: Path, faults: FaultyFiles, dirty: list[FileJournal]) -> FileJournal:
+    """A journal whose file operations go through ``faults`` (the fault seam)."""
+    files = DataDir(str(tmp_path), ops=faults)
+    return FileJournal(str(tmp_path), "q", on_dirty=dirty.append, directory=files)
 
 
-@pytest.mark.parametrize(
-    ("target", "flags"),
-    [("read-only", os.O_RDONLY), ("/dev/full", os.O_WRONLY)],
-    ids=["read-only fd", "disk full"],
-)
-def test_failed_write_raises_and_later_appends_refuse(
-    tmp_path: Path, target: str, flags: int
-) -> None:
-    if target == "/dev/full" and not os.path.exists(target):
-        pytest.skip("no /dev/full")
+@pytest.mark.parametrize("error", [errno.EBADF, errno.ENOSPC], ids=["read-only fd", "disk full"])
+def test_failed_write_raises_and_later_appends_refuse(tmp_path: Path, error: int) -> None:
     dirty: list[FileJournal] = []
-    j = FileJournal(str(tmp_path), "q", on_dirty=dirty.append)
+    faults = FaultyFiles()
+    j = faulty_journal(tmp_path, faults, dirty)
     j.replay(Recorder())
     j.add(1, 1, 0, b"kept")
     j.write_out()
-    _swap_fd(j, str(tmp_path / "q") if target == "read-only" else target, flags)
+    faults.fail("pwritev", error)
     j.add(2, 2, 0, b"lost")
     with pytest.raises(JournalWriteError) as info:
         j.write_out()
@@ -458,14 +453,12 @@ def test_failed_write_raises_and_later_appends_refuse(
 
 
 def test_failed_fsync_marks_the_journal_failed(tmp_path: Path) -> None:
-    j = FileJournal(str(tmp_path), "q", on_dirty=lambda _: None)
+    faults = FaultyFiles()
+    j = faulty_journal(tmp_path, faults, [])
     j.replay(Recorder())
     j.add(1, 1, 0, b"kept")
     j.write_out()
-    r, w = os.pipe()
-    os.dup2(w, j._fd)  # fdatasync on a pipe fails for real (EINVAL)
-    os.close(r)
-    os.close(w)
+    faults.fail("fdatasync", errno.EIO)
     with pytest.raises(JournalWriteError, match="fsync failed") as info:
         j.sync()
     assert j.failed

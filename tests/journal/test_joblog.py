@@ -19,7 +19,8 @@ from tercel.core.tubes import BURIED, DELAYED, READY, JobRecord, JobStore, Worke
 from tercel.errors import JournalCorrupt, JournalWriteError
 from tercel.journal.append import PREALLOCATE_FIRST
 from tercel.journal.faults import CRASH_EXIT, JOB_COMPACTION_CRASHES, FaultyFiles
-from tercel.journal.joblog import HEADER, JobJournal
+from tercel.journal.joblog import JobJournal
+from tercel.journal.jobrecords import HEADER
 
 
 def _open(

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from tercel.journal.joblog import (
+from tercel.journal.jobrecords import (
     OP_DELETE,
     OP_JOB,
     OP_STATE,

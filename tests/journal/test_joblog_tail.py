@@ -12,7 +12,8 @@ import pytest
 
 from support import Raw, stats
 from tercel.errors import JournalCorrupt
-from tercel.journal.joblog import HEADER, JobJournal, encode_delete, encode_job_fields
+from tercel.journal.joblog import JobJournal
+from tercel.journal.jobrecords import HEADER, encode_delete, encode_job_fields
 from tercel.journal.records import PREFIX, crc32
 from tercel.journal.tail import HOLE
 from tercel.testing import BeanstalkdProcess, ServerProcess

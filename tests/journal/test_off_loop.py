@@ -66,9 +66,9 @@ class Sides(FaultyFiles):
         self.worker = False
         self.log: list[tuple[str, str, str]] = []
 
-    def _run(self, op: str, path: str, call: Callable[[], T]) -> T:
+    def run(self, op: str, path: str, call: Callable[[], T]) -> T:
         self.log.append(("worker" if self.worker else "loop", op, Path(path).name))
-        return super()._run(op, path, call)
+        return super().run(op, path, call)
 
     def ran(self, op: str, side: str) -> list[str]:
         """The files ``op`` ran on, on ``side`` (not the checkpoint file, which a replay and

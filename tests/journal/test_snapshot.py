@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tercel.journal import journal as jmod
 from tercel.journal import records as rec
+from tercel.journal.snapshot import write_snapshot
 
 
 @dataclass
@@ -62,7 +62,7 @@ def test_snapshot_bytes(tmp_path: Path, cursor: rec.Position | None, count: int)
     ]
     open_items = [(7, Item(3, 5, 0, b"open", 1)), (9, Item(4, 6, 0, b"again", 3))]
     path = tmp_path / "snap"
-    jmod._write_snapshot(
+    write_snapshot(
         str(path),
         next_id=10 + count,
         xid=9,

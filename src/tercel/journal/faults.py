@@ -26,6 +26,10 @@ from outside a server process by making that call happen: creating a queue of th
 compaction crash windows the journals document are :data:`COMPACTION_CRASHES` (queue
 journals) and :data:`JOB_COMPACTION_CRASHES` (the beanstalkd job log).
 
+A subclass may watch every call by overriding :meth:`FaultyFiles.run` (the one method every
+operation goes through). This module is public, part of tercel's testing API with
+:mod:`tercel.testing`, which re-exports it (docs/testing.md): users' own tests may use it.
+
 Thread-safe enough for the journal's worker threads (a lock around the rule bookkeeping).
 """
 
@@ -43,6 +47,19 @@ from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from tercel.journal.files import FileOps, default_ops
+
+__all__ = [
+    "COMPACTION_CRASHES",
+    "CRASH_EXIT",
+    "JOB_COMPACTION_CRASHES",
+    "PAGE",
+    "TAILS",
+    "Crashes",
+    "FaultyFiles",
+    "PowerLossFiles",
+    "Rule",
+    "power_loss",
+]
 
 T = TypeVar("T")
 
@@ -174,7 +191,10 @@ class FaultyFiles(FileOps):
         if rule is not None:
             os._exit(CRASH_EXIT)
 
-    def _run(self, op: str, path: str, call: Callable[[], T]) -> T:
+    def run(self, op: str, path: str, call: Callable[[], T]) -> T:
+        """Every operation goes through here: apply the rules to ``op`` on ``path``, then
+        ``call()`` (the real operation). A subclass may override it to watch the calls (and
+        must call this one)."""
         rule = self._before(op, path)
         result = call()
         self._after(op, path, rule)
@@ -186,44 +206,44 @@ class FaultyFiles(FileOps):
     # ---- FileOps --------------------------------------------------------------------------
 
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
-        fd = self._run("open", path, lambda: self.inner.open(path, flags, mode))
+        fd = self.run("open", path, lambda: self.inner.open(path, flags, mode))
         self._paths[fd] = path
         return fd
 
     def close(self, fd: int) -> None:
         path = self._paths.pop(fd, "")
-        self._run("close", path, lambda: self.inner.close(fd))
+        self.run("close", path, lambda: self.inner.close(fd))
 
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
-        return self._run("pwrite", self._fd_path(fd), lambda: self.inner.pwrite(fd, data, offset))
+        return self.run("pwrite", self._fd_path(fd), lambda: self.inner.pwrite(fd, data, offset))
 
     def pwritev(self, fd: int, buffers: Sequence[bytes], offset: int) -> int:
         path = self._fd_path(fd)
-        return self._run("pwritev", path, lambda: self.inner.pwritev(fd, buffers, offset))
+        return self.run("pwritev", path, lambda: self.inner.pwritev(fd, buffers, offset))
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
-        return self._run("pread", self._fd_path(fd), lambda: self.inner.pread(fd, size, offset))
+        return self.run("pread", self._fd_path(fd), lambda: self.inner.pread(fd, size, offset))
 
     def fdatasync(self, fd: int) -> None:
-        self._run("fdatasync", self._fd_path(fd), lambda: self.inner.fdatasync(fd))
+        self.run("fdatasync", self._fd_path(fd), lambda: self.inner.fdatasync(fd))
 
     def fsync(self, fd: int) -> None:
-        self._run("fsync", self._fd_path(fd), lambda: self.inner.fsync(fd))
+        self.run("fsync", self._fd_path(fd), lambda: self.inner.fsync(fd))
 
     def ftruncate(self, fd: int, size: int) -> None:
-        self._run("ftruncate", self._fd_path(fd), lambda: self.inner.ftruncate(fd, size))
+        self.run("ftruncate", self._fd_path(fd), lambda: self.inner.ftruncate(fd, size))
 
     def fstat_size(self, fd: int) -> int:
-        return self._run("fstat_size", self._fd_path(fd), lambda: self.inner.fstat_size(fd))
+        return self.run("fstat_size", self._fd_path(fd), lambda: self.inner.fstat_size(fd))
 
     def rename(self, src: str, dst: str) -> None:
-        self._run("rename", src, lambda: self.inner.rename(src, dst))
+        self.run("rename", src, lambda: self.inner.rename(src, dst))
 
     def unlink(self, path: str) -> None:
-        self._run("unlink", path, lambda: self.inner.unlink(path))
+        self.run("unlink", path, lambda: self.inner.unlink(path))
 
     def scandir(self, path: str) -> list[str]:
-        return self._run("scandir", path, lambda: self.inner.scandir(path))
+        return self.run("scandir", path, lambda: self.inner.scandir(path))
 
 
 Crashes = dict[str, Callable[[FaultyFiles], None]]

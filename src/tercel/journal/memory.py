@@ -9,7 +9,7 @@ with ``journal = false``: it records nothing and replays nothing.
 from __future__ import annotations
 
 from tercel.journal import records as rec
-from tercel.journal.journal import ReplayReport
+from tercel.journal.replay import ReplayReport
 from tercel.steps import Steps
 
 
@@ -104,7 +104,7 @@ class MemoryJournal:
 
 
 class MemoryAddReader:
-    """:class:`~tercel.journal.journal.AddReader` over a :class:`MemoryJournal`."""
+    """:class:`~tercel.journal.readbehind.AddReader` over a :class:`MemoryJournal`."""
 
     __slots__ = ("_journal", "_pos")
 
