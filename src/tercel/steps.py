@@ -12,6 +12,7 @@ from collections.abc import Generator
 from typing import TypeVar
 
 T = TypeVar("T")
+P = TypeVar("P")
 
 Steps = Generator[None, None, T]
 """Resumable work returning a ``T``: ``next()`` runs one step."""
@@ -25,3 +26,15 @@ def finish(steps: Steps[T]) -> T:
         except StopIteration as stop:
             result: T = stop.value
             return result
+
+
+def relay(steps: Steps[T], pause: P) -> Generator[P, None, T]:
+    """``steps`` inside another generator that yields ``pause`` where ``steps`` yields:
+    ``result = yield from relay(steps, PAUSE)``."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        yield pause

@@ -42,7 +42,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -58,12 +58,12 @@ from tercel.server.exposition import (
     Chunks,
     PeriodCollector,
     Snapshot,
-    Steps,
     json_chunks,
     prometheus_chunks,
     snapshot_steps,
 )
 from tercel.server.http import error_response, json_response
+from tercel.server.stats import drive
 from tercel.server.status import parse_status
 
 if TYPE_CHECKING:
@@ -71,7 +71,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 MAX_PERIOD_S = 3600
 """Longest ``?period=`` window (Ostrich keeps one collector per period asked for)."""
@@ -183,16 +182,6 @@ JSON = "application/json"
 PROMETHEUS = "text/plain; version=0.0.4"
 
 
-async def _drive(steps: Steps[T]) -> T:
-    """Run ``steps``, letting the loop run at each of its yields."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        await asyncio.sleep(0)
-
-
 async def _send(request: web.Request, chunks: Chunks, content_type: str) -> web.StreamResponse:
     """The document of ``chunks``: one response when it is made in one pass, else streamed
     (chunked), letting the loop run at each :data:`~tercel.server.exposition.PAUSE`."""
@@ -286,7 +275,7 @@ class AdminServer:
     async def stats(self, request: web.Request) -> web.StreamResponse:
         raw = request.query.get("period")
         if raw is None:
-            snap = await _drive(snapshot_steps(self.server))
+            snap = await drive(snapshot_steps(self.server))
             return await _send(request, json_chunks(snap), JSON)
         try:
             period = int(raw)
@@ -299,8 +288,8 @@ class AdminServer:
             return error_response(400, f"at most {MAX_PERIODS} different periods are kept")
         report = collector.last
         if report is None:  # the first window is still open: what it counted so far
-            now = await _drive(snapshot_steps(self.server, copy=True))
-            report = await _drive(now.minus_steps(collector.start))
+            now = await drive(snapshot_steps(self.server, copy=True))
+            report = await drive(now.minus_steps(collector.start))
         return await _send(request, json_chunks(report), JSON)
 
     async def _collector(self, period: int) -> PeriodCollector | None:
@@ -309,7 +298,7 @@ class AdminServer:
             return got[0]
         if len(self._periods) >= MAX_PERIODS:
             return None
-        start = await _drive(snapshot_steps(self.server, copy=True))
+        start = await drive(snapshot_steps(self.server, copy=True))
         got = self._periods.get(period)  # (another request may have made it meanwhile)
         if got is not None:
             return got[0]
@@ -339,11 +328,11 @@ class AdminServer:
 
     async def _latch(self, collector: PeriodCollector) -> None:
         """Close ``collector``'s window: its snapshot and deltas taken in slices."""
-        now = await _drive(snapshot_steps(self.server, copy=True))
-        collector.close(now, await _drive(now.minus_steps(collector.start)))
+        now = await drive(snapshot_steps(self.server, copy=True))
+        collector.close(now, await drive(now.minus_steps(collector.start)))
 
     async def prometheus(self, request: web.Request) -> web.StreamResponse:
-        snap = await _drive(snapshot_steps(self.server))
+        snap = await drive(snapshot_steps(self.server))
         return await _send(request, prometheus_chunks(snap), PROMETHEUS)
 
     async def server_info(self, request: web.Request) -> web.Response:

@@ -114,14 +114,7 @@ class Dashboard:
         """The server's figures for the page's cards (those shown on the dashboard,
         ``server/kestrel_figures.py``; summed over the queues in slices) and the rates of the last
         second."""
-        steps = stats.server_steps(self.server, DASHBOARD)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as stop:
-                readings: list[figures.Reading] = stop.value
-                break
-            await asyncio.sleep(0)
+        readings = await stats.drive(stats.server_steps(self.server, DASHBOARD))
         doc = dict(figures.keyed(readings, DASHBOARD))
         rates = self.history.latest_rates().get(None, (0.0, 0.0))
         doc.update(in_per_s=rates[0], out_per_s=rates[1])

@@ -27,6 +27,7 @@ from tercel.server import stats
 from tercel.server.context import ServerContext
 from tercel.server.figures import ADMIN, COUNTER, LABEL, Reading
 from tercel.server.metrics import DISTRIBUTIONS, PERCENTILES, LogHistogram
+from tercel.steps import Steps, finish, relay
 
 T = TypeVar("T")
 
@@ -39,19 +40,13 @@ SAMPLES = 256
 PAUSE = None
 """Yielded where the caller should let the loop run."""
 
-Steps = Generator[None, None, T]
-"""A computation yielding where the loop may run, returning its result."""
 Chunks = Iterator[bytes | None]
 """A document's bytes in chunks, :data:`PAUSE` where the loop may run."""
 
 
 def run(steps: Steps[T]) -> T:
     """``steps`` at once (tests, and small documents)."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+    return finish(steps)
 
 
 @dataclass
@@ -236,14 +231,7 @@ def json_chunks(snap: Snapshot) -> Chunks:
     ]
     budget = _Budget(KEYS)
     for i, (group, values, encode, cost) in enumerate(groups):
-        sorter = _sorted_keys(list(values))
-        while True:
-            try:
-                next(sorter)
-            except StopIteration as stop:
-                ordered: Iterator[str] = stop.value
-                break
-            yield PAUSE
+        ordered = yield from relay(_sorted_keys(list(values)), PAUSE)
         yield (b"{" if i == 0 else b",") + b'"' + group.encode() + b'":{'
         first = True
         while part := [(k, encode(values[k])) for k in _take(ordered, KEYS // cost)]:

@@ -14,17 +14,21 @@ on the admin port and ``tercel_<front end>_<figure>`` metrics, without touching 
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tercel.core.queue import PersistentQueue
 from tercel.server import figures
 from tercel.server.context import ServerContext
 from tercel.server.figures import DASHBOARD, WIRE, Figure, Reading
 from tercel.server.kestrel_figures import ALIAS, QUEUE, SERVER, QueueSource, ServerSource
+from tercel.steps import Steps, finish, relay
+
+T = TypeVar("T")
 
 # ---- readings -----------------------------------------------------------------------------
 
@@ -61,12 +65,7 @@ def server_steps(ctx: ServerContext, view: str) -> Generator[None, None, list[Re
 
 def server_readings(ctx: ServerContext, view: str) -> list[Reading]:
     """:func:`server_steps` at once."""
-    steps = server_steps(ctx, view)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+    return finish(server_steps(ctx, view))
 
 
 def queue_reading(
@@ -139,14 +138,7 @@ def queue_batches(
     replayed as far as their replay went, the others' all 0 (nothing is read for them:
     100,000 queues would be 100,000 file reads per ``stats``)."""
     if names is None:
-        sorter = sorted_names(ctx)
-        while True:
-            try:
-                next(sorter)
-            except StopIteration as stop:
-                ordered: Iterator[str] = stop.value
-                break
-            yield []
+        ordered = yield from relay(sorted_names(ctx), [])
     else:
         ordered = iter(names)
     shown = figures.shown(QUEUE, view)
@@ -210,14 +202,7 @@ PAUSE = None
 def stats_slices(ctx: ServerContext) -> Iterator[Lines | None]:
     """Everything ``stats`` prints, in parts: global lines and each front end's, then each
     queue's, :data:`PAUSE` between slices of queues."""
-    steps = server_steps(ctx, WIRE)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            readings: list[Reading] = stop.value
-            break
-        yield PAUSE
+    readings = yield from relay(server_steps(ctx, WIRE), PAUSE)
     yield [(f.name, _wire(v)) for f, v in readings] + front_end_lines(ctx)
     first = True
     for batch in queue_batches(ctx, WIRE):
@@ -252,3 +237,14 @@ def dump_stats_slices(
 def dump_stats(ctx: ServerContext, names: tuple[str, ...]) -> list[tuple[str, Lines]]:
     """``dump_stats`` blocks, at once."""
     return [b for part in dump_stats_slices(ctx, names) if part is not None for b in part]
+
+
+async def drive(steps: Steps[T]) -> T:
+    """Run ``steps``, letting the loop run at each of its yields."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        await asyncio.sleep(0)
