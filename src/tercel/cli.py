@@ -35,6 +35,9 @@ SERVE_OPTIONS: tuple[tuple[str, type, str], ...] = (
     ("admin-port", int, "admin HTTP port (default 2223; 0 = any free)"),
     *((f"{name}-port", int, f"{name} port (off unless given; 0 = any free)") for name in LISTENERS),
     ("ports-file", str, "write the bound ports here as JSON once listening"),
+    ("tls-cert", str, "TLS on every listener: PEM certificate chain (with --tls-key)"),
+    ("tls-key", str, "TLS private key, PEM, not encrypted"),
+    ("tls-ca", str, "require client certificates signed by this CA (mutual TLS)"),
 )
 """``tercel serve``'s options but ``--log-level``: flag, type, help (default: None)."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -55,6 +58,9 @@ class ServeArgs:
         self.text_port: int | None = None
         self.thrift_port: int | None = None
         self.beanstalk_port: int | None = None
+        self.tls_cert: str | None = None
+        self.tls_key: str | None = None
+        self.tls_ca: str | None = None
 
 
 def parse_serve(argv: Sequence[str]) -> ServeArgs | None:
@@ -140,7 +146,15 @@ def _config_from(args: argparse.Namespace | ServeArgs) -> ServerConfig:
             if not 0 <= port <= 65535:
                 raise ConfigError(f"--{name}-port: {port} is not a port number")
             overrides[f"{name}_port"] = port
-    return config.with_server(**overrides) if overrides else config
+    config = config.with_server(**overrides) if overrides else config
+    tls: dict[str, object] = {}
+    for name in ("cert", "key", "ca"):
+        value = getattr(args, f"tls_{name}")
+        if value is not None:
+            tls[name] = value
+    if args.tls_ca is not None:
+        tls["verify_client"] = True
+    return config.with_tls(**tls) if tls else config
 
 
 def serve(args: argparse.Namespace | ServeArgs) -> int:
