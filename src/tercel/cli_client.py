@@ -4,8 +4,9 @@ shell, through :class:`tercel.client.Client`.
 Servers come from ``--server host:port`` (repeatable), else ``$TERCEL_SERVERS``
 (comma-separated), else ``127.0.0.1:22133``; TLS from ``--tls-*`` or ``$TERCEL_TLS_*``
 (file paths: a key is never given on the command line). Items are written to stdout one per
-line (``-0``: each followed by a NUL byte; ``--raw``: their bytes exactly, nothing between or after). Queue
-names are checked here with the server's own rule (:mod:`tercel.names`) before anything is sent.
+line (``-0``: each followed by a NUL byte; ``--raw``: their bytes exactly, nothing between or
+after). Queue names are checked here with the server's own rule (:mod:`tercel.names`) before
+anything is sent.
 Exit codes (:mod:`tercel.exit_codes`): 0 done, 1 a client error (printed on stderr), 2 bad
 arguments (a bad queue name included), 4 found nothing (``get``/``peek``: no item at all;
 ``flush``/``delete``: a queue that exists on no server, said on stderr), 130 interrupted.
