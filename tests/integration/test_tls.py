@@ -467,6 +467,15 @@ def test_reload_swaps_the_certificate_for_new_connections(certs: Path, tmp_path:
 # ---- configuration ----------------------------------------------------------------------------
 
 
+def test_tls_from_the_command_line(certs: Path, tmp_path: Path) -> None:
+    flags = ("--tls-cert", str(certs / "server.crt"), "--tls-key", str(certs / "server.key"))
+    flags += ("--tls-ca", str(certs / "ca.crt"))  # and client certificates required
+    with ServerProcess(tmp_path / "data", extra_args=flags) as srv:
+        with tls_socket(srv.port, client_context(certs, "alice")) as s:
+            assert call(s, b"version\r\n").startswith(b"VERSION")
+        assert refused(lambda: tls_socket(srv.port, client_context(certs)))
+
+
 def test_tls_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"tls\.key: required"):
         parse_config({"tls": {"cert": "c"}})
