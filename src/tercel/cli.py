@@ -209,7 +209,8 @@ def serve(args: argparse.Namespace | ServeArgs) -> int:
         gc.enable()
 
     def ready(ports: dict[str, int]) -> None:
-        log.info("%s", ready_line(srv.host, ports, _program()))
+        tls = () if config.tls is None else config.tls.listeners
+        log.info("%s", ready_line(srv.host, ports, _program(), tls))
 
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:
@@ -241,14 +242,19 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def ready_line(host: str, ports: Mapping[str, int], program: str = "tercel") -> str:
+def ready_line(
+    host: str, ports: Mapping[str, int], program: str = "tercel", tls: Sequence[str] = ()
+) -> str:
     """The line ``tercel serve`` logs once every listener serves: each listener's address,
-    the dashboard's URL, and a first command to try (``program`` is how tercel was run)."""
+    the dashboard's URL, and a first command to try (``program`` is how tercel was run;
+    ``tls``: the listeners that speak TLS, which need the client's TLS options, so a plaintext
+    memcache port only gets the command)."""
     where = ", ".join(f"{name} {_address(host, port)}" for name, port in ports.items())
     parts = [f"ready: {where}"]
     if "admin" in ports:
-        parts.append(f"dashboard http://{_address(host, ports['admin'])}/")
-    if "memcache" in ports:
+        scheme = "https" if "admin" in tls else "http"
+        parts.append(f"dashboard {scheme}://{_address(host, ports['admin'])}/")
+    if "memcache" in ports and "memcache" not in tls:
         address = _address(host, ports["memcache"])
         server = "" if address == "127.0.0.1:22133" else f" --server {address}"  # the default
         parts.append(f"try: {program} put jobs hello{server} && {program} get jobs{server}")

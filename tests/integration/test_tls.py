@@ -498,6 +498,15 @@ def test_a_bad_certificate_stops_the_start(tmp_path: Path) -> None:
     assert "cannot use the certificate" in srv.log()
 
 
+def test_the_ready_line_with_tls() -> None:
+    from tercel.cli import ready_line
+
+    line = ready_line("127.0.0.1", {"memcache": 1, "admin": 2}, "tercel", ("memcache", "admin"))
+    assert "dashboard https://127.0.0.1:2/" in line
+    assert "try:" not in line  # the command would need the TLS options
+    assert "try:" in ready_line("127.0.0.1", {"memcache": 1}, "tercel", ("admin",))
+
+
 def test_plaintext_beyond_loopback_is_warned_of(tmp_path: Path) -> None:
     import logging
 

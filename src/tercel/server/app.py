@@ -272,7 +272,7 @@ class Server:
         for fe, port in table:
             listener = await self._listen(fe, port, self.running[fe.name])
             self._listeners.append(listener)
-            ctx.ports[fe.name] = self._listening(fe, listener)
+            ctx.ports[fe.name] = self._listening(fe, listener, self._ssl(fe.name) is not None)
         await self._listen_tls_ports(table)
         # Serving from here on. What follows is not needed by the first command.
         self._schedule_sweeps()
@@ -332,7 +332,7 @@ class Server:
                 continue
             listener = await self._create(fe, self.running[fe.name], None, port, self.tls.base)
             self._listeners.append(listener)
-            self.ctx.ports[f"{fe.name}_tls"] = self._listening(fe, listener)
+            self.ctx.ports[f"{fe.name}_tls"] = self._listening(fe, listener, True)
 
     def _log_build(self) -> None:
         """Log which modules run compiled, and warn of stale ones. (Not in ``tercel
@@ -356,13 +356,15 @@ class Server:
         if running.labelled is not None:
             self.ctx.add_labelled(fe.name, *running.labelled)
 
-    def _listening(self, fe: FrontEnd, listener: asyncio.Server) -> int:
-        """Log where ``fe`` listens; its TCP port (0 on a Unix socket)."""
+    def _listening(self, fe: FrontEnd, listener: asyncio.Server, tls: bool = False) -> int:
+        """Log where ``fe`` listens (and whether over TLS); its TCP port (0 on a Unix
+        socket)."""
         addr = listener.sockets[0].getsockname()
         if isinstance(addr, str):  # a Unix socket's path
             log.info("%s listening on %s", fe.name, addr)
             return 0
-        log.info("%s listening on %s:%d", fe.name, addr[0], addr[1])
+        over = " (TLS)" if tls else ""
+        log.info("%s%s listening on %s:%d", fe.name, over, addr[0], addr[1])
         return int(addr[1])
 
     def _list_queues(self) -> None:
