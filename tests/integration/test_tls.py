@@ -464,6 +464,22 @@ def test_reload_swaps_the_certificate_for_new_connections(certs: Path, tmp_path:
         assert "not a key" not in srv.log()
 
 
+def test_reload_swaps_the_client_ca(certs: Path, tmp_path: Path) -> None:
+    ca = tmp_path / "clients-ca.crt"
+    shutil.copy(certs / "ca.crt", ca)
+    cfg = tls_config(certs, verify_client="true").replace(str(certs / "ca.crt"), str(ca))
+    with ServerProcess(tmp_path / "data", cfg) as srv:
+        live = tls_socket(srv.port, client_context(certs, "alice"))
+        assert refused(lambda: tls_socket(srv.port, client_context(certs, "mallory")))
+        shutil.copy(certs / "other-ca.crt", ca)
+        assert call(live, b"reload\r\n") == b"Reloaded config.\r\n"
+        with tls_socket(srv.port, client_context(certs, "mallory")) as s:  # other-ca's now
+            assert call(s, b"version\r\n").startswith(b"VERSION")
+        assert refused(lambda: tls_socket(srv.port, client_context(certs, "alice")))
+        assert call(live, b"version\r\n").startswith(b"VERSION")  # kept its session
+        live.close()
+
+
 # ---- configuration ----------------------------------------------------------------------------
 
 
