@@ -233,7 +233,7 @@ class ServerContext:
             fresh.overrides,
             fresh.aliases,
             source,
-            self.config.tls,
+            tls=self.config.tls,
         )
         self.collection.reload(self.config)
         log.info("reloaded config from %s", source)
