@@ -486,7 +486,8 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> ServerCo
         else:
             aliases[name] = tuple(dests)
     tls = _parse_tls(data, problems)
-    config = ServerConfig(ServerSettings(**server_kw), defaults, overrides, aliases, source, tls=tls)
+    server = ServerSettings(**server_kw)
+    config = ServerConfig(server, defaults, overrides, aliases, source, tls=tls)
     for check in (_check_aliases, _check_expiry_chains):
         try:
             check(config)
