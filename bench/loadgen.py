@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import multiprocessing as mp
 import os
 import selectors
 import socket
+import ssl
 import sys
 import time
 import traceback
@@ -55,6 +57,7 @@ class LoadSpec:
     conns: int = 1
     depth: int = 1
     procs: int = 1
+    tls: bool = False
     warmup: float = 0.5
     duration: float = 3.0
     stop_on_miss: bool = False
@@ -132,12 +135,33 @@ def payload_bytes(size: int, seed: int = 0x5EED) -> bytes:
     return bytes(out)
 
 
-def connect(host: str, port: int, timeout: float = 5.0) -> socket.socket:
-    """A blocking TCP connection with TCP_NODELAY set."""
+def connect(host: str, port: int, timeout: float = 5.0, *, tls: bool = False) -> socket.socket:
+    """A blocking TCP connection with TCP_NODELAY set; over TLS with ``tls`` (the server's
+    certificate is not checked: the benchmark measures the cost of the encryption)."""
     s = socket.create_connection((host, port), timeout=timeout)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if tls:
+        s = _tls_context().wrap_socket(s, server_hostname=host)
     s.settimeout(None)
     return s
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _recv_all(sock: socket.socket) -> bytes:
+    """What one readable socket has: over TLS, also the records OpenSSL already decrypted
+    (which the selector cannot see)."""
+    data = sock.recv(RECV_SIZE)
+    if data and isinstance(sock, ssl.SSLSocket):
+        while sock.pending():
+            data += sock.recv(RECV_SIZE)
+    return data
 
 
 def roundtrip(sock: socket.socket, proto: str, request: bytes, replies: int = 1) -> list[int]:
@@ -223,7 +247,7 @@ class _Worker:
         self.dry = dry
         self.conns: list[_Conn] = []
         for _ in range(nconns):
-            s = connect(spec.host, spec.port)
+            s = connect(spec.host, spec.port, tls=spec.tls)
             setup_connection(s, spec.proto, spec.queue)
             self.conns.append(_Conn(s))
         self.lat = array("q")
@@ -372,7 +396,7 @@ class _Worker:
             for key, _ in events:
                 c = key.data
                 try:
-                    data = c.sock.recv(RECV_SIZE)
+                    data = _recv_all(c.sock)
                 except OSError as e:
                     data = b""
                     self._error(f"recv: {e}")
@@ -531,6 +555,7 @@ def fill(
     vary: bool = False,
     conns: int = 4,
     depth: int = 64,
+    tls: bool = False,
 ) -> tuple[int, float]:
     """Enqueues exactly ``count`` items as fast as possible; returns (errors, seconds).
 
@@ -540,7 +565,7 @@ def fill(
     base = payload_bytes(size)
     fixed = wire.enqueue_request(proto, queue, base)
     parse = wire.PARSERS[proto]
-    socks = [connect(host, port) for _ in range(max(1, min(conns, count)))]
+    socks = [connect(host, port, tls=tls) for _ in range(max(1, min(conns, count)))]
     for s in socks:
         setup_connection(s, proto, queue)
     t0 = time.monotonic()
@@ -578,7 +603,7 @@ def fill(
             assert isinstance(fobj, socket.socket)
             s = fobj
             st = state[s]
-            data = s.recv(RECV_SIZE)
+            data = _recv_all(s)
             if not data:
                 raise ConnectionError("server closed the connection during fill")
             buf = st[0]

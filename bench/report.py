@@ -112,7 +112,8 @@ def _cell_table(key: str, recs: list[dict[str, Any]]) -> list[str]:
     for r in recs:
         if r["server"] not in order:
             order.append(r["server"])
-    targets = [s for s in order if SERVERS[s].is_tercel]
+    # tercel's configurations, and the TLS variants (a peer's TLS cost is its TLS twin's ratio)
+    targets = [s for s in order if SERVERS[s].is_tercel or SERVERS[s].tls]
     many = key.startswith("many-clients")
     main_metric = "replay_first_s" if replay else "p99_us" if many else "ops_per_s"
     ratio_label = "p99" if many else "ops/s"

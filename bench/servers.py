@@ -53,6 +53,8 @@ class ServerDef:
     """Extra environment variables of the server process."""
     optional: bool = False
     """Not in the default ``--servers`` list (a variant for comparisons, named to run it)."""
+    tls: bool = False
+    """Clients speak TLS to it (a self-signed certificate made per cell, not verified)."""
 
     @property
     def is_tercel(self) -> bool:
@@ -90,20 +92,43 @@ SERVERS: dict[str, ServerDef] = {
             env=(("TERCEL_NO_AIO", "1"),),
             optional=True,
         ),
+        ServerDef(
+            "tercel-50ms-tls",
+            "tercel",
+            "mc",
+            "periodic",
+            ('"50ms"',),
+            note="TLS on every listener ([tls] cert, key)",
+            optional=True,
+            tls=True,
+        ),
+        ServerDef(
+            "redis-everysec-tls",
+            "redis",
+            "redis",
+            "periodic",
+            ("everysec",),
+            note="--tls-port, --tls-auth-clients no",
+            optional=True,
+            tls=True,
+        ),
     )
 }
 
 PEER_TARGETS: dict[str, tuple[str, ...]] = {
     "memcached": ("tercel-nosync", "tercel-50ms"),
-    "redis-everysec": ("tercel-nosync", "tercel-50ms"),
+    "redis-everysec": ("tercel-nosync", "tercel-50ms", "redis-everysec-tls"),
     "beanstalkd": ("tercel-nosync", "tercel-50ms", "tercel-bs-50ms"),
     "redis-always": ("tercel-sync", "tercel-sync-loop"),
     "beanstalkd-f0": ("tercel-sync", "tercel-sync-loop", "tercel-bs-sync"),
+    "tercel-50ms": ("tercel-50ms-tls",),
+    "redis-everysec-tls": ("tercel-50ms-tls",),
 }
 """For each peer, the tercel configurations whose paired ratio against it is reported: the same
 durability class, plus memcached as the protocol-speed ceiling for the Kestrel-like mode. Issue 7
 states its goals for ``sync_journal = false`` (tercel-nosync: Kestrel's own default, ack after
-``write()``, never fsynced) against the peers' periodic modes, so that pairing is reported too."""
+``write()``, never fsynced) against the peers' periodic modes, so that pairing is reported too.
+The TLS variants pair with their plaintext selves (what TLS costs each) and with each other."""
 
 
 _snapshot: Path | None = None
@@ -251,11 +276,25 @@ class Running:
         shutil.rmtree(self.cell_dir, ignore_errors=True)
 
 
+def make_certificate(where: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and key for 127.0.0.1 in ``where`` (openssl's command line)."""
+    cert, key = where / "tls.crt", where / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=bench",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
 def _command(
     d: ServerDef, port: int, data: Path, cell: Path, tercel: list[str] | None
 ) -> tuple[list[str], Path | None]:
     """The argv for ``d`` and, for tercel, the ports file to poll."""
     host = "127.0.0.1"
+    cert, key = make_certificate(cell) if d.tls else (Path(), Path())
     if d.kind == "memcached":
         return ["memcached", "-t", "1", "-l", host, "-p", str(port), "-U", "0", "-u", "root"], None
     if d.kind == "redis":
@@ -280,7 +319,16 @@ def _command(
             "no",
             "--loglevel",
             "warning",
-        ], None
+            *(
+                (
+                    "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert),
+                    "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                    "--tls-auth-clients", "no",
+                )
+                if d.tls
+                else ()
+            ),
+        ], None  # fmt: skip
     if d.kind == "beanstalkd":
         return ["beanstalkd", "-l", host, "-p", str(port), "-b", str(data), *d.opts], None
     if d.kind == "tercel-bs":  # the beanstalkd front end, with beanstalkd's own flags
@@ -293,7 +341,8 @@ def _command(
         if not tercel:
             raise RuntimeError("tercel is not installed")
         cfg = cell / "tercel.toml"
-        cfg.write_text(f"[queues]\nsync_journal = {d.opts[0]}\n")
+        tls = f'[tls]\ncert = "{cert}"\nkey = "{key}"\n' if d.tls else ""
+        cfg.write_text(f"[queues]\nsync_journal = {d.opts[0]}\n{tls}")
         ports = cell / f"ports-{time.monotonic_ns()}.json"
         return [
             *tercel,

@@ -208,11 +208,12 @@ class Runner:
             warmup=self.a.warmup,
             duration=self.a.duration,
             cpu=self.client_cpu,
+            tls=sdef.tls,
         )
         if op not in ("dequeue", "reliable"):
             return loadgen.run_load(spec, r.pid)
         if sdef.kind == "memcached":  # a key get: one item, never drained
-            loadgen.fill(sdef.proto, r.port, 1, cell.size)
+            loadgen.fill(sdef.proto, r.port, 1, cell.size, tls=sdef.tls)
             return loadgen.run_load(spec, r.pid)
         return self._drain(cell, sdef, r, spec)
 
@@ -237,7 +238,7 @@ class Runner:
             n = int(min(cap, max(2000, est * (remaining + 0.1) * 1.3)))
             # warm up on at most a fifth of the backlog, so it cannot drain before counting
             seg_warm = min(self.a.warmup, 0.1, 0.2 * n / est)
-            errors, _ = loadgen.fill(sdef.proto, r.port, n, cell.size)
+            errors, _ = loadgen.fill(sdef.proto, r.port, n, cell.size, tls=sdef.tls)
             seg = replace(spec, warmup=seg_warm, duration=remaining, stop_on_miss=True)
             res = loadgen.run_load(seg, r.pid)
             if res.dry_in_warmup and res.errors == 1 and retries < 3:

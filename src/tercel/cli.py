@@ -35,6 +35,9 @@ SERVE_OPTIONS: tuple[tuple[str, type, str], ...] = (
     ("admin-port", int, "admin HTTP port (default 2223; 0 = any free)"),
     *((f"{name}-port", int, f"{name} port (off unless given; 0 = any free)") for name in LISTENERS),
     ("ports-file", str, "write the bound ports here as JSON once listening"),
+    ("tls-cert", str, "TLS on every listener: PEM certificate chain (with --tls-key)"),
+    ("tls-key", str, "TLS private key, PEM, not encrypted"),
+    ("tls-ca", str, "require client certificates signed by this CA (mutual TLS)"),
 )
 """``tercel serve``'s options but ``--log-level``: flag, type, help (default: None)."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -55,6 +58,9 @@ class ServeArgs:
         self.text_port: int | None = None
         self.thrift_port: int | None = None
         self.beanstalk_port: int | None = None
+        self.tls_cert: str | None = None
+        self.tls_key: str | None = None
+        self.tls_ca: str | None = None
 
 
 def parse_serve(argv: Sequence[str]) -> ServeArgs | None:
@@ -140,7 +146,15 @@ def _config_from(args: argparse.Namespace | ServeArgs) -> ServerConfig:
             if not 0 <= port <= 65535:
                 raise ConfigError(f"--{name}-port: {port} is not a port number")
             overrides[f"{name}_port"] = port
-    return config.with_server(**overrides) if overrides else config
+    config = config.with_server(**overrides) if overrides else config
+    tls: dict[str, object] = {}
+    for name in ("cert", "key", "ca"):
+        value = getattr(args, f"tls_{name}")
+        if value is not None:
+            tls[name] = value
+    if args.tls_ca is not None:
+        tls["verify_client"] = True
+    return config.with_tls(**tls) if tls else config
 
 
 def serve(args: argparse.Namespace | ServeArgs) -> int:
@@ -195,7 +209,8 @@ def serve(args: argparse.Namespace | ServeArgs) -> int:
         gc.enable()
 
     def ready(ports: dict[str, int]) -> None:
-        log.info("%s", ready_line(srv.host, ports, _program()))
+        tls = () if config.tls is None else config.tls.listeners
+        log.info("%s", ready_line(srv.host, ports, _program(), tls))
 
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:
@@ -227,14 +242,19 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def ready_line(host: str, ports: Mapping[str, int], program: str = "tercel") -> str:
+def ready_line(
+    host: str, ports: Mapping[str, int], program: str = "tercel", tls: Sequence[str] = ()
+) -> str:
     """The line ``tercel serve`` logs once every listener serves: each listener's address,
-    the dashboard's URL, and a first command to try (``program`` is how tercel was run)."""
+    the dashboard's URL, and a first command to try (``program`` is how tercel was run;
+    ``tls``: the listeners that speak TLS, which need the client's TLS options, so a plaintext
+    memcache port only gets the command)."""
     where = ", ".join(f"{name} {_address(host, port)}" for name, port in ports.items())
     parts = [f"ready: {where}"]
     if "admin" in ports:
-        parts.append(f"dashboard http://{_address(host, ports['admin'])}/")
-    if "memcache" in ports:
+        scheme = "https" if "admin" in tls else "http"
+        parts.append(f"dashboard {scheme}://{_address(host, ports['admin'])}/")
+    if "memcache" in ports and "memcache" not in tls:
         address = _address(host, ports["memcache"])
         server = "" if address == "127.0.0.1:22133" else f" --server {address}"  # the default
         parts.append(f"try: {program} put jobs hello{server} && {program} get jobs{server}")

@@ -2,9 +2,11 @@
 shell, through :class:`tercel.client.Client`.
 
 Servers come from ``--server host:port`` (repeatable), else ``$TERCEL_SERVERS``
-(comma-separated), else ``127.0.0.1:22133``. Items are written to stdout one per line (``-0``:
-each followed by a NUL byte; ``--raw``: their bytes exactly, nothing between or after). Queue
-names are checked here with the server's own rule (:mod:`tercel.names`) before anything is sent.
+(comma-separated), else ``127.0.0.1:22133``; TLS from ``--tls-*`` or ``$TERCEL_TLS_*``
+(file paths: a key is never given on the command line). Items are written to stdout one per
+line (``-0``: each followed by a NUL byte; ``--raw``: their bytes exactly, nothing between or
+after). Queue names are checked here with the server's own rule (:mod:`tercel.names`) before
+anything is sent.
 Exit codes (:mod:`tercel.exit_codes`): 0 done, 1 a client error (printed on stderr), 2 bad
 arguments (a bad queue name included), 4 found nothing (``get``/``peek``: no item at all;
 ``flush``/``delete``: a queue that exists on no server, said on stderr), 130 interrupted.
@@ -26,7 +28,7 @@ from tercel.errors import ClientError
 from tercel.names import name_problem
 
 if TYPE_CHECKING:  # imported when a verb runs: `tercel serve` starts without the client
-    from tercel.client import Client
+    from tercel.client import Client, TLSOptions
 
 COMMANDS = ("put", "get", "peek", "stats", "tail", "queues", "flush", "delete", "status")
 STATUSES = ("UP", "WRITEAVOID", "READONLY", "QUIESCENT")
@@ -72,6 +74,15 @@ def add_parsers(sub: Any) -> None:
         help="host:port (repeatable; default $TERCEL_SERVERS or 127.0.0.1:22133)",
     )
     common.add_argument("--timeout", type=float, default=5.0, help="seconds per reply")
+    tls = common.add_argument_group("TLS (default: $TERCEL_TLS_CA, _CERT, _KEY, ...)")
+    tls.add_argument("--tls", action="store_true", help="speak TLS (the system's CAs)")
+    tls.add_argument("--tls-ca", metavar="FILE", help="CA bundle for the server certificates")
+    tls.add_argument("--tls-cert", metavar="FILE", help="client certificate (mutual TLS)")
+    tls.add_argument("--tls-key", metavar="FILE", help="its private key file")
+    tls.add_argument("--tls-server-name", metavar="NAME", help="name in the server certificate")
+    tls.add_argument(
+        "--tls-no-verify", action="store_true", help="check no certificate (testing only)"
+    )
     put = sub.add_parser("put", parents=[common], help="add items to a queue")
     put.add_argument("queue", type=queue_name)
     put.add_argument("items", nargs="*", help="items (default: one per line of stdin)")
@@ -136,6 +147,25 @@ def _servers(args: argparse.Namespace) -> list[str]:
     return [s.strip() for s in env.split(",") if s.strip()] or ["127.0.0.1:22133"]
 
 
+def _tls(args: argparse.Namespace) -> TLSOptions | None:
+    """TLS options from the flags, each defaulting to its ``$TERCEL_TLS_*`` variable (file
+    paths only: the key stays in its file, never on the command line); None: plaintext."""
+    from tercel.client import TLSOptions
+
+    env = TLSOptions.from_env()
+    given = (args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+    if env is None and not args.tls and not args.tls_no_verify and not any(given):
+        return None
+    env = env or TLSOptions()
+    return TLSOptions(
+        ca_file=args.tls_ca or env.ca_file,
+        cert_file=args.tls_cert or env.cert_file,
+        key_file=args.tls_key or env.key_file,
+        server_name=args.tls_server_name or env.server_name,
+        verify=env.verify and not args.tls_no_verify,
+    )
+
+
 def _write(data: bytes, args: argparse.Namespace) -> None:
     """One item on stdout: then a newline, a NUL (``-0``) or nothing (``--raw``)."""
     end = b"" if args.raw else b"\0" if args.null else b"\n"
@@ -156,13 +186,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"tercel {args.command}: {exc}", file=sys.stderr)
         return exit_codes.USAGE
     try:
-        with Client(servers, timeout=args.timeout) as client:
+        with Client(servers, timeout=args.timeout, tls=_tls(args)) as client:
             code: int = VERBS[args.command](client, args)
             return code
     except ClientError as exc:
         print(f"tercel {args.command}: {exc}", file=sys.stderr)
         return exit_codes.FAILED
-    except OSError as exc:  # a --file that cannot be read
+    except OSError as exc:  # a --file or a TLS file that cannot be read
         print(f"tercel {args.command}: {exc}", file=sys.stderr)
         return exit_codes.FAILED
     except KeyboardInterrupt:

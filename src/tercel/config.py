@@ -18,6 +18,8 @@ from typing import Any
 from tercel.errors import ConfigError
 from tercel.names import RULE, fanout_parent, valid_name
 
+TABLES = ("server", "queues", "aliases", "tls")
+"""The config file's tables."""
 UNLIMITED = 2**63 - 1
 """The value of a size or count limit that is not set (Kestrel's Long.MaxValue)."""
 
@@ -285,6 +287,13 @@ def _parse_positive(value: object, key: str) -> int:
     return n
 
 
+def _parse_positive_duration(value: object, key: str) -> int:
+    ms = parse_duration(value, key)
+    if ms == 0:
+        raise ConfigError(f"{key}: must be more than 0")
+    return ms
+
+
 _SERVER_PARSERS: dict[str, Any] = {
     "host": _parse_host,
     "memcache_port": _parse_port,
@@ -305,6 +314,89 @@ _SERVER_PARSERS: dict[str, Any] = {
 }
 
 
+# ---- [tls] ----------------------------------------------------------------------------------
+
+TLS_LISTENERS = ("memcache", "text", "thrift", "beanstalk", "admin")
+"""The listeners ``[tls] listeners`` may name (``tercel serve``'s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TLSSettings:
+    """The ``[tls]`` table: one certificate and key for the server, and which listeners use
+    them. Paths are read at start-up and again at each ``reload`` (replace the files in place,
+    then reload); the paths themselves and the listener choice take a restart."""
+
+    cert: str
+    """PEM certificate chain (the server's certificate first)."""
+    key: str
+    """PEM private key (not encrypted: the server never prompts for a password)."""
+    ca: str | None = None
+    """PEM CA bundle that client certificates are checked against."""
+    verify_client: bool = False
+    """Require a client certificate signed by ``ca`` on every TLS listener (mutual TLS)."""
+    listeners: tuple[str, ...] = TLS_LISTENERS
+    """The listeners that speak TLS (every one by default); the others stay plaintext."""
+    ports: Mapping[str, int] = field(default_factory=dict)
+    """A second, TLS-only listener per front end (``{memcache = 22143}``) beside its
+    plaintext port: both serve the same queues while clients move over."""
+    handshake_timeout: int = 10_000
+    """ms a new connection may take to finish its handshake before it is closed."""
+
+
+def _parse_listener_names(value: object, key: str) -> tuple[str, ...]:
+    if isinstance(value, list) and all(v in TLS_LISTENERS for v in value):
+        return tuple(value)
+    raise ConfigError(f"{key}: expected a list of {', '.join(TLS_LISTENERS)}, got {value!r}")
+
+
+def _parse_tls_ports(value: object, key: str) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table like {{memcache = 22143}}")
+    ports: dict[str, int] = {}
+    for name, port in value.items():
+        if name not in TLS_LISTENERS[:4]:
+            raise ConfigError(f"{key}.{name}: not a front end ({', '.join(TLS_LISTENERS[:4])})")
+        parsed = _parse_port(port, f"{key}.{name}")
+        if parsed is not None:
+            ports[name] = parsed
+    return ports
+
+
+def _parse_path(value: object, key: str) -> str:
+    if isinstance(value, str) and value:
+        return value
+    raise ConfigError(f"{key}: expected a file path, got {value!r}")
+
+
+_TLS_PARSERS: dict[str, Any] = {
+    "cert": _parse_path,
+    "key": _parse_path,
+    "ca": _parse_path,
+    "verify_client": _parse_bool,
+    "listeners": _parse_listener_names,
+    "ports": _parse_tls_ports,
+    "handshake_timeout": _parse_positive_duration,
+}
+
+
+def _check_tls(tls: TLSSettings, where: str) -> list[str]:
+    """What is missing from a TLS configuration (each a message naming the setting)."""
+    problems = [f"{where}.{k}: required" for k in ("cert", "key") if not getattr(tls, k)]
+    if tls.verify_client and tls.ca is None:
+        problems.append(f"{where}.verify_client: needs {where}.ca (the client certificates' CA)")
+    return problems
+
+
+def _parse_tls(data: Mapping[str, Any], problems: list[str]) -> TLSSettings | None:
+    """The ``[tls]`` table, or None when there is none."""
+    if "tls" not in data:
+        return None
+    kw = _parse_table(_table(data, "tls", problems), _TLS_PARSERS, "tls", problems)
+    tls = TLSSettings(**{"cert": "", "key": "", **kw})
+    problems.extend(_check_tls(tls, "tls"))
+    return tls
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """A whole, validated configuration: server settings, queue defaults and overrides,
@@ -316,6 +408,8 @@ class ServerConfig:
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     source: str | None = None
     """The file this config came from, for ``reload``; None for the embedded default."""
+    tls: TLSSettings | None = None
+    """The ``[tls]`` table (or ``--tls-*`` flags); None: every listener is plaintext."""
 
     def queue_config(self, name: str) -> QueueConfig:
         """Settings for ``name``: defaults, then the parent's overrides for a fanout child
@@ -328,6 +422,16 @@ class ServerConfig:
         if not merged:
             return self.defaults
         return dataclasses.replace(self.defaults, **merged)
+
+    def with_tls(self, **changes: Any) -> ServerConfig:
+        """A copy with some ``[tls]`` settings replaced (``--tls-*`` flags); raises
+        ConfigError when that leaves TLS without a certificate or key."""
+        base = self.tls or TLSSettings(cert="", key="")
+        tls = dataclasses.replace(base, **changes)
+        problems = _check_tls(tls, "--tls")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return dataclasses.replace(self, tls=tls)
 
     def with_server(self, **changes: Any) -> ServerConfig:
         """A copy with some ``[server]`` settings replaced (command-line flags)."""
@@ -353,10 +457,10 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> ServerCo
     value at once (one line, ``; `` between them), an unknown key with the closest known one
     ("did you mean ...?")."""
     problems: list[str] = []
-    for unknown in sorted(set(data) - {"server", "queues", "aliases"}):
+    for unknown in sorted(set(data) - set(TABLES)):
         import difflib  # as in _unknown_key
 
-        close = difflib.get_close_matches(unknown, ("server", "queues", "aliases"), n=1)
+        close = difflib.get_close_matches(unknown, TABLES, n=1)
         hint = f" (did you mean [{close[0]}]?)" if close else ""
         problems.append(f"unknown table [{unknown}]{hint}")
     server_table = _table(data, "server", problems)
@@ -383,7 +487,9 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> ServerCo
             problems.append(f"aliases.{name}: expected a list of queue names")
         else:
             aliases[name] = tuple(dests)
-    config = ServerConfig(ServerSettings(**server_kw), defaults, overrides, aliases, source)
+    tls = _parse_tls(data, problems)
+    server = ServerSettings(**server_kw)
+    config = ServerConfig(server, defaults, overrides, aliases, source, tls=tls)
     for check in (_check_aliases, _check_expiry_chains):
         try:
             check(config)

@@ -7,11 +7,13 @@ Conventions: servers are ``"host:port"`` strings; times are seconds (float); ``t
 means do not wait; ``get`` returns ``bytes`` or None; ``reserve`` returns a reservation with
 ``.data`` and ``.id`` (a context manager: confirm on success, abort on exception) or None;
 ``lease`` returns :class:`Leased` items to ``ack``, ``release`` or ``renew``. Failures raise
-the :class:`~tercel.errors.ClientError` family.
+the :class:`~tercel.errors.ClientError` family. ``tls=TLSOptions(...)`` (or
+``TLSOptions.from_env()``) speaks TLS to every server.
 """
 
 from tercel.client._base import Leased
 from tercel.client.aio import AsyncClient, AsyncReservation
 from tercel.client.sync import Client, Reservation
+from tercel.client.tls import TLSOptions
 
-__all__ = ["AsyncClient", "AsyncReservation", "Client", "Leased", "Reservation"]
+__all__ = ["AsyncClient", "AsyncReservation", "Client", "Leased", "Reservation", "TLSOptions"]

@@ -23,8 +23,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
+from tercel.client.tls import Secured, TLSOptions
 from tercel.errors import BadReply, NoServerAvailable, NotStored, ServerReplyError
 from tercel.protocol.commands import (
     Ack,
@@ -51,6 +52,9 @@ from tercel.protocol.memcache_client import (
     Value,
     get_key,
 )
+
+if TYPE_CHECKING:
+    import ssl
 
 T = TypeVar("T")
 
@@ -201,8 +205,12 @@ class ClientBase(Generic[C]):
         max_retry_after: float = 30.0,
         rotate_interval: float = 0.5,
         pool_size: int = 8,
+        tls: TLSOptions | ssl.SSLContext | None = None,
     ) -> None:
         self.cluster = Cluster(servers, retry_after, max_retry_after)
+        self.tls = Secured(tls)
+        """TLS to every server (``tls``: :class:`~tercel.client.tls.TLSOptions` or a context
+        of the caller's), or plaintext."""
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.rotate_interval = rotate_interval

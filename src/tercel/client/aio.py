@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from tercel.client import _base as b
 from tercel.client._base import Leased, Op, ServerState
+from tercel.client.tls import Secured
 from tercel.errors import ClientTimeout, NotStored, TransportError
 from tercel.protocol.commands import Command
 from tercel.protocol.memcache import NEED_DATA
@@ -38,10 +39,16 @@ class _Connection:
         self.codec = MemcacheClientCodec()
 
     @classmethod
-    async def open(cls, server: ServerState, connect_timeout: float) -> _Connection:
+    async def open(cls, server: ServerState, connect_timeout: float, tls: Secured) -> _Connection:
+        """Connect (and shake hands, with ``tls``) within ``connect_timeout``."""
         try:
             async with asyncio.timeout(connect_timeout):
-                reader, writer = await asyncio.open_connection(server.host, server.port)
+                reader, writer = await asyncio.open_connection(
+                    server.host,
+                    server.port,
+                    ssl=tls.context,
+                    server_hostname=tls.name_for(server.host),
+                )
         except TimeoutError:
             raise ClientTimeout("connect timed out", server.address) from None
         except OSError as exc:
@@ -135,7 +142,7 @@ class AsyncClient(b.ClientBase[_Connection]):
                 return conn
             conn.close()
         try:
-            return await _Connection.open(server, self.connect_timeout)
+            return await _Connection.open(server, self.connect_timeout, self.tls)
         except TransportError:
             self.cluster.failed(server)
             raise

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from tercel.client import _base as b
 from tercel.client._base import Leased, Op, ServerState
+from tercel.client.tls import Secured
 from tercel.errors import ClientTimeout, NotStored, TransportError
 from tercel.protocol.commands import Command
 from tercel.protocol.memcache import NEED_DATA
@@ -29,15 +30,25 @@ class _Connection:
 
     __slots__ = ("codec", "server", "sock")
 
-    def __init__(self, server: ServerState, connect_timeout: float) -> None:
+    def __init__(self, server: ServerState, connect_timeout: float, tls: Secured) -> None:
         self.server = server
         try:
-            self.sock = socket.create_connection((server.host, server.port), connect_timeout)
+            sock = socket.create_connection((server.host, server.port), connect_timeout)
         except TimeoutError:
             raise ClientTimeout("connect timed out", server.address) from None
         except OSError as exc:
             raise TransportError(f"cannot connect: {exc}", server.address) from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls.context is not None:  # the handshake, within the connect timeout
+            try:
+                sock = tls.context.wrap_socket(sock, server_hostname=tls.name_for(server.host))
+            except TimeoutError:
+                sock.close()
+                raise ClientTimeout("TLS handshake timed out", server.address) from None
+            except OSError as exc:  # ssl.SSLError: a certificate refused, not TLS at all...
+                sock.close()
+                raise TransportError(f"TLS handshake failed: {exc}", server.address) from None
+        self.sock = sock
         self.codec = MemcacheClientCodec()
 
     def dropped(self) -> bool:
@@ -138,7 +149,7 @@ class Client(b.ClientBase[_Connection]):
                 return conn
             conn.close()
         try:
-            return _Connection(server, self.connect_timeout)
+            return _Connection(server, self.connect_timeout, self.tls)
         except TransportError:
             self.cluster.failed(server)
             raise

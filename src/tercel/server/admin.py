@@ -40,6 +40,7 @@ import hmac
 import ipaddress
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,8 @@ class Guard:
             self.names.add("localhost")
         self.port = settings.admin_port
         """The port the listener is bound to (:meth:`AdminServer.start` sets it once bound)."""
+        self.scheme = "http"
+        """``https`` when the listener speaks TLS (set by :meth:`AdminServer.start`)."""
 
     def host_ok(self, value: str | None) -> bool:
         """Whether a ``Host`` (or an origin's host) names this server."""
@@ -126,14 +129,14 @@ class Guard:
         return self.address is not None and self.address.is_loopback and ip.is_loopback
 
     def origin_ok(self, origin: str) -> bool:
-        """Whether an ``Origin`` is this listener's own: ``http``, a host :meth:`host_ok`
+        """Whether an ``Origin`` is this listener's own: its scheme, a host :meth:`host_ok`
         accepts, and the listening port (:attr:`port`; a page served from another port of the
         same host is another origin)."""
         parts = split_origin(origin)
         if parts is None:
             return False
         scheme, host, port = parts
-        return scheme == "http" and port == self.port and self.host_ok(f"[{host}]")
+        return scheme == self.scheme and port == self.port and self.host_ok(f"[{host}]")
 
     def refusal(self, request: web.Request) -> tuple[int, str] | None:
         """``(status, reason)`` when ``request`` is refused, else None."""
@@ -242,19 +245,26 @@ class AdminServer:
             logger=_OneLineLogger(logging.getLogger("aiohttp.server"), {}),
         )
 
-    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        sock: socket.socket | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> int:
         """Listen on ``host:port`` (0: any free port), or on ``sock`` when the command line
-        bound it early; the bound port."""
+        bound it early, over HTTPS with ``ssl_context``; the bound port."""
         await self._runner.setup()
         site: web.BaseSite
         if sock is not None:
-            site = web.SockSite(self._runner, sock, backlog=128)
+            site = web.SockSite(self._runner, sock, backlog=128, ssl_context=ssl_context)
         else:
-            site = web.TCPSite(self._runner, host, port, backlog=128)
+            site = web.TCPSite(self._runner, host, port, backlog=128, ssl_context=ssl_context)
         await site.start()
         self.dashboard.start()
         bound: int = self._runner.addresses[0][1]
         self.guard.port = bound
+        self.guard.scheme = "http" if ssl_context is None else "https"
         return bound
 
     async def stop(self) -> None:

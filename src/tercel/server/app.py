@@ -38,9 +38,11 @@ from tercel.server.frontend import FrontEnd, Running, StartHook, stateless
 from tercel.server.status import Status
 
 if TYPE_CHECKING:
+    import ssl
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from tercel.server.admin import AdminServer
+    from tercel.server.tls import ServerTLS
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +182,8 @@ class Server:
         self.ctx = ServerContext(config, self.collection, self.committer, self.clock, self.loop)
         """What every front end's handlers use (``server/context.py``)."""
         self.admin: AdminServer | None = None
+        self.tls: ServerTLS | None = None
+        """The TLS listeners' contexts (``[tls]``; made by :meth:`start`), or None."""
         self._listeners: list[asyncio.Server] = []
         self._timers: list[asyncio.TimerHandle] = []
         self._lock: storage.DataDirLock | None = None
@@ -256,6 +260,7 @@ class Server:
         # and its pool's imports cost the memcache-only start ~2 ms.
         hooks = [_load(fe) for fe, _ in table]
         ctx = self.ctx
+        self._start_tls(table)
         if self.queues:
             ctx.status.load()
             ctx.status_changed()
@@ -267,7 +272,8 @@ class Server:
         for fe, port in table:
             listener = await self._listen(fe, port, self.running[fe.name])
             self._listeners.append(listener)
-            ctx.ports[fe.name] = self._listening(fe, listener)
+            ctx.ports[fe.name] = self._listening(fe, listener, self._ssl(fe.name) is not None)
+        await self._listen_tls_ports(table)
         # Serving from here on. What follows is not needed by the first command.
         self._schedule_sweeps()
         if self.queues:
@@ -282,8 +288,51 @@ class Server:
             admin = await self.loop.run_in_executor(None, _import_admin)
             self.admin = admin.AdminServer(ctx)
             sock = self._sockets.pop("admin", None)
-            ctx.ports["admin"] = await self.admin.start(srv.host, srv.admin_port, sock=sock)
-            log.info("admin HTTP listening on %s:%d", srv.host, ctx.ports["admin"])
+            tls = self._ssl("admin")
+            ctx.ports["admin"] = await self.admin.start(
+                srv.host, srv.admin_port, sock=sock, ssl_context=tls
+            )
+            log.info(
+                "admin HTTP%s listening on %s:%d", "S" if tls else "", srv.host, ctx.ports["admin"]
+            )
+
+    # ---- TLS ------------------------------------------------------------------------------
+
+    def _start_tls(self, table: Sequence[tuple[FrontEnd, int]]) -> None:
+        """Make the TLS contexts (``[tls]``: a ConfigError before anything listens), have
+        ``reload`` read the certificates again, and warn of plaintext beyond loopback."""
+        tls = self.config.tls
+        if tls is not None:
+            from tercel.server.tls import ServerTLS
+
+            self.tls = ServerTLS(tls)
+            self.ctx.reload_hooks.append(self.tls.reload)
+            running = {fe.name for fe, _ in table}
+            for name in tls.ports:
+                if name not in running:
+                    raise ConfigError(f"tls.ports.{name}: the {name} front end is not running")
+        names = [fe.name for fe, _ in table]
+        if self.config.server.admin_port is not None:
+            names.append("admin")
+        warn_exposed(self.config, [n for n in names if self._ssl(n) is None])
+
+    def _ssl(self, name: str) -> ssl.SSLContext | None:
+        """The context of listener ``name``, or None when it is plaintext."""
+        if self.tls is None or not self.tls.listens(name):
+            return None
+        return self.tls.base
+
+    async def _listen_tls_ports(self, table: Sequence[tuple[FrontEnd, int]]) -> None:
+        """The second, TLS-only listeners of ``[tls] ports`` (``<name>_tls`` in the ports)."""
+        if self.tls is None:
+            return
+        for fe, _ in table:
+            port = self.tls.settings.ports.get(fe.name)
+            if port is None:
+                continue
+            listener = await self._create(fe, self.running[fe.name], None, port, self.tls.base)
+            self._listeners.append(listener)
+            self.ctx.ports[f"{fe.name}_tls"] = self._listening(fe, listener, True)
 
     def _log_build(self) -> None:
         """Log which modules run compiled, and warn of stale ones. (Not in ``tercel
@@ -307,13 +356,15 @@ class Server:
         if running.labelled is not None:
             self.ctx.add_labelled(fe.name, *running.labelled)
 
-    def _listening(self, fe: FrontEnd, listener: asyncio.Server) -> int:
-        """Log where ``fe`` listens; its TCP port (0 on a Unix socket)."""
+    def _listening(self, fe: FrontEnd, listener: asyncio.Server, tls: bool = False) -> int:
+        """Log where ``fe`` listens (and whether over TLS); its TCP port (0 on a Unix
+        socket)."""
         addr = listener.sockets[0].getsockname()
         if isinstance(addr, str):  # a Unix socket's path
             log.info("%s listening on %s", fe.name, addr)
             return 0
-        log.info("%s listening on %s:%d", fe.name, addr[0], addr[1])
+        over = " (TLS)" if tls else ""
+        log.info("%s%s listening on %s:%d", fe.name, over, addr[0], addr[1])
         return int(addr[1])
 
     def _list_queues(self) -> None:
@@ -423,10 +474,32 @@ class Server:
         sock = self._sockets.pop(fe.name, None)
         if sock is not None and sock.family == socket.AF_UNIX:  # tercel beanstalkd -l unix:
             return await self.loop.create_unix_server(protocol, sock=sock, backlog=1024)
-        if sock is not None:  # bound early by the command line
-            return await self.loop.create_server(protocol, sock=sock, backlog=1024)
+        return await self._create(fe, running, sock, port, self._ssl(fe.name))
+
+    async def _create(
+        self,
+        fe: FrontEnd,
+        running: Running,
+        sock: socket.socket | None,
+        port: int,
+        tls: ssl.SSLContext | None,
+    ) -> asyncio.Server:
+        """A TCP listener of ``fe`` on ``sock`` (bound early by the command line) or on the
+        configured host and ``port``; speaking TLS with ``tls`` (the handshake is the loop's,
+        bounded by ``[tls] handshake_timeout``)."""
+
+        def protocol() -> asyncio.BaseProtocol:
+            return cast(asyncio.BaseProtocol, running.connection())
+
+        timeout = None if tls is None or self.tls is None else self.tls.handshake_timeout
+        if sock is not None:
+            return await self.loop.create_server(
+                protocol, sock=sock, backlog=1024, ssl=tls, ssl_handshake_timeout=timeout
+            )
         host = self.config.server.host
-        return await self.loop.create_server(protocol, host, port, backlog=1024)
+        return await self.loop.create_server(
+            protocol, host, port, backlog=1024, ssl=tls, ssl_handshake_timeout=timeout
+        )
 
     def _lock_data_dir(self) -> None:
         self._lock = storage.DataDirLock.exclusive(self.data_dir)
@@ -583,6 +656,22 @@ async def run_server(
                 loop.remove_signal_handler(signum)
     if server.failure is not None:
         raise server.failure
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def warn_exposed(config: ServerConfig, plaintext: Sequence[str]) -> None:
+    """Warn at start-up when listeners without TLS listen beyond loopback: anyone who can
+    reach them reads the traffic."""
+    host = config.server.host
+    if plaintext and host not in LOOPBACK and not host.startswith("127."):
+        log.warning(
+            "listening on %s without TLS on %s: traffic there is readable by anyone on the "
+            'network (docs/operations.md, "Running on a network")',
+            host,
+            ", ".join(plaintext),
+        )
 
 
 def _reload_logged(ctx: ServerContext) -> None:

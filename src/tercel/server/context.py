@@ -108,6 +108,9 @@ class ServerContext:
         self.ports: dict[str, int] = {}
         """The bound port of each listener by name (``memcache``, ``admin``, ...)."""
         self._stop = asyncio.Event()
+        self.reload_hooks: list[Callable[[], None]] = []
+        """Called by :meth:`reload` before the queue settings change (the TLS certificates):
+        each raises ConfigError to refuse the reload."""
 
     # ---- connections ----------------------------------------------------------------------
 
@@ -221,15 +224,23 @@ class ServerContext:
     def reload(self) -> None:
         """Re-read the config file and apply its queue settings and aliases to live queues.
 
-        Raises ConfigError (the old config stays) when the file is bad. ``[server]`` settings
-        need a restart and are kept as they are.
+        Raises ConfigError (the old config stays) when the file is bad. ``[server]`` and
+        ``[tls]`` settings need a restart and are kept as they are; the :attr:`reload_hooks`
+        run first (the TLS files are read again, for new connections).
         """
         source = self.config.source
-        if source is None:
+        fresh = None if source is None else load_config(source)
+        for hook in self.reload_hooks:
+            hook()
+        if fresh is None:
             return
-        fresh = load_config(source)
         self.config = ServerConfig(
-            self.config.server, fresh.defaults, fresh.overrides, fresh.aliases, source
+            self.config.server,
+            fresh.defaults,
+            fresh.overrides,
+            fresh.aliases,
+            source,
+            tls=self.config.tls,
         )
         self.collection.reload(self.config)
         log.info("reloaded config from %s", source)

@@ -449,6 +449,7 @@ class Fetcher:
                 retry_after=opts.server_retry_ms / 1000,
                 max_retry_after=max(opts.server_retry_ms / 1000, 10.0),
                 pool_size=2,
+                tls=opts.tls,
             )
             for s in opts.servers
         }

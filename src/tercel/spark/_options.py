@@ -10,6 +10,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tercel.client.tls import TLSOptions
+
 _TRUE = frozenset(("true", "1", "yes", "on"))
 _FALSE = frozenset(("false", "0", "no", "off"))
 
@@ -99,6 +101,19 @@ class Options:
         return names
 
 
+def tls_options(o: Options) -> TLSOptions | None:
+    """``tls``, ``tlsCaFile``, ``tlsCertFile``, ``tlsKeyFile``, ``tlsServerName``,
+    ``tlsVerify``: TLS to every server, or None. File paths only (each executor reads the
+    files), so nothing secret is in the options, which Spark shows in query plans and logs."""
+    files = [o.optional(n) for n in ("tlsCaFile", "tlsCertFile", "tlsKeyFile")]
+    name = o.optional("tlsServerName")
+    verify = o.flag("tlsVerify", True)
+    if not o.flag("tls", any(files) or name is not None or not verify):
+        return None
+    ca, cert, key = files
+    return TLSOptions(ca_file=ca, cert_file=cert, key_file=key, server_name=name, verify=verify)
+
+
 STAGING_UNDER_CHECKPOINT = "tercel-staging"
 """``stagingLocation`` defaults to this directory under the source's ``checkpointLocation``."""
 
@@ -131,6 +146,8 @@ class SourceOptions:
     max_unavailable_ms: int
     connect_timeout_ms: int
     socket_timeout_ms: int
+    tls: TLSOptions | None
+    """TLS to the servers (:func:`tls_options`), or None."""
     test_pause_after_stage: str | None
     """Hidden, for the crash tests: after the first staged round is fsynced and before it is
     acked, create this file and sleep until killed."""
@@ -183,6 +200,7 @@ class SourceOptions:
             max_unavailable_ms=o.integer("maxUnavailableMs", 60_000),
             connect_timeout_ms=o.integer("connectTimeoutMs", 2_000, 1),
             socket_timeout_ms=o.integer("socketTimeoutMs", 10_000, 1),
+            tls=tls_options(o),
             test_pause_after_stage=o.optional("testPauseAfterStage"),
         )
         o.reject_unknown()
@@ -216,6 +234,8 @@ class SinkOptions:
     socket_timeout_ms: int
     flush_on_overwrite: bool
     """``mode("overwrite")`` empties the target queues first (only with this set)."""
+    tls: TLSOptions | None = None
+    """TLS to the servers (:func:`tls_options`), or None."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -228,6 +248,7 @@ class SinkOptions:
             connect_timeout_ms=o.integer("connectTimeoutMs", 2_000, 1),
             socket_timeout_ms=o.integer("socketTimeoutMs", 10_000, 1),
             flush_on_overwrite=o.flag("flushOnOverwrite", False),
+            tls=tls_options(o),
         )
         o.reject_unknown()
         return parsed

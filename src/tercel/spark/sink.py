@@ -145,6 +145,7 @@ def write_task(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> WriteCou
         list(opts.servers),
         timeout=opts.socket_timeout_ms / 1000,
         connect_timeout=opts.connect_timeout_ms / 1000,
+        tls=opts.tls,
     )
     try:
         for batch in batches:
@@ -166,7 +167,9 @@ class TercelWriter(DataSourceArrowWriter):
         check_schema(opts, schema, overwrite)
         self.opts = opts
         if overwrite and opts.queue is not None:  # flushOnOverwrite (check_schema): driver
-            with Client(list(opts.servers), timeout=opts.socket_timeout_ms / 1000) as client:
+            with Client(
+                list(opts.servers), timeout=opts.socket_timeout_ms / 1000, tls=opts.tls
+            ) as client:
                 client.flush(opts.queue)
             log.warning("tercel sink: flushed %r on every server (mode overwrite)", opts.queue)
 
