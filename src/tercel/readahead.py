@@ -72,14 +72,14 @@ def start(modules: Iterable[str] = SERVE_MODULES) -> None:
     from importlib.machinery import PathFinder  # (here: no import on the thread)
 
     try:
-        _thread.start_new_thread(_read_ahead, (tuple(modules), PathFinder))
+        _thread.start_new_thread(read_ahead, (tuple(modules), PathFinder))
     except RuntimeError:  # no thread to spare: the imports read as usual
         return
 
 
-def _read_ahead(modules: tuple[str, ...], finder: type[PathFinder]) -> None:
-    """The thread: ask the kernel to read each of :func:`files` ahead. Errors end it quietly
-    (it is only a hint)."""
+def read_ahead(modules: tuple[str, ...], finder: type[PathFinder]) -> None:
+    """The thread's body (:func:`start`): ask the kernel to read each of :func:`files` ahead.
+    Never raises: errors end it quietly (it is only a hint)."""
     try:
         for path in files(modules, finder):
             _advise(path)

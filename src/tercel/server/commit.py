@@ -108,8 +108,12 @@ class Committer:
         loop: asyncio.AbstractEventLoop,
         policy: SyncPolicy,
         aio_min_group: int = AIO_MIN_GROUP,
+        aio: Callable[[], Aio | None] = open_aio,
     ) -> None:
+        """``aio`` opens the AIO context when the first big group comes (None: no AIO); a
+        test hands one whose completions report a failing disk (the fault seam's AIO half)."""
         self._loop = loop
+        self._open_aio_context = aio
         self._aio_min_group = aio_min_group
         self._policy = policy
         self._fixed: dict[str, int | None] = {}
@@ -326,7 +330,7 @@ class Committer:
         """The AIO context, opened on first use; None where AIO is not available."""
         if not self._aio_tried:
             self._aio_tried = True
-            self._aio = open_aio()
+            self._aio = self._open_aio_context()
             if self._aio is not None:
                 self._loop.add_reader(self._aio.eventfd, self._aio_done)
         return self._aio
@@ -398,6 +402,11 @@ class Committer:
             self.write_errors += 1
         else:
             self.fsync_latency.add(took)
+
+    def periodic_timer(self, journal: AppendLog) -> asyncio.TimerHandle | None:
+        """The timer of ``journal``'s next periodic sync (``sync_journal = "<period>"``), or
+        None while none is armed: a read-only view, for inspection."""
+        return self._periodic.get(journal)
 
     def flush_now(self) -> None:
         """Write and sync everything buffered, before returning (start-up, shutdown): every
