@@ -23,7 +23,8 @@ overlaps the parsing of the next requests (Redis's ``appendfsync always`` blocks
 submitted it, which is the loop's own; a loop kept busy by those next requests held that worker
 off until the scheduler tick (~4 ms on the benchmark machine, for an fsync of ~0.3 ms), so
 every pass that runs while a group is being synced ends with ``sched_yield()``
-(``bench/fsync_ahead.py``, modes ``aio-busy`` and ``aio-yield``). A smaller group, and every
+(``bench/fsync_ahead.py``, modes ``aio-busy`` and ``aio-yield``, rerun from commit 1f1f505:
+docs/benchmarks.md, "Investigations"). A smaller group, and every
 group where AIO is missing, is fsynced on the loop, after the pass's writes and before its
 replies: small groups come from unpipelined clients, whose next requests then pile up and are
 read in one pass, where an overlapped fsync would wake the loop once per request (measured: a
