@@ -28,7 +28,7 @@ BS_REFUSED = b"OUT_OF_MEMORY\r\n"
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    ports = ("--thrift-port", "0", "--beanstalk-port", "0")
+    ports = ("--thrift-port", "0", "--beanstalk-port", "0", "--text-port", "0")
     with ServerProcess(tmp_path_factory.mktemp("budget"), CONFIG, extra_args=ports) as s:
         yield s
 
@@ -91,6 +91,17 @@ def test_the_budget_is_the_servers_not_a_front_ends(srv: ServerProcess) -> None:
         assert kept.read_line().startswith(b"INSERTED ")
     else:
         kept.call(b"m" * (size - HELD) + b"\r\n", b"STORED\r\n")
+
+
+def test_text_put_beyond_the_budget_is_refused(srv: ServerProcess) -> None:
+    """A text put's items count until its empty line comes."""
+    lines = b"".join(b"%d" % i + b"t" * 10_000 + b"\n" for i in range(6))  # 60 KB of items
+    a, b = connect(srv.ports["text"]), connect(srv.ports["text"])
+    for c in (a, b):
+        c.send(b"put budget_text:\n" + lines)
+    kept = refused_one(a, b, b"-out of memory storing object\n", b"-out of memory storing object\n")
+    kept.send(b"\n")
+    assert kept.read_exact(3) == b"+6\n"
 
 
 def thrift_head(length: int) -> bytes:
