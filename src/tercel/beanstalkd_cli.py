@@ -203,7 +203,11 @@ def run(opts: Options, sock: socket.socket) -> int:
         if isinstance(running, BeanstalkFrontEnd):
             running.drain()
 
-    config = ServerConfig().with_server(memcache_port=None, admin_port=None)
+    # The budget of incomplete requests holds four puts of the largest size -z allows.
+    budget = max(ServerConfig().server.max_partial_request_bytes, 4 * (opts.max_job_size + 256))
+    config = ServerConfig().with_server(
+        memcache_port=None, admin_port=None, max_partial_request_bytes=budget
+    )
     serving = run_server(
         config,
         opts.ports_file,
