@@ -20,7 +20,7 @@ AGREES = [
 def test_the_fast_reader_agrees_with_argparse(argv: list[str]) -> None:
     fast = cli.parse_serve(argv)
     assert fast is not None
-    full = cli._build_parser(tools=False).parse_args(["serve", *argv])
+    full = cli.build_parser(tools=False).parse_args(["serve", *argv])
     assert vars(fast) == vars(full)
 
 

@@ -67,9 +67,9 @@ def test_systemd_unit_runs_tercel_with_the_example_config() -> None:
     assert "--config" in argv
     assert sections["ExecReload"] == "/bin/kill -HUP $MAINPID"
     assert sections["KillSignal"] == "SIGTERM"
-    from tercel.cli import _build_parser
+    from tercel.cli import build_parser
 
-    args = _build_parser().parse_args(argv[1:])  # the flags exist
+    args = build_parser().parse_args(argv[1:])  # the flags exist
     assert args.config == "/etc/tercel/tercel.toml"
 
 
@@ -175,7 +175,7 @@ def test_readme_shell_commands_run_as_pasted(tmp_path: Path) -> None:
     (``serve``, ``beanstalkd``) only parse, the journal tools run once the server is stopped;
     ``make`` lines are left out."""
     from tercel import beanstalkd_cli
-    from tercel.cli import _build_parser
+    from tercel.cli import build_parser
 
     _venv_shim(tmp_path)
     sh_blocks = blocks(README.read_text(), "sh")[1:]  # the first is make serve / make test
@@ -185,7 +185,7 @@ def test_readme_shell_commands_run_as_pasted(tmp_path: Path) -> None:
         for line in (line for block in sh_blocks for line in shell_lines(block)):
             argv = shlex.split(line.split("|")[-1])
             if argv[:2] == [TERCEL, "serve"]:
-                assert _build_parser().parse_args(argv[1:]).command == "serve"
+                assert build_parser().parse_args(argv[1:]).command == "serve"
             elif argv[:2] == [TERCEL, "beanstalkd"]:
                 assert not isinstance(beanstalkd_cli.parse(argv[2:]), int), line
             elif argv[:2] == [TERCEL, "journal"]:

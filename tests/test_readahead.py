@@ -76,7 +76,7 @@ def test_files_are_found_as_imports_find_them(
 
 def test_the_thread_never_raises() -> None:
     # files() fails on a name that is not a str: the thread ends quietly.
-    readahead._read_ahead((None,), PathFinder)  # type: ignore[arg-type]
+    readahead.read_ahead((None,), PathFinder)  # type: ignore[arg-type]
     readahead.start(["no_such_module", "no_such_module.child"])
 
 

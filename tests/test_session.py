@@ -38,7 +38,7 @@ class World:
 
 
 def items(q: PersistentQueue) -> list[bytes]:
-    return [i.data for i in q._items]
+    return [i.data for i in q.items_in_memory()]
 
 
 @pytest.fixture

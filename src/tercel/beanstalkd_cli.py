@@ -13,6 +13,8 @@ Start-up order: the flags are parsed and the socket bound and listening with not
 ``os``, ``sys`` and ``socket`` imported, so client test suites that connect right after
 starting the binary find the port accepting; asyncio, the store and any replay come after.
 ``--ports-file PATH`` (tercel's own, for tests) writes ``{"beanstalk": port}`` once serving.
+Once serving it prints one line on stderr: where it listens and a first command to try
+(:func:`ready_line`); beanstalkd prints none, and nothing else is printed without ``-V``.
 
 Then it runs ``tercel serve``'s lifecycle (:func:`tercel.server.app.run_server`) on one row, the
 beanstalkd front end with these flags as its settings, without the data dir's Kestrel queues.
@@ -142,6 +144,19 @@ def bind(opts: Options) -> socket.socket:
     return bind_tcp(opts.addr, opts.port)
 
 
+def ready_line(addr: str, port: int) -> str:
+    """The line printed once serving on ``addr`` (``-l``) and the bound ``port``: the address
+    and a first command to try with netcat (a wildcard address is tried on loopback)."""
+    if addr.startswith("unix:"):
+        return f"ready: beanstalk {addr}; try: {_TRY} | nc -NU {addr[5:]}"
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(addr, addr)
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"ready: beanstalk {where}; try: {_TRY} | nc -N {host} {port}"
+
+
+_TRY = r"printf 'put 0 0 60 5\r\nhello\r\nreserve\r\n'"
+
+
 def main(argv: list[str]) -> int:
     """Run ``tercel beanstalkd`` with ``argv`` (the arguments after ``beanstalkd``)."""
     parsed = parse(argv)
@@ -188,7 +203,11 @@ def run(opts: Options, sock: socket.socket) -> int:
         if isinstance(running, BeanstalkFrontEnd):
             running.drain()
 
-    config = ServerConfig().with_server(memcache_port=None, admin_port=None)
+    # The budget of incomplete requests holds four puts of the largest size -z allows.
+    budget = max(ServerConfig().server.max_partial_request_bytes, 4 * (opts.max_job_size + 256))
+    config = ServerConfig().with_server(
+        memcache_port=None, admin_port=None, max_partial_request_bytes=budget
+    )
     serving = run_server(
         config,
         opts.ports_file,
@@ -197,6 +216,7 @@ def run(opts: Options, sock: socket.socket) -> int:
         front_ends=(row,),
         queues=False,
         signals={signal.SIGUSR1: drain},
+        on_ready=lambda ports: print(ready_line(opts.addr, ports["beanstalk"]), file=sys.stderr),
     )
     try:
         with asyncio.Runner(loop_factory=new_loop) as runner:

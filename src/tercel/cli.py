@@ -96,7 +96,7 @@ def parse_serve(argv: Sequence[str]) -> ServeArgs | None:
     return args
 
 
-def _build_parser(tools: bool = True) -> argparse.ArgumentParser:
+def build_parser(tools: bool = True) -> argparse.ArgumentParser:
     """The command line's parser; without ``tools`` only ``serve`` and ``beanstalkd`` (what
     ``tercel serve ...`` needs, without importing the journal and client tools)."""
     import argparse
@@ -313,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fast = parse_serve(rest[1:]) if rest[:1] == ["serve"] else None
     if fast is not None:
         return serve(fast)
-    args = _build_parser(tools=rest[:1] != ["serve"]).parse_args(rest)
+    args = build_parser(tools=rest[:1] != ["serve"]).parse_args(rest)
     if args.command == "serve":
         return serve(args)
     _set_up_logging(getattr(args, "log_level", "info"))

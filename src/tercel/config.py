@@ -250,6 +250,10 @@ class ServerSettings:
     loopback."""
     admin_hosts: tuple[str, ...] = ()
     """Host names the admin port answers to besides its listening address (DNS rebinding)."""
+    max_partial_request_bytes: int = 256 * 1024**2
+    """Bytes of incomplete requests all connections of all front ends may hold at once; the
+    connection whose read would go beyond it is refused and closed. 256 MiB: four requests of
+    the largest size (64 MiB) arriving at once. 0: no limit."""
 
 
 def _parse_token(value: object, key: str) -> str | None:
@@ -311,6 +315,7 @@ _SERVER_PARSERS: dict[str, Any] = {
     "admin_hosts": _parse_names,
     "max_queues": lambda v, k: _parse_count(v, k) or None,
     "max_open_journals": _parse_count,
+    "max_partial_request_bytes": parse_size,
 }
 
 

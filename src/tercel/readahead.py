@@ -5,9 +5,9 @@ waiting for the disk: the interpreter imports about 150 modules one after anothe
 uvloop, logging, the compiled hot path...), and each import waits for its own small read.
 :func:`start` asks the kernel, from a thread started first thing, to read all their files
 ahead (``posix_fadvise(WILLNEED)``), so the reads overlap each other and the imports' CPU work
-(docs/benchmarks.md, "Restart: reading ahead"). With the files cached it costs a few ms of
-one thread's CPU; it never changes what is imported, and a module it cannot find is simply
-imported as usual.
+(``git show 1f1f505:docs/benchmarks.md``, "Restart: reading ahead"). With the files cached it
+costs a few ms of one thread's CPU; it never changes what is imported, and a module it cannot
+find is simply imported as usual.
 
 :data:`SERVE_MODULES` is the list of those modules, in the order a start imports them (as
 :func:`record_launcher` records them); ``tests/test_readahead.py`` fails when a start imports
@@ -74,14 +74,14 @@ def start(modules: Iterable[str] = SERVE_MODULES) -> None:
     from importlib.machinery import PathFinder  # (here: no import on the thread)
 
     try:
-        _thread.start_new_thread(_read_ahead, (tuple(modules), PathFinder))
+        _thread.start_new_thread(read_ahead, (tuple(modules), PathFinder))
     except RuntimeError:  # no thread to spare: the imports read as usual
         return
 
 
-def _read_ahead(modules: tuple[str, ...], finder: type[PathFinder]) -> None:
-    """The thread: ask the kernel to read each of :func:`files` ahead. Errors end it quietly
-    (it is only a hint)."""
+def read_ahead(modules: tuple[str, ...], finder: type[PathFinder]) -> None:
+    """The thread's body (:func:`start`): ask the kernel to read each of :func:`files` ahead.
+    Never raises: errors end it quietly (it is only a hint)."""
     try:
         for path in files(modules, finder):
             _advise(path)

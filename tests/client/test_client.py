@@ -103,12 +103,19 @@ def test_reserve_context_manager(client: Client, qname: str) -> None:
     assert client.get(qname) is None
 
 
-def test_reservation_dies_with_its_connection(client: Client, qname: str) -> None:
+def test_reservation_dies_with_its_connection(
+    server: ServerProcess, client: Client, qname: str
+) -> None:
+    """A client process that crashes while holding a reservation: the item goes back."""
     client.put(qname, b"a")
-    item = client.reserve(qname)
-    assert item is not None
-    assert item._conn is not None
-    item._conn.close()  # the client process "crashes" while holding the item
+    crash = (
+        "import os, sys\n"
+        "from tercel.client import Client\n"
+        "item = Client(sys.argv[1]).reserve(sys.argv[2])\n"
+        "assert item is not None and item.data == b'a'\n"
+        "os._exit(0)  # no confirm, no abort, no close\n"
+    )
+    subprocess.run([sys.executable, "-c", crash, server.address, qname], check=True, timeout=60)
     assert client.get(qname, timeout=5) == b"a"
 
 
@@ -157,19 +164,27 @@ def test_delete_flush_stats_version(client: Client, qname: str) -> None:
 
 
 def test_server_errors_are_raised(client: Client, qname: str) -> None:
+    """``ERROR`` (what Kestrel answers a plain get on a queue the connection holds an open
+    read of, or a command it does not know) from a server that answers every line so."""
     item = client.reserve(qname + "_e")
     assert item is None
-    client.put(qname, b"a")
-    held = client.reserve(qname)
-    assert held is not None
-    # A plain get on the reservation's own connection is Kestrel's ERROR; simulate via codec.
-    from tercel.client._base import get_op
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
 
-    assert held._conn is not None
-    with pytest.raises(ServerReplyError) as info:
-        client._run_on(held._conn, get_op(qname, 0), keep=True)
-    assert info.value.kind == "ERROR"
-    held.abort()
+        def answer_error() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                while conn.recv(65536):
+                    conn.sendall(b"ERROR\r\n")
+
+        thread = threading.Thread(target=answer_error, daemon=True)
+        thread.start()
+        with Client(f"127.0.0.1:{listener.getsockname()[1]}", timeout=10) as erring:
+            with pytest.raises(ServerReplyError) as info:
+                erring.get(qname)
+            assert info.value.kind == "ERROR"
+    thread.join(10)
 
 
 def test_not_stored(tmp_path: Path) -> None:

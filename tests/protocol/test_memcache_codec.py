@@ -608,9 +608,14 @@ def test_repeated_lines_parse_as_the_first_time(
 
 
 def test_a_long_line_is_parsed_each_time_not_remembered() -> None:
-    """Lines of 512 bytes or more (padded numbers) parse as usual and are not kept."""
+    """Lines of 512 bytes or more (padded numbers) parse as usual and are not kept: a short
+    line's repeat is its remembered command (the same object), a long line's repeat a new
+    parse, and a long line between two short ones leaves the short one remembered."""
+    short = b"get q/t=5\r\n"
     line = b"get q/t=" + b"0" * 600 + b"5\r\n"
     codec = mc.MemcacheServerCodec()
-    codec.receive_data(line * 2)
-    assert [codec.next_command() for _ in range(2)] == [Get(line[4:-2], "q", timeout=5)] * 2
-    assert codec._get_line == b"\n"  # the memo still holds nothing
+    codec.receive_data(short + line * 2 + short)
+    cmds = [codec.next_command() for _ in range(4)]
+    assert cmds[1:3] == [Get(line[4:-2], "q", timeout=5)] * 2
+    assert cmds[1] is not cmds[2]  # parsed twice: not remembered
+    assert cmds[3] is cmds[0]  # the short line is still the one remembered

@@ -15,7 +15,9 @@ import pytest
 from journal.recorder import Recorder
 from tercel.errors import JournalWriteError
 from tercel.journal import FileJournal
-from tercel.server.aio import open_aio
+from tercel.journal.faults import FaultyFiles
+from tercel.journal.files import DataDir
+from tercel.server.aio import Aio, open_aio
 from tercel.server.commit import AIO_MIN_GROUP, Committer, Holder
 
 
@@ -65,21 +67,48 @@ async def settle(committer: Committer) -> None:
     await asyncio.sleep(0)
 
 
+class FailingAio(Aio):
+    """Native AIO whose fdatasyncs run but complete with EIO: a disk failing under a group
+    fsync (the AIO half of the fault seam; ``FaultyFiles`` is the rest)."""
+
+    def reap(self) -> list[tuple[int, int]]:
+        return [(tag, -errno.EIO) for tag, _ in super().reap()]
+
+    def wait_all(self) -> list[tuple[int, int]]:
+        return [(tag, -errno.EIO) for tag, _ in super().wait_all()]
+
+
+def failing_aio() -> Aio | None:
+    return open_aio(FailingAio)
+
+
+def fail_writes(faults: FaultyFiles) -> None:
+    """From now on every journal write fails (EIO), as a failing disk's."""
+    for op in ("pwrite", "pwritev"):
+        faults.fail(op, errno.EIO)
+
+
 def run_passes(
     tmp_path: Path,
     modes: dict[str, int | None],
     body: Callable[..., None],
     aio_min_group: int = 0,
+    *,
+    faults: FaultyFiles | None = None,
+    aio: Callable[[], Aio | None] = open_aio,
 ) -> Committer:
     """Run ``body(committer, journals)`` on a real loop, then the loop until it settles. Every
-    group fsync goes through AIO (when there is AIO) unless ``aio_min_group`` says otherwise."""
+    group fsync goes through AIO (when there is AIO) unless ``aio_min_group`` says otherwise.
+    ``faults``: the journals' file operations (the fault seam); ``aio``: how the committer
+    opens its AIO context."""
 
     async def main() -> Committer:
         loop = asyncio.get_running_loop()
-        committer = Committer(loop, modes.__getitem__, aio_min_group)
+        committer = Committer(loop, modes.__getitem__, aio_min_group, aio)
+        files = DataDir(str(tmp_path), ops=faults) if faults is not None else None
         journals = {}
         for name in modes:
-            j = FileJournal(str(tmp_path), name, on_dirty=committer.journal_dirty)
+            j = FileJournal(str(tmp_path), name, on_dirty=committer.journal_dirty, directory=files)
             j.replay(Recorder())
             journals[name] = j
         try:
@@ -161,26 +190,29 @@ def test_each_pass_that_writes_a_sync_queue_is_one_fsync(tmp_path: Path, fsync_p
 def test_failed_group_fsync_drops_the_group_and_fails_the_journal(
     tmp_path: Path, fsync_path: str
 ) -> None:
+    """The group's fdatasync fails (on the loop through the file seam, or an AIO completion
+    with EIO): its replies are dropped, their connections failed, the journal refuses more."""
     conns: list[Conn] = []
     errors: list[int] = []
+    faults = FaultyFiles()
+    faults.fail("fdatasync", errno.EIO)
 
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
         j = journals["s"]
         j.add(1, 0, 0, b"x")
-        r, w = os.pipe()
-        os.dup2(w, j._fd)  # the write goes into the pipe; fdatasync on it fails (EINVAL)
-        os.close(w)
         for _ in range(2):
             conn = Conn(j)
             committer.hold(conn, b"STORED\r\n")
             conns.append(conn)
         loop = asyncio.get_running_loop()
         loop.call_soon(lambda: errors.append(committer.write_errors))
-        loop.call_soon(os.close, r)
 
-    run_passes(tmp_path, {"s": 0}, body)
+    committer = run_passes(tmp_path, {"s": 0}, body, faults=faults, aio=failing_aio)
     assert all(c.failed and not c.released for c in conns)
-    assert errors == [1]
+    assert conns[0].journal.failed
+    assert committer.write_errors == 1
+    if fsync_path == "inline":
+        assert errors == [1]  # counted in the pass itself (through AIO, when it completes)
 
 
 @both_paths
@@ -300,7 +332,9 @@ def test_flush_now_waits_for_the_aio_group_and_syncs_what_came_after(tmp_path: P
 
 
 def test_a_failed_aio_fsync_fails_its_group_and_the_journal(tmp_path: Path) -> None:
+    needs_aio()
     conns: list[Conn] = []
+    syncing: list[bool] = []
 
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
         journals["s"].add(1, 0, 0, b"x")
@@ -308,15 +342,13 @@ def test_a_failed_aio_fsync_fails_its_group_and_the_journal(tmp_path: Path) -> N
             conns.append(Conn(journals["s"]))
             committer.hold(conns[-1], b"STORED\r\n")
 
-        def inject() -> None:
-            # The disk cannot be made to fail here: hand the committer the completion an I/O
-            # error would produce, before the real one arrives.
-            assert committer.syncing
-            committer._collect([(0, -errno.EIO)])
+        def in_flight() -> None:
+            syncing.append(committer.syncing)
 
-        asyncio.get_running_loop().call_soon(inject)
+        asyncio.get_running_loop().call_soon(in_flight)
 
-    committer = run_passes(tmp_path, {"s": 0}, body)
+    committer = run_passes(tmp_path, {"s": 0}, body, aio=failing_aio)
+    assert syncing == [True]  # the group went through AIO
     assert all(c.failed and not c.released for c in conns)
     assert committer.write_errors == 1
     assert conns[0].journal.failed
@@ -328,6 +360,7 @@ def test_a_write_failing_after_an_aio_group_fails_the_replies_that_waited(
     needs_aio()
     conns: list[Conn] = []
     seen_syncing: list[bool] = []
+    faults = FaultyFiles()
 
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
         j = journals["s"]
@@ -340,14 +373,11 @@ def test_a_write_failing_after_an_aio_group_fails_the_replies_that_waited(
             j.add(2, 0, 0, b"y")
             conns.append(Conn(j))
             committer.hold(conns[1], b"STORED\r\n")  # waits behind group 1
-            r, w = os.pipe()  # ... and its record's write, after group 1, will fail
-            os.dup2(w, j._fd)
-            os.close(w)
-            os.close(r)
+            fail_writes(faults)  # ... and its record's write, after group 1, will fail
 
         asyncio.get_running_loop().call_soon(next_pass)
 
-    committer = run_passes(tmp_path, {"s": 0}, body)
+    committer = run_passes(tmp_path, {"s": 0}, body, faults=faults)
     assert seen_syncing == [True]
     assert conns[0].released and not conns[0].failed  # group 1 was written and synced
     assert conns[1].failed and not conns[1].released
@@ -356,20 +386,18 @@ def test_a_write_failing_after_an_aio_group_fails_the_replies_that_waited(
 
 def test_a_write_that_failed_earlier_in_the_pass_fails_its_held_replies(tmp_path: Path) -> None:
     conns: list[Conn] = []
+    faults = FaultyFiles()
 
     def body(committer: Committer, journals: dict[str, FileJournal]) -> None:
         j = journals["s"]
         j.add(1, 0, 0, b"x")
         conns.append(Conn(j))
         committer.hold(conns[0], b"STORED\r\n")
-        r, w = os.pipe()
-        os.dup2(w, j._fd)
-        os.close(w)
-        os.close(r)
+        fail_writes(faults)
         with pytest.raises(JournalWriteError):  # as a rotation or a read-behind reader does
             j.write_out()
 
-    committer = run_passes(tmp_path, {"s": None}, body)
+    committer = run_passes(tmp_path, {"s": None}, body, faults=faults)
     assert conns[0].failed and not conns[0].released
     assert committer.write_errors == 1
 
@@ -419,10 +447,10 @@ def test_a_period_that_ends_during_another_sync_of_the_journal_syncs_one_period_
             journal.add(1, 0, 0, b"x")
             journal.syncing = True  # another owner's sync of this file is running
             committer.hold(Conn(journal), b"STORED\r\n")
-            while journal not in committer._periodic:  # the pass armed the period
+            while committer.periodic_timer(journal) is None:  # the pass armed the period
                 await asyncio.sleep(0)
-            first = committer._periodic[journal]
-            while committer._periodic.get(journal) is first:  # it ends during that sync
+            first = committer.periodic_timer(journal)
+            while committer.periodic_timer(journal) is first:  # it ends during that sync
                 await asyncio.sleep(0.001)
             journal.sync_done()  # the other sync ends without covering this record
             unsynced_after_other = journal.needs_sync

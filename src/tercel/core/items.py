@@ -2,7 +2,7 @@
 
 :class:`Items` is a list and the index of its head, not a ``collections.deque``: an empty
 deque is 760 bytes (its first 64-slot block is allocated with it), which at 100,000 queues of
-a few items each was a quarter of the server's memory (docs/benchmarks.md, "Many queues");
+a few items each was a quarter of the server's memory (docs/benchmarks.md, "Investigations");
 this is about 150 bytes for three items. Both ends stay O(1), amortized:
 
 - ``popleft`` moves the head; the slots before it are cut off once they are at least
@@ -30,8 +30,8 @@ class QItem:
     Holds only ints and bytes, so it can never be part of a reference cycle; compiled, it is
     therefore left out of the cyclic garbage collector (``acyclic``). A tracked item was visited
     by every full collection: with 128 k 1 KiB items in memory one took 57 ms, all other work
-    stopped meanwhile (docs/benchmarks.md, session 8). Never give it a field that may hold a
-    container."""
+    stopped meanwhile (``git show 1f1f505:docs/benchmarks.md``). Never give it a field that may
+    hold a container."""
 
     __slots__ = ("add_time", "data", "deliveries", "expiry", "id")
 

@@ -46,16 +46,16 @@ never matter against limits counted in megabytes."""
 READ_BEHIND_COMPACT_WINDOWS: Final = 8
 """In read-behind, the consumed files are compacted once they weigh this many memory windows:
 the snapshot rewrites the window, so its extra writes are 1/8 of what drains. At 2 the rewrite
-took 29 % of the server's CPU samples in a 2 GB drain (docs/benchmarks.md, session 7); 8 is also
-Kestrel's default proportion (a pack of the 128 MB window each time the journal passes 1 GB).
-``max_journal_size_absolute`` bounds the disk that consumed files may hold meanwhile."""
+took 29 % of the server's CPU samples in a 2 GB drain (``git show 1f1f505:docs/benchmarks.md``);
+8 is also Kestrel's default proportion (a pack of the 128 MB window each time the journal passes
+1 GB). ``max_journal_size_absolute`` bounds the disk that consumed files may hold meanwhile."""
 
 REPLAY_WINDOW: Final = 1 << 20
 """Payload bytes of items replay puts in memory (at most ``max_memory_size``): every later item
 of the log stays on disk, counted in bulk (:class:`_Replayer`), and the window is read back
 after start-up, a refill at a time (:data:`REFILL_FIRST`). Loading the whole 128 MB window
-during replay made start-up wait for 128 k item objects (docs/benchmarks.md, "Where restart
-time goes"). Items of a snapshot file stay in memory whatever this says."""
+during replay made start-up wait for 128 k item objects (``git show 1f1f505:docs/benchmarks.md``,
+"Where restart time goes"). Items of a snapshot file stay in memory whatever this says."""
 
 REFILL_FIRST: Final = 1 << 20
 """The smallest read-behind refill. A refill reads at most as many payload bytes as memory

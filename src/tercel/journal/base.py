@@ -162,7 +162,7 @@ class JournalBase(AppendLog):
     def path(self) -> str:
         """The current file, ``<data_dir>/<name>``. Made when asked, not kept: the paths are
         used when a file is opened or renamed, and two strings per queue cost 20 MB at
-        100,000 queues (docs/benchmarks.md, "Many queues")."""
+        100,000 queues (docs/benchmarks.md, "Many queues, read-behind, leases")."""
         return os.path.join(self.data_dir, self.name)
 
     @property

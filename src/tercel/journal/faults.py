@@ -552,7 +552,7 @@ def _with_tail(
     if tail == "hole":  # whole pages not written back: they read as before (zeros if new)
         # From the page holding the first unsynced byte on: when that page also holds synced
         # bytes and is lost, it reads as synced records, then zeros to its end (journal_
-        # format.md §6 cuts there since session 12).
+        # format.md §6 cuts there).
         first = start // PAGE
         last = (len(now) - 1) // PAGE
         if first > last:

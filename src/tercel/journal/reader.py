@@ -181,7 +181,7 @@ def skip_adds(buf: bytes, pos: int) -> tuple[int, int, int, int]:
     The fields are read a byte at a time: compiled, that is a few machine instructions, where
     a ``struct`` unpack (a tuple and its ints per record) cost ~5x more per 64-byte record,
     and a ``memoryview`` slice for the checksum ~1.7x more than copying the slice
-    (docs/benchmarks.md, "Where restart time goes").
+    (``git show 1f1f505:docs/benchmarks.md``, "Where restart time goes").
     """
     end = len(buf)
     crc32_ = rec.crc32

@@ -236,8 +236,13 @@ class TextServerCodec:
 
     @property
     def buffered(self) -> int:
-        """Bytes received but not yet parsed (an over-long line being skipped holds none)."""
-        return len(self._buf) - self._pos
+        """Bytes received but not yet part of a command: not yet parsed, and the items of a
+        batch whose empty line has not come (an over-long line being skipped holds none)."""
+        held = len(self._buf) - self._pos
+        batch = self._batch
+        if batch is not None:
+            held += batch.size
+        return held
 
     def next_command(self) -> TextCommand | NeedData:
         """The next complete command, or NEED_DATA. Raises ProtocolError (module doc)."""

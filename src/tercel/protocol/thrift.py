@@ -16,7 +16,8 @@ Untrusted frames never reach thriftpy2 unchecked: :func:`~tercel.protocol.thrift
 first walks the arguments once and checks every length, count, type and the nesting depth
 against the frame, at no more cost than the decode (its module docstring). After the walk,
 every size is bounded by the frame, and the Cython decoder is used: 0.05 us per 64-byte item of
-a put against 0.8 us for the pure-Python one (docs/benchmarks.md, "Thrift").
+a put against 0.8 us for the pure-Python one (``git show 1f1f505:docs/benchmarks.md``,
+"Thrift"; the codec today: docs/benchmarks.md, "Investigations").
 """
 
 from __future__ import annotations

@@ -113,14 +113,15 @@ class Aio:
         os.close(self.eventfd)
 
 
-def open_aio() -> Aio | None:
-    """An AIO context, or None where native AIO is not available (logged at INFO)."""
+def open_aio(kind: type[Aio] = Aio) -> Aio | None:
+    """An AIO context (of ``kind``: a test's subclass may report failures), or None where
+    native AIO is not available (logged at INFO)."""
     # os.uname(), not the platform module: ~2 ms of imports at start-up.
     syscalls = _SYSCALLS.get(os.uname().machine) if sys.platform == "linux" else None
     if syscalls is None or os.environ.get("TERCEL_NO_AIO"):
         return None
     try:
-        return Aio(syscalls)
+        return kind(syscalls)
     except OSError as exc:
         log.info("native AIO unavailable (%s): group fsyncs run on the event loop", exc)
         return None

@@ -23,7 +23,8 @@ overlaps the parsing of the next requests (Redis's ``appendfsync always`` blocks
 submitted it, which is the loop's own; a loop kept busy by those next requests held that worker
 off until the scheduler tick (~4 ms on the benchmark machine, for an fsync of ~0.3 ms), so
 every pass that runs while a group is being synced ends with ``sched_yield()``
-(``bench/fsync_ahead.py``, modes ``aio-busy`` and ``aio-yield``). A smaller group, and every
+(``bench/fsync_ahead.py``, modes ``aio-busy`` and ``aio-yield``, rerun from commit 1f1f505:
+docs/benchmarks.md, "Investigations"). A smaller group, and every
 group where AIO is missing, is fsynced on the loop, after the pass's writes and before its
 replies: small groups come from unpipelined clients, whose next requests then pile up and are
 read in one pass, where an overlapped fsync would wake the loop once per request (measured: a
@@ -108,8 +109,12 @@ class Committer:
         loop: asyncio.AbstractEventLoop,
         policy: SyncPolicy,
         aio_min_group: int = AIO_MIN_GROUP,
+        aio: Callable[[], Aio | None] = open_aio,
     ) -> None:
+        """``aio`` opens the AIO context when the first big group comes (None: no AIO); a
+        test hands one whose completions report a failing disk (the fault seam's AIO half)."""
         self._loop = loop
+        self._open_aio_context = aio
         self._aio_min_group = aio_min_group
         self._policy = policy
         self._fixed: dict[str, int | None] = {}
@@ -326,7 +331,7 @@ class Committer:
         """The AIO context, opened on first use; None where AIO is not available."""
         if not self._aio_tried:
             self._aio_tried = True
-            self._aio = open_aio()
+            self._aio = self._open_aio_context()
             if self._aio is not None:
                 self._loop.add_reader(self._aio.eventfd, self._aio_done)
         return self._aio
@@ -398,6 +403,11 @@ class Committer:
             self.write_errors += 1
         else:
             self.fsync_latency.add(took)
+
+    def periodic_timer(self, journal: AppendLog) -> asyncio.TimerHandle | None:
+        """The timer of ``journal``'s next periodic sync (``sync_journal = "<period>"``), or
+        None while none is armed: a read-only view, for inspection."""
+        return self._periodic.get(journal)
 
     def flush_now(self) -> None:
         """Write and sync everything buffered, before returning (start-up, shutdown): every

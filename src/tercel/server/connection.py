@@ -62,6 +62,11 @@ reads once per pass). Then a lone connection's group-commit pass may run inline
 (:meth:`Committer.end_batch`): no later read of this pass could have joined it."""
 
 
+OUT_OF_MEMORY: Final = "out of memory storing object"
+"""The reason a connection over ``max_partial_request_bytes`` is refused with (memcached's
+words for a request it cannot buffer)."""
+
+
 class Parked:
     """An operation waiting: the command, its registered waiter, its deadline timer (None when
     the waiter's owner enforces the deadline itself, as beanstalkd's job store does for its
@@ -141,6 +146,8 @@ class Connection(Holder):
         self._held = 0  # batches of replies the committer holds for this connection
         self._shut = False  # the transport was closed or aborted here: write nothing more
         self._eof = False  # half-closed while a command waits unbegun: close once it ran
+        self.partial = 0
+        """Bytes of this connection's incomplete input counted in ``ctx.partial_bytes``."""
 
     # ---- the hooks a front end fills in ---------------------------------------------------
 
@@ -170,6 +177,11 @@ class Connection(Holder):
     def refusal(self, reason: str) -> bytes:
         """The line written before closing a refused connection."""
         raise NotImplementedError
+
+    def over_budget(self) -> bytes:
+        """The reply before closing a connection whose incomplete request would take the
+        server beyond ``max_partial_request_bytes``; by default :meth:`refusal`'s line."""
+        return self.refusal(OUT_OF_MEMORY)
 
     def end_session(self) -> None:
         """Undo what the client holds and no one else may end (a Kestrel session's open
@@ -227,6 +239,9 @@ class Connection(Holder):
                 committer.end_batch(len(data) < INLINE_READ_MAX and len(ctx.connections) == 1)
         elif self.buffered() > MAX_BUFFERED_WHILE_BLOCKED and self.transport is not None:
             self.transport.pause_reading()
+        held = self.buffered()
+        if held != self.partial:  # the common read, whole commands only: 0 == 0
+            self.track_partial(held)
 
     def eof_received(self) -> bool | None:
         """The client closed its side: close ours once the replies it is owed are out (some
@@ -249,6 +264,9 @@ class Connection(Holder):
             self.parked.cancel_timer()
             self.parked = None
         self.end_session()
+        if self.partial:
+            self.ctx.partial_bytes -= self.partial
+            self.partial = 0
         self.ctx.connection_closed(self)
         self.transport = None
 
@@ -319,6 +337,37 @@ class Connection(Holder):
         self._shut = True
         if self.transport is not None:
             self.transport.abort()
+
+    # ---- the budget of incomplete requests --------------------------------------------------
+
+    def track_partial(self, held: int) -> None:
+        """Count ``held`` (the bytes this connection buffers that no command consumed yet) in
+        the server's ``ctx.partial_bytes`` instead of what was counted before. When that
+        would take the total beyond ``max_partial_request_bytes`` while this connection's
+        share grows, the connection is refused instead: :meth:`over_budget`'s reply, then
+        closed, its bytes no longer counted. Called after each read whose held bytes changed
+        (not for a read of whole commands: nothing held before or after)."""
+        ctx = self.ctx
+        total = ctx.partial_bytes + held - self.partial
+        if held > self.partial and total > ctx.max_partial_bytes and not self.closing:
+            ctx.partial_bytes -= self.partial
+            self.partial = 0
+            ctx.partial_refused += 1
+            n = ctx.partial_refused
+            if n & (n - 1) == 0:  # 1, 2, 4, 8...: a flood does not flood the log
+                log.warning(
+                    "max_partial_request_bytes (%d) reached: %d connection(s) refused so far",
+                    ctx.max_partial_bytes,
+                    n,
+                )
+            if self.transport is not None:
+                self.transport.pause_reading()
+            self.out.append(self.over_budget())
+            self.closing = True
+            self.flush()
+            return
+        ctx.partial_bytes = total
+        self.partial = held
 
     # ---- parked operations ----------------------------------------------------------------
 
@@ -396,6 +445,9 @@ class Connection(Holder):
         if not self._write_paused:
             self.transport.resume_reading()
         self.process()
+        held = self.buffered()
+        if held != self.partial:
+            self.track_partial(held)
         parked = self.parked
         if self._eof and (parked is None or parked.begun):
             self.closing = True  # what eof_received would have done (a blocked read ends)

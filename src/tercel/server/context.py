@@ -22,7 +22,7 @@ from typing import Final, Protocol
 
 from tercel import __version__
 from tercel.clock import Clock
-from tercel.config import ServerConfig, load_config
+from tercel.config import UNLIMITED, ServerConfig, load_config
 from tercel.core.collection import QueueCollection
 from tercel.errors import UnavailableError
 from tercel.server.commit import Committer
@@ -92,6 +92,12 @@ class ServerContext:
         self.max_open_reads = srv.max_open_reads
         self.bytes_read = 0
         self.bytes_written = 0
+        self.partial_bytes = 0
+        """Bytes of incomplete requests held by all connections (``Connection.track_partial``)."""
+        self.max_partial_bytes = srv.max_partial_request_bytes or UNLIMITED
+        """``max_partial_request_bytes``: the most :attr:`partial_bytes` may reach."""
+        self.partial_refused = 0
+        """Connections refused because :attr:`partial_bytes` would exceed the budget."""
         self.connections: set[Closable] = set()
         self.connection_cap: int | None = None
         """The most client connections the open-file limit leaves room for (set at start-up:

@@ -127,6 +127,9 @@ class BeanstalkConnection(Connection):
     def refusal(self, reason: str) -> bytes:
         return bp.INTERNAL_ERROR
 
+    def over_budget(self) -> bytes:
+        return bp.OUT_OF_MEMORY
+
     # ---- asyncio callbacks beyond the base's ----------------------------------------------
 
     def eof_received(self) -> bool | None:

@@ -24,6 +24,7 @@ from tercel.errors import (
     ConfigError,
     ItemTooLarge,
     JournalError,
+    NoSpaceLeft,
     OpenReadError,
     ProtocolError,
     QueueError,
@@ -49,7 +50,10 @@ JOURNAL: Final = 3
 """A journal write failed (``JournalError``)."""
 CONFIG: Final = 4
 """``reload`` refused a bad config file (``ConfigError``)."""
-OTHER: Final = 5
+NO_SPACE: Final = 5
+"""The file system has no room for the journal file of a queue the request would create
+(``NoSpaceLeft``): every front end names the disk."""
+OTHER: Final = 6
 
 
 def error_kind(exc: TercelError) -> int:
@@ -60,7 +64,7 @@ def error_kind(exc: TercelError) -> int:
     if isinstance(exc, ProtocolError | QueueError):
         return BAD_REQUEST
     if isinstance(exc, UnavailableError):
-        return UNAVAILABLE
+        return NO_SPACE if isinstance(exc, NoSpaceLeft) else UNAVAILABLE
     if isinstance(exc, JournalError):
         return JOURNAL
     if isinstance(exc, ConfigError):

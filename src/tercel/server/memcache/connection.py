@@ -164,7 +164,7 @@ def error_reply(exc: TercelError) -> bytes:
         return mc.ERROR
     if kind == ops.BAD_REQUEST:
         return mc.client_error(ops.error_reason(exc))
-    if kind == ops.UNAVAILABLE:
+    if kind == ops.UNAVAILABLE or kind == ops.NO_SPACE:
         return mc.server_error(ops.error_reason(exc))
     if kind == ops.JOURNAL:
         return mc.server_error("journal write failed")

@@ -75,6 +75,8 @@ class TextConnection(KestrelConnection):
             return f"Too many open transactions; limit={self.session.max_open_reads}"
         if kind == ops.UNAVAILABLE:
             return f"Server not available for operation {self.op}"
+        if kind == ops.NO_SPACE:
+            return f"Server not available for operation {self.op}: {ops.error_reason(exc)}"
         if kind == ops.JOURNAL:
             return "Journal write failed."
         return str(exc)

@@ -94,6 +94,9 @@ class ThriftConnection(KestrelConnection):
         kind = ops.error_kind(exc)
         if kind == ops.UNAVAILABLE:
             return f"Server not available for operation {_method(self.call)}"
+        if kind == ops.NO_SPACE:
+            reason = ops.error_reason(exc)
+            return f"Server not available for operation {_method(self.call)}: {reason}"
         if kind == ops.JOURNAL:
             return "journal write failed"
         return ops.error_reason(exc)
