@@ -83,7 +83,11 @@ class BeanstalkConnection(Connection):
         self.next += 1
         return req
 
-    def dispatch(self, req: Any) -> None:
+    def dispatch(self, cmd: Any) -> None:
+        # Typed once here: compiled, every field of an ``Any`` is a generic attribute lookup
+        # and every comparison and index of its ints a Python call (about 1,000 instructions a
+        # request, measured with callgrind).
+        req: Request = cmd
         counts = self.svc.cmd_counts
         if isinstance(req, Invalid):
             if req.code != bp.NO_CODE:
@@ -107,9 +111,13 @@ class BeanstalkConnection(Connection):
             self.perform(_TABLE[req.op], req)
 
     def run(self) -> None:
-        """The base's dispatch loop, then: drop what ran, and rearm the job store's timer."""
+        """The base's dispatch loop with :meth:`next_command` inlined (compiled, a call per
+        request saved; as memcache does), then: drop what ran, rearm the job store's timer."""
         try:
-            super().run()
+            while self.next < len(self.pending) and self.parked is None and not self.closing:
+                req = self.pending[self.next]
+                self.next += 1
+                self.dispatch(req)
         finally:
             if self.next >= len(self.pending):  # drop what ran (bodies) now, not next read
                 self.pending = []
