@@ -25,6 +25,7 @@ from tercel.clock import Clock
 from tercel.config import ServerConfig, load_config
 from tercel.core.collection import QueueCollection
 from tercel.errors import UnavailableError
+from tercel.server.auth import Authenticator
 from tercel.server.commit import Committer
 from tercel.server.deadlines import Reservations
 from tercel.server.metrics import Metrics
@@ -46,6 +47,8 @@ class Closable(Protocol):
     front_end: str
 
     def end_session(self) -> None: ...
+
+    def apply_auth(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -104,6 +107,10 @@ class ServerContext:
         """The data dir's descriptor pool figures (``DataDir.stats``; set at start-up)."""
         self.ports: dict[str, int] = {}
         """The bound port of each listener by name (``memcache``, ``admin``, ...)."""
+        self.auth = Authenticator(config.users, loop)
+        """The ``[users]`` and their logins (:mod:`tercel.server.auth`); with none configured
+        connections have no guard."""
+        self.add_counters("auth", self.auth.stats)
         self._stop = asyncio.Event()
 
     # ---- connections ----------------------------------------------------------------------
@@ -215,16 +222,23 @@ class ServerContext:
         """Re-read the config file and apply its queue settings and aliases to live queues.
 
         Raises ConfigError (the old config stays) when the file is bad. ``[server]`` settings
-        need a restart and are kept as they are.
+        need a restart and are kept as they are. ``[users]`` apply at once: when the first
+        user is added every open connection must log in before its next command; when the
+        last is removed, none has to.
         """
         source = self.config.source
         if source is None:
             return
         fresh = load_config(source)
         self.config = ServerConfig(
-            self.config.server, fresh.defaults, fresh.overrides, fresh.aliases, source
+            self.config.server, fresh.defaults, fresh.overrides, fresh.aliases, source, fresh.users
         )
         self.collection.reload(self.config)
+        was = self.auth.enabled
+        self.auth.reload(fresh.users)
+        if was != self.auth.enabled:  # users added to an open server, or all removed
+            for conn in list(self.connections):
+                conn.apply_auth()
         log.info("reloaded config from %s", source)
 
     def request_stop(self) -> None:
