@@ -29,7 +29,13 @@ class _Connection:
 
     __slots__ = ("codec", "server", "sock")
 
-    def __init__(self, server: ServerState, connect_timeout: float) -> None:
+    def __init__(
+        self,
+        server: ServerState,
+        connect_timeout: float,
+        credentials: b.Credentials | None = None,
+        timeout: float = 5.0,
+    ) -> None:
         self.server = server
         try:
             self.sock = socket.create_connection((server.host, server.port), connect_timeout)
@@ -39,6 +45,13 @@ class _Connection:
             raise TransportError(f"cannot connect: {exc}", server.address) from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.codec = MemcacheClientCodec()
+        if credentials is not None:
+            try:
+                login = b.login_op(credentials)
+                login.finish(self.call(login.commands, timeout), server.address)
+            except BaseException:
+                self.sock.close()
+                raise
 
     def dropped(self) -> bool:
         """True when this idle connection cannot be used again: the server closed it (its
@@ -138,7 +151,7 @@ class Client(b.ClientBase[_Connection]):
                 return conn
             conn.close()
         try:
-            return _Connection(server, self.connect_timeout)
+            return _Connection(server, self.connect_timeout, self.credentials, self.timeout)
         except TransportError:
             self.cluster.failed(server)
             raise
