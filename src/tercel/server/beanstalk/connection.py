@@ -398,7 +398,7 @@ class BeanstalkConnection(Connection):
 
 
 _TABLE: Final[dict[str, Operation]] = {
-    op: Operation(op, getattr(BeanstalkConnection, name), 0)
+    op: Operation(op, getattr(BeanstalkConnection, name), 0, auth.LOGIN if op == "auth" else 0)
     for op, name in (
         ("put", "_put"),
         ("use", "_use"),
@@ -429,4 +429,6 @@ _TABLE: Final[dict[str, Operation]] = {
     )
 }
 """Every request but the loop's own (put, reserve, delete: direct calls in :meth:`dispatch`),
-by name; built once, shared by every connection. Access 0: beanstalkd has no server status."""
+by name; built once, shared by every connection. Access 0: beanstalkd has no server status.
+A user's rights are checked before (:meth:`BeanstalkConnection.admit`): right 0 here, but
+``auth``'s, which runs before a login."""
