@@ -322,6 +322,13 @@ def test_counters_and_log(srv: ServerProcess) -> None:
     )
     with urllib.request.urlopen(metrics, timeout=10) as resp:
         assert b"tercel_auth_login_failures" in resp.read()
+    dashboard = urllib.request.Request(srv.admin_url + "/dashboard.json")
+    dashboard.add_header(
+        "Authorization",
+        "Basic " + base64.b64encode(b"alice:" + PASSWORDS["alice"].encode()).decode(),
+    )
+    with urllib.request.urlopen(dashboard, timeout=10) as resp:
+        assert json.load(resp)["server"]["auth"]["login_failures"] >= 1
     log = srv.log()
     assert "login failed for user alice" in log and "refused flush_all" in log
     for secret in (*PASSWORDS.values(), "wrong-password-x", SECRET_PAYLOAD.decode()):

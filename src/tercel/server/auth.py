@@ -87,6 +87,7 @@ class Refusable(Protocol):
     ctx: Any
     front_end: str
     transport: Any
+    parked: Any
 
     def denied(self, kind: int, message: str) -> None: ...
 
@@ -323,19 +324,15 @@ class Guard:
         waiter = _Login(cmd)
 
         def done(user: User | None, reason: str) -> None:
+            if conn.transport is None:  # the client left while its password was checked
+                return
             if user is not None:
                 self._take(user)
-            parked = conn.parked  # type: ignore[attr-defined]
-            if parked is not None and parked.waiter is waiter:
-                conn.parked = None  # type: ignore[attr-defined]
-                if conn.transport is None:
-                    if user is not None:
-                        self.release()
-                    return
-                conn.auth_reply(cmd, None if user is not None else reason)
+            conn.auth_reply(cmd, None if user is not None else reason)
+            parked = conn.parked
+            if parked is not None and parked.waiter is waiter:  # answered off the loop
+                conn.parked = None
                 conn.resume()
-            else:
-                conn.auth_reply(cmd, None if user is not None else reason)
 
         if not self.auth.check(name, password, self.host, done):
             conn.park_untimed(cmd, waiter, b"")

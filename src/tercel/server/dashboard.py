@@ -114,6 +114,7 @@ class Dashboard:
             "fsync_p99_us": fsync.percentile(0.99),
             "in_per_s": rates[0],
             "out_per_s": rates[1],
+            "auth": srv.auth.stats(),  # the auth_* counters: none on a server without users
         }
 
     def queue_doc(
