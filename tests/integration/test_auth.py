@@ -269,6 +269,20 @@ def test_beanstalk_auth_and_permissions(srv: ServerProcess) -> None:
     b.call(b"delete 1\r\n", b"DELETED\r\n")
 
 
+def test_greenstalk_logs_in_with_a_raw_line(srv: ServerProcess) -> None:
+    import greenstalk
+
+    client = track(greenstalk.Client(("127.0.0.1", srv.ports["beanstalk"])))
+    client._send_cmd(f"auth alice {PASSWORDS['alice']}".encode(), b"OK")
+    client.use("jobs-g")
+    client.watch("jobs-g")
+    client.ignore("default")
+    job_id = client.put("hello")
+    job = client.reserve(timeout=0)
+    assert (job.id, job.body) == (job_id, "hello")
+    client.delete(job)
+
+
 def test_beanstalk_auth_is_unknown_without_users(tmp_path: Path) -> None:
     with ServerProcess(tmp_path, "[server]\nbeanstalk_port = 0\n") as s:
         b = bs(s)
