@@ -47,6 +47,7 @@ NATIVE_MODULES = [
     "tercel/journal/append.py",
     "tercel/journal/journal.py",
     "tercel/server/commit.py",
+    "tercel/server/auth.py",
     "tercel/server/context.py",
     "tercel/server/deadlines.py",
     "tercel/server/connection.py",

@@ -97,6 +97,8 @@ class Refusable(Protocol):
 
     def resume(self) -> None: ...
 
+    def held(self, user: User) -> tuple[int, int]: ...
+
 
 class User:
     """A configured user, its permissions cached by name (reload builds new ones)."""
@@ -304,7 +306,7 @@ class _Login:
 class Guard:
     """One connection's login state and checks (module docstring)."""
 
-    __slots__ = ("auth", "generation", "host", "user")
+    __slots__ = ("auth", "generation", "host", "put_ok", "take_ok", "user")
 
     def __init__(self, auth: Authenticator, host: str) -> None:
         self.auth = auth
@@ -313,6 +315,22 @@ class Guard:
         self.user: User | None = None
         """The logged-in user; None before a login."""
         self.generation = auth.generation
+        self.put_ok = ""
+        """The name the last full check allowed a put to (:meth:`fast`)."""
+        self.take_ok = ""
+        """The name the last full check allowed a take from."""
+
+    def fast(self, right: int, name: str) -> bool:
+        """True when ``name`` is the one the last full check of ``right`` (PUT or TAKE)
+        allowed and nothing changed since (no reload, no limit to check): the common case of
+        a client working one queue, at the cost of a few field reads and one string compare.
+        False: make the full check (:meth:`allows`)."""
+        user = self.user
+        if user is None or self.generation != self.auth.generation:
+            return False
+        if right == PUT:
+            return name == self.put_ok and not user.limited
+        return right == TAKE and name == self.take_ok
 
     # ---- logging in -------------------------------------------------------------------------
 
@@ -352,6 +370,7 @@ class Guard:
         user.connections += 1
         self.user = user
         self.generation = self.auth.generation
+        self.put_ok = self.take_ok = ""
 
     def release(self) -> None:
         """The connection closes or logs in again: its user holds one connection less."""
@@ -369,6 +388,7 @@ class Guard:
         if user is not None and self.generation != self.auth.generation:
             fresh = self.auth.users.get(user.name)
             self.generation = self.auth.generation
+            self.put_ok = self.take_ok = ""
             self.user = fresh  # connection counts were carried over by the reload
             if fresh is None:
                 self.auth.audit("user %s removed: %s must log in again", user.name, self.host)
@@ -402,10 +422,14 @@ class Guard:
         assert name is not None
         if not user.may(right, name):
             return self._deny(conn, user, right, what, name)
-        if right == TAKE and fanout:
-            parent = fanout_parent(name)
-            if parent is not None and not user.may(TAKE, parent):
-                return self._deny(conn, user, right, what, parent)
+        if right == TAKE:
+            if fanout and "+" in name:
+                parent = fanout_parent(name)
+                if parent is not None and not user.may(TAKE, parent):
+                    return self._deny(conn, user, right, what, parent)
+            self.take_ok = name
+        elif right == PUT:
+            self.put_ok = name
         return True
 
     def _deny(self, conn: Refusable, user: User, right: int, what: str, name: str | None) -> bool:
@@ -427,14 +451,14 @@ class Guard:
         conn.denied(DENIED, f"permission denied: {target}")
         return False
 
-    def within_limits(self, conn: Refusable, held: Callable[[User], tuple[int, int]]) -> bool:
+    def within_limits(self, conn: Refusable) -> bool:
         """On a put by a user with ``max_items``/``max_bytes``: whether what the queues it
-        may put to hold (``held(user)``: items, bytes) is below its limits; if not, the
+        may put to hold (``conn.held(user)``: items, bytes) is below its limits; if not, the
         refusal is answered and counted."""
         user = self.user
         if user is None or not user.limited:
             return True
-        items, size = held(user)
+        items, size = conn.held(user)
         cfg = user.config
         if cfg.max_items is not None and items >= cfg.max_items:
             why = f"user limit reached: {items} items held (max_items {cfg.max_items})"

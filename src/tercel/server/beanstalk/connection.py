@@ -155,11 +155,14 @@ class BeanstalkConnection(Connection):
         use = self.worker.use
         used = "default" if use is None else use.name
         if op == "put":
-            return guard.allows(self, auth.PUT, used, op, False) and guard.within_limits(
-                self, self.held
-            )
+            if guard.fast(auth.PUT, used):
+                return True
+            return guard.allows(self, auth.PUT, used, op, False) and guard.within_limits(self)
         if op == "reserve" or op == "reserve-with-timeout":
-            return all(guard.allows(self, auth.TAKE, name, op, False) for name in self.worker.watch)
+            return all(
+                guard.fast(auth.TAKE, name) or guard.allows(self, auth.TAKE, name, op, False)
+                for name in self.worker.watch
+            )
         if op in ("peek-ready", "peek-delayed", "peek-buried"):
             return guard.allows(self, auth.TAKE, used, op, False)
         if op == "kick":

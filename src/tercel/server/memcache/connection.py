@@ -82,7 +82,7 @@ class MemcacheConnection(KestrelConnection):
             if self.guard is None or self.admit_set(self.guard, cmd):
                 handle_set(self, cmd)
         elif type(cmd) is GET_CLASS:
-            if self.guard is None or self.guard.allows(self, auth.TAKE, cmd.queue, "get"):
+            if self.guard is None or self.admit_get(self.guard, cmd):
                 handle_get(self, cmd)
         else:
             self.perform(HANDLERS[type(cmd)], cmd)
@@ -112,7 +112,7 @@ class MemcacheConnection(KestrelConnection):
                 if self.guard is None or self.admit_set(self.guard, cmd):
                     handle_set(self, cmd)
             elif type(cmd) is GET_CLASS:
-                if self.guard is None or self.guard.allows(self, auth.TAKE, cmd.queue, "get"):
+                if self.guard is None or self.admit_get(self.guard, cmd):
                     handle_get(self, cmd)
             else:
                 self.perform(HANDLERS[type(cmd)], cmd)
@@ -136,6 +136,8 @@ class MemcacheConnection(KestrelConnection):
         flags and exptime are ignored; answered ``STORED`` or ``CLIENT_ERROR authentication
         failure``, even with ``noreply``), as memcached's. After it, a ``set`` needs the
         right to put to its queue, within the user's limits."""
+        if guard.fast(auth.PUT, cmd.queue):
+            return True
         if guard.current() is None:
             name, space, password = cmd.data.partition(b" ")
             if not space:
@@ -143,9 +145,11 @@ class MemcacheConnection(KestrelConnection):
                 return False
             guard.login(self, cmd, name.decode("utf-8", "replace"), password)
             return False
-        return guard.allows(self, auth.PUT, cmd.queue, "set") and guard.within_limits(
-            self, self.held
-        )
+        return guard.allows(self, auth.PUT, cmd.queue, "set") and guard.within_limits(self)
+
+    def admit_get(self, guard: Guard, cmd: Get) -> bool:
+        """A ``get`` (any option) needs the right to take from its queue."""
+        return guard.fast(auth.TAKE, cmd.queue) or guard.allows(self, auth.TAKE, cmd.queue, "get")
 
     def denied(self, kind: int, message: str) -> None:
         """``CLIENT_ERROR unauthenticated`` (memcached's words) before a login, else
