@@ -393,3 +393,35 @@ def test_client_credentials(srv: ServerProcess, monkeypatch: pytest.MonkeyPatch)
     assert "alice-pw" not in repr(
         Client(srv.address, user="alice", password="alice-pw").credentials
     )
+
+
+def test_reload_turns_users_on_and_off_for_open_connections(tmp_path: Path) -> None:
+    users = tmp_path / "users.toml"
+    users.write_text("")
+    text = f'[server]\ntext_port = 0\n[users]\nfile = "{users}"\n'
+    with ServerProcess(tmp_path / "data", text) as s:
+        c = mc(s)  # an open server: no login
+        c.call(set_cmd("q", b"x"), b"STORED\r\n")
+        users.write_text(user_table("root", put=["*"], take=["*"], manage=["*"]))
+        c.call(b"reload\r\n", b"Reloaded config.\r\n")
+        assert line(c, b"get q\r\n") == b"CLIENT_ERROR unauthenticated\r\n"
+        text_conn = text_connection(s.ports["text"])
+        text_conn.call(b"version\n", b"-Unauthenticated: auth <user> <password> first")
+        login(c, "root", PASSWORDS["root"])
+        users.write_text("")
+        c.call(b"reload\r\n", b"Reloaded config.\r\n")
+        text_conn.call(b"auth root x\n", b"-No users are configured")
+        c.call(b"get q\r\n", b"VALUE q 0 1\r\nx\r\nEND\r\n")
+
+
+def test_spark_options_pass_credentials_and_hide_the_password() -> None:
+    from tercel.spark._options import SinkOptions, login_kwargs
+
+    opts = SinkOptions.parse({"servers": "h:1", "user": "alice", "password": "p-secret"})
+    assert "p-secret" not in repr(opts)
+    assert login_kwargs(opts.user, opts.password) == {"user": "alice", "password": "p-secret"}
+    opts = SinkOptions.parse({"servers": "h:1", "user": "alice", "passwordFile": "/run/pw"})
+    assert login_kwargs(opts.user, opts.password) == {"user": "alice", "password_file": "/run/pw"}
+    assert login_kwargs(None, None) == {}
+    with pytest.raises(ValueError, match="needs 'user'"):
+        SinkOptions.parse({"servers": "h:1", "password": "p"})
