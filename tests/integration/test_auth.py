@@ -354,12 +354,16 @@ def test_counters_and_log(srv: ServerProcess) -> None:
 
 def test_failed_logins_are_rate_limited(tmp_path: Path) -> None:
     with ServerProcess(tmp_path, config()) as s:
+        root = mc(s, "root")  # logged in before the flood
         c = mc(s)
+        c.send(set_cmd("k", b"alice wrong") * 10)  # pipelined: each waits for the one before
         for _ in range(10):
-            login(c, "alice", "wrong", b"CLIENT_ERROR authentication failure\r\n")
+            assert c.read_line() == b"CLIENT_ERROR authentication failure\r\n"
         limited = b"CLIENT_ERROR authentication failure: too many failed attempts; retry later\r\n"
         login(c, "alice", PASSWORDS["alice"], limited)
         assert "too many failed attempts" in s.log()
+        root.call(set_cmd("still", b"served"), b"STORED\r\n")  # the others keep working
+        assert int(stats(root)["auth_login_rate_limited"]) == 1
 
 
 def test_reload_adds_and_removes_users(tmp_path: Path) -> None:
