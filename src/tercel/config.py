@@ -17,7 +17,6 @@ from typing import Any
 
 from tercel.errors import ConfigError
 from tercel.names import RULE, fanout_parent, valid_name
-from tercel.passwords import parse_hash
 
 UNLIMITED = 2**63 - 1
 """The value of a size or count limit that is not set (Kestrel's Long.MaxValue)."""
@@ -468,6 +467,8 @@ def _parse_patterns(value: object, key: str) -> tuple[str, ...]:
 def _parse_hash(value: object, key: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"{key}: expected an scrypt hash string (`tercel passwd` prints one)")
+    from tercel.passwords import parse_hash  # hashlib and friends: only with [users]
+
     try:
         parse_hash(value)
     except ValueError as exc:

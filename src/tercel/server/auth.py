@@ -29,7 +29,6 @@ never a password or a payload.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import time
@@ -40,7 +39,6 @@ from typing import Any, Final, Protocol
 from tercel.config import UserConfig
 from tercel.logtext import quoted
 from tercel.names import fanout_parent
-from tercel.passwords import verify_password
 
 log = logging.getLogger("tercel.auth")
 
@@ -225,6 +223,8 @@ class Authenticator:
     # ---- verification -------------------------------------------------------------------
 
     def _key(self, name: str, password: bytes) -> tuple[str, bytes]:
+        import hashlib  # (a server without users never logs in: its start does not import it)
+
         return name, hashlib.sha256(self._salt + password).digest()
 
     def check(
@@ -243,6 +243,8 @@ class Authenticator:
         if user is not None and self._verified.get(key) == user.config.password:
             self._logged_in(user, done)
             return True
+        from tercel.passwords import verify_password
+
         stored = user.config.password if user is not None else _DUMMY_HASH
         generation = self.generation
         fut = self.loop.run_in_executor(None, verify_password, password, stored)
