@@ -429,3 +429,33 @@ def test_spark_options_pass_credentials_and_hide_the_password() -> None:
     assert login_kwargs(None, None) == {}
     with pytest.raises(ValueError, match="needs 'user'"):
         SinkOptions.parse({"servers": "h:1", "password": "p"})
+
+
+def test_async_client_and_cli_log_in(srv: ServerProcess, tmp_path: Path) -> None:
+    import asyncio
+    import os
+    import subprocess
+    import sys
+
+    from tercel.client import AsyncClient
+
+    async def roundtrip() -> bytes | None:
+        async with AsyncClient(srv.address, user="alice", password=PASSWORDS["alice"]) as c:
+            await c.put("jobs-async", b"a")
+            return await c.get("jobs-async")
+
+    assert asyncio.run(roundtrip()) == b"a"
+    secret = tmp_path / "pw"
+    secret.write_text(PASSWORDS["alice"] + "\n")
+    env = dict(os.environ, TERCEL_USER="alice", TERCEL_PASSWORD_FILE=str(secret))
+    cli = [sys.executable, "-m", "tercel"]
+    where = ["--server", srv.address]
+    subprocess.run([*cli, "put", *where, "jobs-cli", "x"], env=env, check=True)
+    got = subprocess.run(
+        [*cli, "get", *where, "jobs-cli"], env=env, capture_output=True, check=True
+    )
+    assert got.stdout == b"x\n"
+    refused = subprocess.run(
+        [*cli, "put", *where, "other", "x"], env=env, capture_output=True, check=False
+    )
+    assert refused.returncode != 0 and b"permission denied" in refused.stderr
