@@ -57,6 +57,7 @@ NATIVE_MODULES = [
     "tercel/journal/readbehind.py",
     "tercel/journal/journal.py",
     "tercel/server/commit.py",
+    "tercel/server/auth.py",
     "tercel/server/context.py",
     "tercel/server/deadlines.py",
     "tercel/server/connection.py",

@@ -28,6 +28,10 @@ instructions, the event loop and socket reads and writes included (not the kerne
     python bench/instr_per_cmd.py --protocol beanstalk --per-read 16 --keep /tmp/cg
 
 ``--keep DIR`` leaves each run's callgrind file there for ``callgrind_annotate``.
+
+``TERCEL_BENCH_USER=1`` in the environment runs the memcache count on a server with one user
+(put and take ``*``) that the connection is logged in as: the cost of the permission checks
+after the login (docs/architecture.md, "Users and permissions").
 """
 
 from __future__ import annotations
@@ -83,10 +87,21 @@ async def _drive(which: str, passes: int, per_read: int, vary: bool) -> None:
     data_dir = tempfile.mkdtemp()
     try:
         config = ServerConfig().with_server(data_dir=data_dir, memcache_port=None, admin_port=None)
+        user = os.environ.get("TERCEL_BENCH_USER") == "1"
+        if user:
+            import dataclasses
+
+            from tercel.config import UserConfig
+            from tercel.passwords import hash_password
+
+            bench = UserConfig(hash_password("x", 16), put=("*",), take=("*",))
+            config = dataclasses.replace(config, users={"bench": bench})
         server = Server(config)
         await server.start()
         conn = MemcacheConnection(server.ctx)
         conn.connection_made(_Transport())  # type: ignore[arg-type]
+        if user:
+            assert conn.guard is not None and conn.guard.assume("bench")
         # A second, idle connection: the 32 commands of a pass stand for the requests of
         # several connections, which share the pass (a lone connection's pass runs inline
         # at the end of each read's batch: Committer.end_batch).

@@ -117,6 +117,16 @@ def build_parser(tools: bool = True) -> argparse.ArgumentParser:
     )
     if not tools:
         return parser
+    passwd = sub.add_parser(
+        "passwd",
+        help="print the scrypt hash of a password for [users] (read from the terminal or stdin)",
+        description="Read a password (twice from a terminal, else the first line of stdin; "
+        "never from the command line) and print its scrypt hash for [users.<name>] "
+        "password = ... (docs/configuration.md).",
+    )
+    passwd.add_argument(
+        "--cost", type=int, default=2**15, help="scrypt's n, a power of 2 (default 32768)"
+    )
     from tercel import journal_tool
 
     journal_tool.add_parser(sub)
@@ -183,6 +193,15 @@ def serve(args: argparse.Namespace | ServeArgs) -> int:
             log.error("bad configuration: %s", exc)
             return exit_codes.USAGE
         srv = config.server
+        if not config.users:
+            from tercel.server.admin_rules import is_loopback
+
+            if not is_loopback(srv.host):
+                log.warning(
+                    "listening on %s without [users]: anyone who can reach the ports may read, "
+                    "flush or shut down the server (docs/operations.md, Running on a network)",
+                    srv.host,
+                )
         # A signal from here until the loop's handlers are in is noted and acted on then (a
         # stop or a reload), never a kill by the signal (the loop's handlers replace these).
         early: list[int] = []
@@ -232,6 +251,36 @@ def serve(args: argparse.Namespace | ServeArgs) -> int:
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return exit_codes.FAILED
+    return exit_codes.OK
+
+
+def passwd(cost: int) -> int:
+    """``tercel passwd``: print the hash of a password read from the terminal (asked twice)
+    or from the first line of stdin; the exit code."""
+    import getpass
+
+    from tercel import exit_codes
+    from tercel.passwords import MAX_N, hash_password
+
+    if cost < 2 or cost & (cost - 1) or cost > MAX_N:
+        print(f"tercel passwd: --cost must be a power of 2 up to {MAX_N}", file=sys.stderr)
+        return exit_codes.USAGE
+    if sys.stdin.isatty():
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Again: ") != password:
+            print("tercel passwd: the passwords differ", file=sys.stderr)
+            return exit_codes.USAGE
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        print("tercel passwd: empty password", file=sys.stderr)
+        return exit_codes.USAGE
+    if any(c.isspace() for c in password):
+        print(
+            "tercel passwd: warning: the text port's `auth` takes a password without spaces",
+            file=sys.stderr,
+        )
+    print(hash_password(password, cost))
     return exit_codes.OK
 
 
@@ -321,6 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.command in cli_client.COMMANDS:
         return cli_client.run(args)
+    if args.command == "passwd":
+        return passwd(args.cost)
     if args.command == "journal":
         from tercel import journal_tool
 

@@ -83,6 +83,14 @@ def add_parsers(sub: Any) -> None:
     tls.add_argument(
         "--tls-no-verify", action="store_true", help="check no certificate (testing only)"
     )
+    common.add_argument(
+        "--user",
+        help="log in as this user (default $TERCEL_USER; the password comes from "
+        "--password-file, $TERCEL_PASSWORD or $TERCEL_PASSWORD_FILE, never the command line)",
+    )
+    common.add_argument(
+        "--password-file", metavar="F", help="the password: the first line of file F"
+    )
     put = sub.add_parser("put", parents=[common], help="add items to a queue")
     put.add_argument("queue", type=queue_name)
     put.add_argument("items", nargs="*", help="items (default: one per line of stdin)")
@@ -186,7 +194,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"tercel {args.command}: {exc}", file=sys.stderr)
         return exit_codes.USAGE
     try:
-        with Client(servers, timeout=args.timeout, tls=_tls(args)) as client:
+        client = Client(
+            servers,
+            timeout=args.timeout,
+            tls=_tls(args),
+            user=args.user,
+            password_file=args.password_file,
+            password=os.environ.get("TERCEL_PASSWORD")
+            if args.user and not args.password_file
+            else None,
+        )
+    except (OSError, ValueError) as exc:  # credentials or TLS files missing or unreadable
+        print(f"tercel {args.command}: {exc}", file=sys.stderr)
+        return exit_codes.USAGE
+    try:
+        with client:
             code: int = VERBS[args.command](client, args)
             return code
     except ClientError as exc:

@@ -18,7 +18,7 @@ from typing import Any
 from tercel.errors import ConfigError
 from tercel.names import RULE, fanout_parent, valid_name
 
-TABLES = ("server", "queues", "aliases", "tls")
+TABLES = ("server", "queues", "aliases", "tls", "users")
 """The config file's tables."""
 UNLIMITED = 2**63 - 1
 """The value of a size or count limit that is not set (Kestrel's Long.MaxValue)."""
@@ -415,6 +415,8 @@ class ServerConfig:
     """The file this config came from, for ``reload``; None for the embedded default."""
     tls: TLSSettings | None = None
     """The ``[tls]`` table (or ``--tls-*`` flags); None: every listener is plaintext."""
+    users: Mapping[str, UserConfig] = field(default_factory=dict)
+    """The ``[users]`` table (and its ``file``): empty, no one needs to authenticate."""
 
     def queue_config(self, name: str) -> QueueConfig:
         """Settings for ``name``: defaults, then the parent's overrides for a fanout child
@@ -493,8 +495,9 @@ def parse_config(data: Mapping[str, Any], source: str | None = None) -> ServerCo
         else:
             aliases[name] = tuple(dests)
     tls = _parse_tls(data, problems)
+    users = parse_users(_table(data, "users", problems), source, problems)
     server = ServerSettings(**server_kw)
-    config = ServerConfig(server, defaults, overrides, aliases, source, tls=tls)
+    config = ServerConfig(server, defaults, overrides, aliases, source, users=users, tls=tls)
     for check in (_check_aliases, _check_expiry_chains):
         try:
             check(config)
@@ -539,3 +542,108 @@ def load_config(path: str | os.PathLike[str]) -> ServerConfig:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # not TOML, or not UTF-8
         raise ConfigError(f"{path}: {exc}") from exc
     return parse_config(data, str(path))
+
+
+# ---- [users] (docs/configuration.md, "Users and permissions") -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UserConfig:
+    """One ``[users.<name>]`` table: the password's scrypt hash (:mod:`tercel.passwords`),
+    the queue/tube name patterns (``fnmatch`` globs) the user may put to, take from and
+    manage (empty: nothing; ``manage = ["*"]`` also allows the server-wide commands and the
+    admin port's POSTs), and its limits (None: none)."""
+
+    password: str
+    put: tuple[str, ...] = ()
+    take: tuple[str, ...] = ()
+    manage: tuple[str, ...] = ()
+    max_connections: int | None = None
+    """Connections this user may hold at once, over every port."""
+    max_items: int | None = None
+    """Items the queues this user may put to may hold when it puts (docs/configuration.md)."""
+    max_bytes: int | None = None
+    """Payload bytes those queues may hold when it puts."""
+
+
+def _parse_patterns(value: object, key: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise ConfigError(f"{key}: expected a list of name patterns, got {value!r}")
+
+
+def _parse_hash(value: object, key: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected an scrypt hash string (`tercel passwd` prints one)")
+    from tercel.passwords import parse_hash  # hashlib and friends: only with [users]
+
+    try:
+        parse_hash(value)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    return value
+
+
+_USER_PARSERS: dict[str, Any] = {
+    "password": _parse_hash,
+    "put": _parse_patterns,
+    "take": _parse_patterns,
+    "manage": _parse_patterns,
+    "max_connections": lambda v, k: _parse_count(v, k) or None,
+    "max_items": lambda v, k: _parse_count(v, k) or None,
+    "max_bytes": lambda v, k: parse_size(v, k) or None,
+}
+_USER_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+
+
+def parse_users(
+    table: Mapping[str, Any], source: str | None, problems: list[str]
+) -> dict[str, UserConfig]:
+    """The users of a ``[users]`` table: one sub-table per user, and ``file = "<path>"``, a
+    TOML file whose own ``[users]`` tables are added (relative to the config file's
+    directory; read again at each ``reload``). Problems are added to ``problems``."""
+    tables: dict[str, Any] = {}
+    for name, raw in table.items():
+        if name == "file":
+            tables.update(_users_file(raw, source, problems))
+        else:
+            tables[name] = raw
+    users: dict[str, UserConfig] = {}
+    for name, raw in tables.items():
+        where = f"users.{name}"
+        if not _USER_NAME.fullmatch(name):
+            problems.append(f"{where}: a user name is 1-64 of A-Z a-z 0-9 _ . @ -")
+        elif not isinstance(raw, dict):
+            problems.append(f"{where}: expected a table")
+        elif "password" not in raw:
+            problems.append(f"{where}: password is required (`tercel passwd` prints a hash)")
+        else:
+            kw = _parse_table(raw, _USER_PARSERS, where, problems)
+            if "password" in kw:
+                users[name] = UserConfig(**kw)
+    return users
+
+
+def _users_file(raw: object, source: str | None, problems: list[str]) -> dict[str, Any]:
+    if not isinstance(raw, str) or not raw:
+        problems.append("users.file: expected a path")
+        return {}
+    path = raw
+    if source is not None and not os.path.isabs(path):
+        path = os.path.join(os.path.dirname(source), path)
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        problems.append(f"users.file: {path}: {exc.strerror or exc}")
+        return {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        problems.append(f"users.file: {path}: {exc}")
+        return {}
+    users = data.get("users", {})
+    if not isinstance(users, dict) or "file" in users:
+        problems.append(f"users.file: {path}: expected [users.<name>] tables only")
+        return {}
+    return users

@@ -52,7 +52,8 @@ tercel.journal.readbehind tercel.journal.replay tercel.journal.rotation tercel.j
 tercel.journal.tail tercel.journal.memory
 tercel.core.collection tercel.core.stats tercel.server.admin_rules tercel.server.commit
 concurrent.futures.thread queue _queue tercel.server.aio tercel.server.metrics
-tercel.server.context tercel.server.deadlines tercel.core.reservations tercel.server.status
+tercel.server.context tercel.server.auth fnmatch tercel.logtext tercel.server.deadlines
+tercel.core.reservations tercel.server.status
 tercel.server.frontend tercel.server.connection tercel.server.loop uvloop uvloop.includes
 uvloop.loop uvloop._noop uvloop._version tercel.server.memcache tercel.server.memcache.connection
 tercel.protocol tercel.protocol.memcache tercel.protocol.commands tercel.server.stats

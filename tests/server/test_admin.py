@@ -534,7 +534,7 @@ def test_every_figure_is_shown_where_its_declaration_says(tmp_path: Path) -> Non
 
         dash = get_json(srv, "/dashboard.json")
         server_keys = {f.dashboard for f in kf.SERVER if f.dashboard is not None}
-        assert set(dash["server"]) == server_keys | {"in_per_s", "out_per_s"}
+        assert set(dash["server"]) == server_keys | {"in_per_s", "out_per_s", "auth"}
         (row,) = [r for r in dash["queues"] if r["name"] == "fq"]
         queue_keys = {f.dashboard for f in kf.QUEUE if f.dashboard is not None}
         assert set(row) == queue_keys | {"name", "in_per_s", "out_per_s", "history"}

@@ -18,11 +18,12 @@ use, not counted as the server failing.
 from __future__ import annotations
 
 import math
+import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from tercel.client.tls import Secured, TLSOptions
@@ -116,6 +117,62 @@ class Leased:
     data: bytes
 
 
+# ---- credentials ----------------------------------------------------------------------------
+
+ENV_USER = "TERCEL_USER"
+ENV_PASSWORD = "TERCEL_PASSWORD"
+ENV_PASSWORD_FILE = "TERCEL_PASSWORD_FILE"
+LOGIN_KEY = "auth"
+"""The key of the login ``set`` (memcached's ASCII authentication ignores it). On a server
+without users the set stores its item there, expiring after a second: give a client
+credentials only for a server with users."""
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """A user and its password (never shown by ``repr``)."""
+
+    user: str
+    password: str = field(repr=False)
+
+    @classmethod
+    def resolve(
+        cls,
+        user: str | None = None,
+        password: str | None = None,
+        password_file: str | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> Credentials | None:
+        """The credentials given, else those of the environment: ``TERCEL_USER`` with
+        ``TERCEL_PASSWORD`` or ``TERCEL_PASSWORD_FILE`` (a file whose first line is the
+        password); None when there is no user. ValueError for a user without a password."""
+        if user is None:
+            user = environ.get(ENV_USER) or None
+            if user is None:
+                return None
+            if password is None and password_file is None:
+                password = environ.get(ENV_PASSWORD)
+                password_file = environ.get(ENV_PASSWORD_FILE) or None
+        if password is None and password_file is not None:
+            with open(password_file, encoding="utf-8") as fh:
+                password = fh.readline().rstrip("\r\n")
+        if not password:
+            raise ValueError(
+                f"user {user!r} has no password (give password=, password_file=, "
+                f"or set {ENV_PASSWORD} or {ENV_PASSWORD_FILE})"
+            )
+        if not user or any(c.isspace() for c in user):
+            raise ValueError("a user name holds no white space")
+        return cls(user, password)
+
+
+def login_op(credentials: Credentials) -> Op[None]:
+    """memcached's ASCII login: a ``set`` whose data is ``<user> <password>``, answered
+    ``STORED`` (a failure raises ServerReplyError: ``authentication failure``)."""
+    data = f"{credentials.user} {credentials.password}".encode()
+    return Op([Set(LOGIN_KEY, 0, 1, data)], _expect("STORED"))
+
+
 # ---- the server list ------------------------------------------------------------------------
 
 
@@ -206,7 +263,14 @@ class ClientBase(Generic[C]):
         rotate_interval: float = 0.5,
         pool_size: int = 8,
         tls: TLSOptions | ssl.SSLContext | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        password_file: str | None = None,
     ) -> None:
+        self.credentials = Credentials.resolve(user, password, password_file)
+        """Sent on every new connection (:func:`login_op`): ``user`` with ``password`` or
+        ``password_file``, else ``TERCEL_USER`` and ``TERCEL_PASSWORD``/
+        ``TERCEL_PASSWORD_FILE`` from the environment; None: no login."""
         self.cluster = Cluster(servers, retry_after, max_retry_after)
         self.tls = Secured(tls)
         """TLS to every server (``tls``: :class:`~tercel.client.tls.TLSOptions` or a context

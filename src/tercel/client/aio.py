@@ -39,8 +39,16 @@ class _Connection:
         self.codec = MemcacheClientCodec()
 
     @classmethod
-    async def open(cls, server: ServerState, connect_timeout: float, tls: Secured) -> _Connection:
-        """Connect (and shake hands, with ``tls``) within ``connect_timeout``."""
+    async def open(
+        cls,
+        server: ServerState,
+        connect_timeout: float,
+        tls: Secured,
+        credentials: b.Credentials | None = None,
+        timeout: float = 5.0,
+    ) -> _Connection:
+        """Connect (and shake hands, with ``tls``; log in, with ``credentials``) within
+        ``connect_timeout``."""
         try:
             async with asyncio.timeout(connect_timeout):
                 reader, writer = await asyncio.open_connection(
@@ -53,7 +61,15 @@ class _Connection:
             raise ClientTimeout("connect timed out", server.address) from None
         except OSError as exc:
             raise TransportError(f"cannot connect: {exc}", server.address) from None
-        return cls(server, reader, writer)
+        conn = cls(server, reader, writer)
+        if credentials is not None:
+            try:
+                login = b.login_op(credentials)
+                login.finish(await conn.call(login.commands, timeout), server.address)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
 
     def dropped(self) -> bool:
         """True when the server closed this idle connection (its ``client_timeout``, a
@@ -142,7 +158,9 @@ class AsyncClient(b.ClientBase[_Connection]):
                 return conn
             conn.close()
         try:
-            return await _Connection.open(server, self.connect_timeout, self.tls)
+            return await _Connection.open(
+                server, self.connect_timeout, self.tls, self.credentials, self.timeout
+            )
         except TransportError:
             self.cluster.failed(server)
             raise

@@ -30,7 +30,14 @@ class _Connection:
 
     __slots__ = ("codec", "server", "sock")
 
-    def __init__(self, server: ServerState, connect_timeout: float, tls: Secured) -> None:
+    def __init__(
+        self,
+        server: ServerState,
+        connect_timeout: float,
+        tls: Secured,
+        credentials: b.Credentials | None = None,
+        timeout: float = 5.0,
+    ) -> None:
         self.server = server
         try:
             sock = socket.create_connection((server.host, server.port), connect_timeout)
@@ -50,6 +57,13 @@ class _Connection:
                 raise TransportError(f"TLS handshake failed: {exc}", server.address) from None
         self.sock = sock
         self.codec = MemcacheClientCodec()
+        if credentials is not None:
+            try:
+                login = b.login_op(credentials)
+                login.finish(self.call(login.commands, timeout), server.address)
+            except BaseException:
+                self.sock.close()
+                raise
 
     def dropped(self) -> bool:
         """True when this idle connection cannot be used again: the server closed it (its
@@ -149,7 +163,9 @@ class Client(b.ClientBase[_Connection]):
                 return conn
             conn.close()
         try:
-            return _Connection(server, self.connect_timeout, self.tls)
+            return _Connection(
+                server, self.connect_timeout, self.tls, self.credentials, self.timeout
+            )
         except TransportError:
             self.cluster.failed(server)
             raise

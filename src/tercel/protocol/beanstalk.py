@@ -82,10 +82,13 @@ OPS: Final = (
     "reserve-job",
     "kick-job",
     "quit",
+    "auth",
 )
 """Every command word; a request's ``code`` is its index here. The first :data:`COUNTED` have
 a ``cmd-*`` counter in ``stats``, in beanstalkd 1.12's order (reserve-job, kick-job and quit
-have none), so a server counts a request with a list index, not a dict lookup."""
+have none), so a server counts a request with a list index, not a dict lookup. ``auth`` is
+tercel's login (``auth <user> <password>``: the rest of the line in ``body``); a server
+without users answers it ``UNKNOWN_COMMAND``, as beanstalkd."""
 COUNTED: Final = 22
 OP_CODES: Final[dict[str, int]] = {op: i for i, op in enumerate(OPS)}
 PUT: Final = 0
@@ -208,6 +211,10 @@ BURIED: Final = _reply("BURIED")
 TOUCHED: Final = _reply("TOUCHED")
 KICKED: Final = _reply("KICKED")
 PAUSED: Final = _reply("PAUSED")
+# tercel's replies for its users (docs/protocol.md, "Users"): beanstalkd has none.
+AUTH_OK: Final = _reply("OK")
+AUTH_FAILED: Final = _reply("AUTH_FAILED")
+UNAUTHORIZED: Final = _reply("UNAUTHORIZED")
 
 _INVALID_BAD: Final = Invalid(BAD_FORMAT)
 _INVALID_UNKNOWN: Final = Invalid(UNKNOWN_COMMAND)
@@ -253,6 +260,7 @@ _PREFIXES: Final[tuple[tuple[bytes, str], ...]] = (
     (b"list-tubes", "list-tubes"),
     (b"quit", "quit"),
     (b"pause-tube ", "pause-tube"),
+    (b"auth ", "auth"),
 )
 _ID_ONLY: Final = frozenset(("peek", "reserve-job", "delete", "touch", "kick-job", "stats-job"))
 _TUBE_ONLY: Final = frozenset(("use", "watch", "ignore", "stats-tube"))
@@ -405,6 +413,8 @@ def _parse(op: str, line: bytes, at: int) -> Request | PutLine:
         return Command(op)
     if op == "quit":  # beanstalkd quits on any line that starts with "quit"
         return Command(op)
+    if op == "auth":
+        return Command(op, body=line[at:])
     if op in _ID_ONLY:
         return Command(op, job_id=_last_number(line, at, U64_MAX))
     if op in _TUBE_ONLY:

@@ -73,4 +73,9 @@ service Kestrel {
 
   // The server's version string.
   string get_version()
+
+  // tercel's: log in as a user of the server's [users] (docs/protocol.md, "Users"). On a
+  // server with users every other call before it fails with a TApplicationException
+  // ("unauthenticated: ..."); wrong credentials fail with "authentication failure".
+  void auth(1: string user, 2: string password)
 }

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_BATCH_ITEMS",
     "NEED_DATA",
     "NO_ITEM",
+    "TextAuth",
     "TextCommand",
     "TextGet",
     "TextMonitor",
@@ -92,8 +93,29 @@ class TextMonitor:
     max_items: int | None
 
 
+@dataclass(slots=True)
+class TextAuth:
+    """``auth <user> <password>`` (tercel's): log in (``+0``, or ``-<reason>``). The
+    password is one word: it may not hold white space."""
+
+    user: str
+    password: bytes
+
+    def __repr__(self) -> str:  # never show a password in a log or a traceback
+        return f"TextAuth(user={self.user!r})"
+
+
 TextCommand = (
-    TextPut | TextGet | TextPeek | TextMonitor | Confirm | Flush | Delete | Status | Simple
+    TextPut
+    | TextGet
+    | TextPeek
+    | TextMonitor
+    | Confirm
+    | Flush
+    | Delete
+    | Status
+    | Simple
+    | TextAuth
 )
 """What :meth:`TextServerCodec.next_command` returns. ``Simple`` names ``version``,
 ``shutdown`` or ``quit``; an unknown word is a ProtocolError (``Unknown command: <word>``)."""
@@ -168,6 +190,10 @@ def parse_line(tokens: list[bytes]) -> TextCommand:
         return _put_head(tokens)
     if word in _SIMPLE:
         return Simple(word.decode("ascii"))
+    if word == b"auth":
+        if len(tokens) != 3:
+            raise ProtocolError("Usage: auth <user> <password>")
+        return TextAuth(tokens[1].decode("utf-8", "replace"), tokens[2])
     raise ProtocolError(f"Unknown command: {_printable(word)}")
 
 

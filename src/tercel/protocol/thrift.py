@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
@@ -179,6 +179,16 @@ class GetVersion:
 
 
 @dataclass(slots=True)
+class Auth:
+    """``void auth(user, password)`` (tercel's login)."""
+
+    METHOD: ClassVar[str] = "auth"
+    seqid: int
+    user: str
+    password: bytes = field(repr=False)
+
+
+@dataclass(slots=True)
 class BadCall:
     """A call that cannot be served; answer it with :func:`reply_exception` (``kind``,
     ``reason``) and go on."""
@@ -201,6 +211,7 @@ ThriftCall = (
     | CurrentStatus
     | SetStatus
     | GetVersion
+    | Auth
     | BadCall
 )
 
@@ -251,6 +262,9 @@ _BUILDERS: Final[dict[str, Any]] = {
     "current_status": lambda s, a: CurrentStatus(s),
     "set_status": lambda s, a: SetStatus(s, _required(a.status, "status")),
     "get_version": lambda s, a: GetVersion(s),
+    "auth": lambda s, a: Auth(
+        s, _required(a.user, "user"), str(_required(a.password, "password")).encode()
+    ),
 }
 """method name -> build(seqid, decoded args) -> call; raises _Refused."""
 
@@ -401,7 +415,7 @@ def reply_queue_info(call: Peek, info: QueueInfo) -> bytes:
     return _result(call, value)
 
 
-def reply_void(call: FlushQueue | FlushAllQueues | DeleteQueue | SetStatus) -> bytes:
+def reply_void(call: FlushQueue | FlushAllQueues | DeleteQueue | SetStatus | Auth) -> bytes:
     """The empty result of a ``void`` method."""
     return _result(call, None)
 

@@ -36,6 +36,7 @@ a loopback address. Each refusal, and each malformed request, is one log line (n
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import ipaddress
 import logging
@@ -52,6 +53,7 @@ from tercel.config import ServerSettings
 from tercel.errors import ConfigError
 from tercel.logtext import quoted
 from tercel.server.admin_rules import check_admin_settings, is_loopback, split_origin
+from tercel.server.auth import Authenticator, User
 from tercel.server.context import ServerContext
 from tercel.server.dashboard import Dashboard
 from tercel.server.exposition import (
@@ -89,9 +91,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class Guard:
     """The admin port's checks of Host, Origin, content type and token (module docstring)."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, auth: Authenticator | None = None) -> None:
         host = settings.host.strip("[]").lower()
         self.token = settings.admin_token
+        self.auth = auth
+        """The server's users: with some, every request must log in (:meth:`login`)."""
         check_admin_settings(settings)
         self.names = set(settings.admin_hosts)
         self.address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
@@ -107,6 +111,11 @@ class Guard:
         """The port the listener is bound to (:meth:`AdminServer.start` sets it once bound)."""
         self.scheme = "http"
         """``https`` when the listener speaks TLS (set by :meth:`AdminServer.start`)."""
+
+    @property
+    def users(self) -> bool:
+        """True when the server has users (reloaded with the config)."""
+        return self.auth is not None and self.auth.enabled
 
     def host_ok(self, value: str | None) -> bool:
         """Whether a ``Host`` (or an origin's host) names this server."""
@@ -149,18 +158,75 @@ class Guard:
             return 403, "foreign Origin"
         if request.content_type in SIMPLE_CONTENT_TYPES and "Content-Type" in request.headers:
             return 415, f"content type {request.content_type} refused on a POST"
-        if self.token is not None:
+        if self.token is not None and not self.users:  # with users: :meth:`login`
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
                 return 401, "missing or wrong admin token"
         return None
 
+    async def login(self, request: web.Request) -> tuple[int, str] | None:
+        """With ``[users]``: every request needs ``Authorization: Bearer <admin_token>`` or
+        ``Basic`` credentials of a user; any user may GET (read-only), a POST needs
+        ``manage = ["*"]``. ``(status, reason)`` when refused, else None."""
+        auth = self.auth
+        assert auth is not None
+        given = request.headers.get("Authorization", "")
+        if self.token is not None and hmac.compare_digest(
+            given.encode(), f"Bearer {self.token}".encode()
+        ):
+            return None
+        scheme, _, credentials = given.partition(" ")
+        if scheme.lower() != "basic":
+            return 401, "credentials required (Basic, or the admin token)"
+        try:
+            name, colon, password = (
+                base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
+            )
+        except (ValueError, UnicodeDecodeError):
+            return 401, "malformed Basic credentials"
+        if not colon:
+            return 401, "malformed Basic credentials"
+        result: asyncio.Future[tuple[User | None, str]] = asyncio.get_running_loop().create_future()
+
+        def done(user: User | None, reason: str) -> None:
+            if not result.done():
+                result.set_result((user, reason))
+
+        auth.check(name, password.encode(), str(request.remote), done)
+        user, reason = await result
+        if user is None:
+            return 401, reason
+        if request.method not in ("GET", "HEAD") and not user.admin:
+            auth.counters.denied += 1
+            auth.counters.manage_denied += 1
+            auth.audit(
+                "user %s from %s refused POST %s on admin",
+                user.name,
+                request.remote,
+                quoted(request.path),
+            )
+            return 403, 'permission denied: a POST needs manage = ["*"]'
+        return None
+
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         refused = self.refusal(request)
+        if refused is None and self.users:
+            refused = await self.login(request)
         if refused is None:
             return await handler(request)
         status, reason = refused
+        if status == 401 and self.users:
+            response = error_response(status, reason)
+            response.headers["WWW-Authenticate"] = 'Basic realm="tercel", charset="UTF-8"'
+            log.warning(
+                "admin: refused %s %s from %s: %s",
+                quoted(request.method),
+                quoted(request.path),
+                request.remote,
+                quoted(reason),
+            )
+            return response
         log.warning(
             "admin: refused %s %s from %s: %s",
             quoted(request.method),
@@ -221,7 +287,8 @@ class AdminServer:
         self._latching: dict[asyncio.Task[None], PeriodCollector] = {}
         """The windows being closed (their snapshots take several loop passes)."""
         self.dashboard = Dashboard(server)
-        self.guard = Guard(server.config.server)  # raises ConfigError: before listening
+        # raises ConfigError: before listening
+        self.guard = Guard(server.config.server, server.auth)
         app = web.Application(middlewares=[self.guard.middleware])
         app.add_routes(
             [

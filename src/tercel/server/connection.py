@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from tercel.errors import TercelError
+from tercel.server.auth import LOGIN, MANAGE_ALL, NONE, PUT, SET_STATUS, Guard, User, peer_host
 from tercel.server.commit import Holder
 from tercel.server.context import ServerContext
 
@@ -110,16 +111,19 @@ the tree's errors."""
 class Operation:
     """One row of a front end's command table: the operation's name (named in refusals such as
     Kestrel's ``Server not available for operation <name>``, and counted as ``cmd_<name>``
-    when the front end counts its commands), its handler and the access it needs
-    (``context.ANY``/``READS``/``WRITES``), checked before the handler runs. Built once per
-    module, shared by every connection."""
+    when the front end counts its commands), its handler, the access it needs
+    (``context.ANY``/``READS``/``WRITES``), checked before the handler runs, and the right a
+    user needs for it (``auth.NONE``/``PUT``/``TAKE``/``MANAGE``/..., on the command's
+    ``queue``), checked first when users are configured. Built once per module, shared by
+    every connection."""
 
-    __slots__ = ("access", "counter", "handler", "name")
+    __slots__ = ("access", "counter", "handler", "name", "right")
 
-    def __init__(self, name: str, handler: Handler, access: int) -> None:
+    def __init__(self, name: str, handler: Handler, access: int, right: int = NONE) -> None:
         self.name = name
         self.handler = handler
         self.access = access
+        self.right = right
         self.counter = f"cmd_{name}"
 
 
@@ -142,6 +146,9 @@ class Connection(Holder):
         self.counts: dict[str, int] | None = None
         """The front end's ``cmd_<operation>`` counters, counted by :meth:`perform`
         (``ctx.command_counts(front_end)``, shared by its connections); None: not counted."""
+        self.guard: Guard | None = None
+        """The login state and permission checks (:mod:`tercel.server.auth`); None when no
+        user is configured: then a command pays this one attribute test for them."""
         self._write_paused = False
         self._held = 0  # batches of replies the committer holds for this connection
         self._shut = False  # the transport was closed or aborted here: write nothing more
@@ -187,6 +194,27 @@ class Connection(Holder):
         """Undo what the client holds and no one else may end (a Kestrel session's open
         reads): on a close, and for every connection at shutdown. Nothing here."""
 
+    def denied(self, kind: int, message: str) -> None:
+        """Append the reply to a command a user may not run: ``kind`` is ``auth``'s
+        UNAUTHENTICATED (no login yet), DENIED (its permissions) or LIMITED (its limits)."""
+        raise NotImplementedError
+
+    def auth_reply(self, cmd: Any, failure: str | None) -> None:
+        """Append the reply to the login command ``cmd``: None when it succeeded, else why
+        not (``auth.LOGIN_FAILURE`` for wrong credentials)."""
+        raise NotImplementedError
+
+    def apply_auth(self) -> None:
+        """Give the connection a guard when the server has users (none logged in yet), drop
+        it when it has none (at the connection's start, and when a reload changes that)."""
+        auth = self.ctx.auth
+        if auth.enabled:
+            if self.guard is None:
+                self.guard = Guard(auth, peer_host(self.transport))
+        elif self.guard is not None:
+            self.guard.release()
+            self.guard = None
+
     # ---- the dispatch loop ----------------------------------------------------------------
 
     def run(self) -> None:
@@ -208,9 +236,31 @@ class Connection(Holder):
         if counts is not None:
             key = op.counter
             counts[key] = counts.get(key, 0) + 1
+        guard = self.guard
+        if guard is not None and not self.admitted(guard, op, cmd):
+            return
         if op.access:
             self.ctx.check(op.access)
         op.handler(self, cmd)
+
+    def admitted(self, guard: Guard, op: Operation, cmd: Any) -> bool:
+        """Whether the connection's user may run ``cmd`` as ``op`` (the refusal is answered
+        when not): its right on the command's ``queue``."""
+        right = op.right
+        if right == SET_STATUS:
+            right = NONE if getattr(cmd, "value", None) is None else MANAGE_ALL
+        queue = getattr(cmd, "queue", None) if right != NONE and right != LOGIN else None
+        name = queue if type(queue) is str else None
+        if name is not None and guard.fast(right, name):
+            return True
+        if not guard.allows(self, right, name, op.name):
+            return False
+        return right != PUT or guard.within_limits(self)
+
+    def held(self, user: User) -> tuple[int, int]:
+        """Items and bytes held by the queues (or tubes) ``user`` may put to, for its
+        ``max_items``/``max_bytes`` (only for a user with such limits, on each put)."""
+        return 0, 0
 
     # ---- asyncio callbacks ----------------------------------------------------------------
 
@@ -223,6 +273,8 @@ class Connection(Holder):
             t.write(self.refusal("too many connections"))
             self.closing = True
             t.close()
+        elif self.ctx.auth.enabled:
+            self.guard = Guard(self.ctx.auth, peer_host(t))
 
     def data_received(self, data: bytes) -> None:
         ctx = self.ctx
@@ -268,6 +320,8 @@ class Connection(Holder):
             self.ctx.partial_bytes -= self.partial
             self.partial = 0
         self.ctx.connection_closed(self)
+        if self.guard is not None:
+            self.guard.release()
         self.transport = None
 
     def pause_writing(self) -> None:

@@ -25,9 +25,19 @@ from tercel.clock import Clock
 from tercel.config import UNLIMITED, ServerConfig, load_config
 from tercel.core.collection import QueueCollection
 from tercel.errors import UnavailableError
+from tercel.server.auth import Authenticator
 from tercel.server.commit import Committer
 from tercel.server.deadlines import Reservations
-from tercel.server.figures import CURR_CONNECTIONS, TOTAL_CONNECTIONS, Reading, counts
+from tercel.server.figures import (
+    COUNTER,
+    CURR_CONNECTIONS,
+    GAUGE,
+    TOTAL_CONNECTIONS,
+    Figure,
+    Reading,
+    counts,
+    read,
+)
 from tercel.server.metrics import Metrics
 from tercel.server.status import Status, StatusKeeper
 
@@ -48,9 +58,50 @@ class Closable(Protocol):
 
     def end_session(self) -> None: ...
 
+    def apply_auth(self) -> None: ...
+
     def close(self) -> None: ...
 
     def is_idle(self, cutoff: float) -> bool: ...
+
+
+AUTH_FIGURES: tuple[Figure[dict[str, int]], ...] = (
+    Figure("users", GAUGE, "Users configured.", lambda s: s["users"]),
+    Figure("logins", COUNTER, "Successful logins.", lambda s: s["logins"]),
+    Figure("login_failures", COUNTER, "Failed logins.", lambda s: s["login_failures"]),
+    Figure(
+        "login_rate_limited",
+        COUNTER,
+        "Logins refused while their address was rate-limited.",
+        lambda s: s["login_rate_limited"],
+    ),
+    Figure(
+        "unauthenticated",
+        COUNTER,
+        "Commands refused before a login.",
+        lambda s: s["unauthenticated"],
+    ),
+    Figure(
+        "permission_denied",
+        COUNTER,
+        "Commands refused for want of a permission.",
+        lambda s: s["permission_denied"],
+    ),
+    Figure(
+        "manage_denied",
+        COUNTER,
+        "Management commands refused for want of the manage permission.",
+        lambda s: s["manage_denied"],
+    ),
+    Figure(
+        "limit_refused",
+        COUNTER,
+        "Commands refused by a user's limits.",
+        lambda s: s["limit_refused"],
+    ),
+)
+"""The ``auth_*`` figures (registered under ``auth``: memcache ``stats``, ``/stats.json``,
+``/metrics``, the dashboard), read from :meth:`Authenticator.stats`."""
 
 
 class ServerContext:
@@ -113,10 +164,19 @@ class ServerContext:
         """The data dir's descriptor pool figures (``DataDir.stats``; set at start-up)."""
         self.ports: dict[str, int] = {}
         """The bound port of each listener by name (``memcache``, ``admin``, ...)."""
+        self.auth = Authenticator(config.users, loop, clock)
+        """The ``[users]`` and their logins (:mod:`tercel.server.auth`); with none configured
+        connections have no guard."""
+        self.add_counters("auth", self._auth_readings)
         self._stop = asyncio.Event()
         self.reload_hooks: list[Callable[[], None]] = []
         """Called by :meth:`reload` before the queue settings change (the TLS certificates):
         each raises ConfigError to refuse the reload."""
+
+    def _auth_readings(self) -> list[Reading]:
+        """The ``auth_*`` figures; none on a server that never had users."""
+        values = self.auth.stats()
+        return read(AUTH_FIGURES, values) if values else []
 
     # ---- connections ----------------------------------------------------------------------
 
@@ -232,7 +292,9 @@ class ServerContext:
 
         Raises ConfigError (the old config stays) when the file is bad. ``[server]`` and
         ``[tls]`` settings need a restart and are kept as they are; the :attr:`reload_hooks`
-        run first (the TLS files are read again, for new connections).
+        run first (the TLS files are read again, for new connections). ``[users]`` apply at
+        once: when the first user is added every open connection must log in before its next
+        command; when the last is removed, none has to.
         """
         source = self.config.source
         fresh = None if source is None else load_config(source)
@@ -246,9 +308,15 @@ class ServerContext:
             fresh.overrides,
             fresh.aliases,
             source,
+            users=fresh.users,
             tls=self.config.tls,
         )
         self.collection.reload(self.config)
+        was = self.auth.enabled
+        self.auth.reload(fresh.users)
+        if was != self.auth.enabled:  # users added to an open server, or all removed
+            for conn in list(self.connections):
+                conn.apply_auth()
         log.info("reloaded config from %s", source)
 
     def request_stop(self) -> None:

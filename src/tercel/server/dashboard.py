@@ -118,6 +118,9 @@ class Dashboard:
         doc = dict(figures.keyed(readings, DASHBOARD))
         rates = self.history.latest_rates().get(None, (0.0, 0.0))
         doc.update(in_per_s=rates[0], out_per_s=rates[1])
+        doc["auth"] = (
+            self.server.auth.stats()
+        )  # the auth_* counters: none on a server without users
         return doc
 
     def queue_doc(

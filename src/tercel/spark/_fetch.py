@@ -36,7 +36,7 @@ from tercel.client import Client
 from tercel.errors import ClientError
 from tercel.protocol.memcache_client import LeaseColumns
 from tercel.spark._failpoints import failpoint
-from tercel.spark._options import SourceOptions
+from tercel.spark._options import SourceOptions, login_kwargs
 from tercel.spark._staging import (
     STAGE_SCHEMA,
     Key,
@@ -450,6 +450,7 @@ class Fetcher:
                 max_retry_after=max(opts.server_retry_ms / 1000, 10.0),
                 pool_size=2,
                 tls=opts.tls,
+                **login_kwargs(opts.user, opts.password),
             )
             for s in opts.servers
         }

@@ -8,7 +8,8 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypedDict
 
 from tercel.client.tls import TLSOptions
 
@@ -29,6 +30,8 @@ class Options:
     def __init__(self, options: Mapping[str, str], fmt: str) -> None:
         self._opts = {str(k).lower(): str(v) for k, v in options.items()}
         self._fmt = fmt
+        self.fmt = fmt
+        """The format's name, as errors name it."""
         self._known: dict[str, str] = {n.lower(): n for n in SPARK_OPTIONS}
 
     def reject_unknown(self) -> None:
@@ -114,6 +117,41 @@ def tls_options(o: Options) -> TLSOptions | None:
     return TLSOptions(ca_file=ca, cert_file=cert, key_file=key, server_name=name, verify=verify)
 
 
+def _login(o: Options) -> tuple[str | None, str | None]:
+    """``user`` with ``password`` or ``passwordFile`` (Spark redacts options named like
+    ``password`` in plans and its UI; the dataclasses keep it out of their ``repr``). A
+    password file is read where the client connects (executors)."""
+    user = o.optional("user")
+    password = o.optional("password")
+    password_file = o.optional("passwordFile")
+    if user is None and (password or password_file):
+        raise ValueError(f"{o.fmt}: option 'password'/'passwordFile' needs 'user'")
+    if password is None and password_file is not None:
+        password = "file:" + password_file
+    elif password is not None:
+        password = "text:" + password
+    return user, password
+
+
+class Login(TypedDict, total=False):
+    """The credential arguments of :class:`tercel.client.Client`."""
+
+    user: str
+    password: str | None
+    password_file: str
+
+
+def login_kwargs(user: str | None, password: str | None) -> Login:
+    """The client's credential arguments from a format's ``user``/``password`` fields (none
+    set: the client's own default, ``TERCEL_USER`` on the executor)."""
+    if user is None:
+        return {}
+    kind, _, value = (password or "").partition(":")
+    if kind == "file":
+        return {"user": user, "password_file": value}
+    return {"user": user, "password": value or None}
+
+
 STAGING_UNDER_CHECKPOINT = "tercel-staging"
 """``stagingLocation`` defaults to this directory under the source's ``checkpointLocation``."""
 
@@ -151,6 +189,9 @@ class SourceOptions:
     test_pause_after_stage: str | None
     """Hidden, for the crash tests: after the first staged round is fsynced and before it is
     acked, create this file and sleep until killed."""
+    user: str | None = None
+    """``user``: log in as this user (with ``password`` or ``passwordFile``)."""
+    password: str | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -202,6 +243,7 @@ class SourceOptions:
             socket_timeout_ms=o.integer("socketTimeoutMs", 10_000, 1),
             tls=tls_options(o),
             test_pause_after_stage=o.optional("testPauseAfterStage"),
+            **dict(zip(("user", "password"), _login(o), strict=True)),
         )
         o.reject_unknown()
         return parsed
@@ -236,6 +278,8 @@ class SinkOptions:
     """``mode("overwrite")`` empties the target queues first (only with this set)."""
     tls: TLSOptions | None = None
     """TLS to the servers (:func:`tls_options`), or None."""
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -249,6 +293,7 @@ class SinkOptions:
             socket_timeout_ms=o.integer("socketTimeoutMs", 10_000, 1),
             flush_on_overwrite=o.flag("flushOnOverwrite", False),
             tls=tls_options(o),
+            **dict(zip(("user", "password"), _login(o), strict=True)),
         )
         o.reject_unknown()
         return parsed

@@ -41,7 +41,7 @@ from pyspark.sql.types import (
 )
 
 from tercel.client import Client
-from tercel.spark._options import SinkOptions
+from tercel.spark._options import SinkOptions, login_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ def write_task(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> WriteCou
         timeout=opts.socket_timeout_ms / 1000,
         connect_timeout=opts.connect_timeout_ms / 1000,
         tls=opts.tls,
+        **login_kwargs(opts.user, opts.password),
     )
     try:
         for batch in batches:
@@ -168,7 +169,10 @@ class TercelWriter(DataSourceArrowWriter):
         self.opts = opts
         if overwrite and opts.queue is not None:  # flushOnOverwrite (check_schema): driver
             with Client(
-                list(opts.servers), timeout=opts.socket_timeout_ms / 1000, tls=opts.tls
+                list(opts.servers),
+                timeout=opts.socket_timeout_ms / 1000,
+                tls=opts.tls,
+                **login_kwargs(opts.user, opts.password),
             ) as client:
                 client.flush(opts.queue)
             log.warning("tercel sink: flushed %r on every server (mode overwrite)", opts.queue)

@@ -30,6 +30,8 @@ from tercel.core.tubes import (
 from tercel.errors import JournalWriteError, TercelError
 from tercel.protocol import beanstalk as bp
 from tercel.protocol.beanstalk import Command, Invalid, Request
+from tercel.server import auth
+from tercel.server.auth import Guard, User, held_in
 from tercel.server.beanstalk.service import FRONT_END, BeanstalkService
 from tercel.server.connection import Connection, Operation
 from tercel.server.context import ServerContext
@@ -40,6 +42,10 @@ _RESERVED: Final = b"RESERVED"
 _FOUND: Final = b"FOUND"
 STATE_WORDS: Final = {k: v.encode("ascii") for k, v in STATE_NAMES.items()}
 _WAKE_REPLIES: Final = {WAKE_TIMED_OUT: bp.TIMED_OUT, WAKE_DEADLINE_SOON: bp.DEADLINE_SOON}
+_JOB_RIGHTS: Final = dict.fromkeys(
+    ("peek", "reserve-job", "delete", "release", "bury", "touch"), auth.TAKE
+) | {"kick-job": auth.MANAGE}
+"""The right a user needs on a job's tube for the commands that name a job."""
 
 
 class BeanstalkConnection(Connection):
@@ -89,6 +95,9 @@ class BeanstalkConnection(Connection):
         # request, measured with callgrind).
         req: Request = cmd
         counts = self.svc.cmd_counts
+        guard = self.guard  # None without users: this one test (docs/operations.md)
+        if guard is not None and not self.admit(guard, req):
+            return
         if isinstance(req, Invalid):
             if req.code != bp.NO_CODE:
                 counts[req.code] += 1
@@ -137,6 +146,81 @@ class BeanstalkConnection(Connection):
 
     def over_budget(self) -> bytes:
         return bp.OUT_OF_MEMORY
+
+    # ---- users (tercel's extension: docs/protocol.md, "Users") -----------------------------
+
+    def admit(self, guard: Guard, req: Request) -> bool:
+        """Whether the connection's user may run ``req`` (the refusal is answered if not):
+        nothing but ``auth`` before a login; then put needs put on the used tube, reserve
+        take on every watched tube, peek-ready/-delayed/-buried take on the used tube, the
+        job commands take on the job's tube (stats-job: nothing), kick manage on the used
+        tube, kick-job and pause-tube manage on theirs; the rest nothing."""
+        if isinstance(req, Invalid):
+            return guard.current() is not None or guard.refuse_unauthenticated(self, "a command")
+        op = req.op
+        if op == "auth":
+            return True
+        user = guard.current()
+        if user is None:
+            return guard.refuse_unauthenticated(self, op)
+        use = self.worker.use
+        used = "default" if use is None else use.name
+        if op == "put":
+            if guard.fast(auth.PUT, used):
+                return True
+            return guard.allows(self, auth.PUT, used, op, False) and guard.within_limits(self)
+        if op == "reserve" or op == "reserve-with-timeout":
+            return all(
+                guard.fast(auth.TAKE, name) or guard.allows(self, auth.TAKE, name, op, False)
+                for name in self.worker.watch
+            )
+        if op in ("peek-ready", "peek-delayed", "peek-buried"):
+            return guard.allows(self, auth.TAKE, used, op, False)
+        if op == "kick":
+            return guard.allows(self, auth.MANAGE, used, op, False)
+        if op == "pause-tube":
+            return guard.allows(self, auth.MANAGE, req.tube, op, False)
+        right = _JOB_RIGHTS.get(op)
+        if right is None:
+            return True
+        job = self.store.peek(req.job_id)
+        return job is None or guard.allows(self, right, job.tube.name, op, False)
+
+    def held(self, user: User) -> tuple[int, int]:
+        """Jobs in the tubes ``user`` may put to (every state); bytes are not counted per
+        tube, so ``max_bytes`` does not apply here."""
+        return held_in(
+            user,
+            (
+                (t.name, t.ready_count + t.delayed_count + t.buried_count + t.reserved_count, 0)
+                for t in self.store.tubes.values()
+            ),
+        )
+
+    def denied(self, kind: int, message: str) -> None:
+        """``UNAUTHORIZED`` before a login; ``PERMISSION_DENIED <what>`` and
+        ``LIMIT_EXCEEDED <what>`` after it (tercel's words: beanstalkd has none)."""
+        if kind == auth.UNAUTHENTICATED:
+            self.out.append(bp.UNAUTHORIZED)
+            return
+        word = "PERMISSION_DENIED" if kind == auth.DENIED else "LIMIT_EXCEEDED"
+        detail = message.partition(": ")[2] or message
+        text = " ".join(detail.split()).encode("ascii", "replace")
+        self.out.append(word.encode() + b" " + text + bp.CRLF)
+
+    def auth_reply(self, cmd: Any, failure: str | None) -> None:
+        self.out.append(bp.AUTH_OK if failure is None else bp.AUTH_FAILED)
+
+    def _auth(self, c: Command) -> None:
+        guard = self.guard
+        if guard is None:  # a server without users: beanstalkd's answer
+            self.out.append(bp.UNKNOWN_COMMAND)
+            return
+        name, space, password = c.body.partition(b" ")
+        if not space or not name:
+            self.out.append(bp.BAD_FORMAT)
+            return
+        guard.login(self, c, name.decode("utf-8", "replace"), password)
 
     # ---- asyncio callbacks beyond the base's ----------------------------------------------
 
@@ -309,7 +393,7 @@ class BeanstalkConnection(Connection):
 
 
 _TABLE: Final[dict[str, Operation]] = {
-    op: Operation(op, getattr(BeanstalkConnection, name), 0)
+    op: Operation(op, getattr(BeanstalkConnection, name), 0, auth.LOGIN if op == "auth" else 0)
     for op, name in (
         ("put", "_put"),
         ("use", "_use"),
@@ -336,7 +420,10 @@ _TABLE: Final[dict[str, Operation]] = {
         ("list-tubes-watched", "_list_tubes_watched"),
         ("pause-tube", "_pause_tube"),
         ("quit", "_quit"),
+        ("auth", "_auth"),
     )
 }
 """Every request but the loop's own (put, reserve, delete: direct calls in :meth:`dispatch`),
-by name; built once, shared by every connection. Access 0: beanstalkd has no server status."""
+by name; built once, shared by every connection. Access 0: beanstalkd has no server status.
+A user's rights are checked before (:meth:`BeanstalkConnection.admit`): right 0 here, but
+``auth``'s, which runs before a login."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from tercel.server.auth import User, held_in
 from tercel.server.connection import Connection
 from tercel.server.context import ServerContext
 from tercel.session import Session
@@ -80,6 +81,11 @@ class KestrelConnection(Connection):
     def end_session(self) -> None:
         """Cancel a blocked read and return every open read (a close, or shutdown)."""
         self.session.close()
+
+    def held(self, user: User) -> tuple[int, int]:
+        """What the queues ``user`` may put to hold (items, bytes): one pass over the queues,
+        for a user with ``max_items``/``max_bytes`` only."""
+        return held_in(user, ((q.name, len(q), q.bytes) for q in self.ctx.collection))
 
     # ---- waiting for a replay -------------------------------------------------------------
 

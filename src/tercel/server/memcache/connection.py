@@ -34,7 +34,8 @@ from tercel.protocol.commands import (
     Unknown,
 )
 from tercel.protocol.memcache import NEED_DATA
-from tercel.server import stats
+from tercel.server import auth, stats
+from tercel.server.auth import Guard
 from tercel.server.connection import Operation
 from tercel.server.context import ANY, WRITES, ServerContext, sampled
 from tercel.server.kestrel import ops
@@ -82,9 +83,11 @@ class MemcacheConnection(KestrelConnection):
 
     def dispatch(self, cmd: Any) -> None:
         if type(cmd) is SET_CLASS:
-            handle_set(self, cmd)
+            if self.guard is None or self.admit_set(self.guard, cmd):
+                handle_set(self, cmd)
         elif type(cmd) is GET_CLASS:
-            handle_get(self, cmd)
+            if self.guard is None or self.admit_get(self.guard, cmd):
+                handle_get(self, cmd)
         else:
             self.perform(HANDLERS[type(cmd)], cmd)
 
@@ -107,10 +110,14 @@ class MemcacheConnection(KestrelConnection):
                 cmd, type(cmd) is FlushAll
             ):
                 return
+            # With users (docs/operations.md), ``guard`` checks every command; without,
+            # that is one attribute test.
             if type(cmd) is SET_CLASS:
-                handle_set(self, cmd)
+                if self.guard is None or self.admit_set(self.guard, cmd):
+                    handle_set(self, cmd)
             elif type(cmd) is GET_CLASS:
-                handle_get(self, cmd)
+                if self.guard is None or self.admit_get(self.guard, cmd):
+                    handle_get(self, cmd)
             else:
                 self.perform(HANDLERS[type(cmd)], cmd)
             if self.parked is not None:
@@ -125,6 +132,44 @@ class MemcacheConnection(KestrelConnection):
 
     def refusal(self, reason: str) -> bytes:
         return mc.server_error(reason)
+
+    # ---- users (memcached's ASCII authentication, ``memcached -Y``) -------------------------
+
+    def admit_set(self, guard: Guard, cmd: Set) -> bool:
+        """Before a login a ``set`` is the login: its data is ``<user> <password>`` (the key,
+        flags and exptime are ignored; answered ``STORED`` or ``CLIENT_ERROR authentication
+        failure``, even with ``noreply``), as memcached's. After it, a ``set`` needs the
+        right to put to its queue, within the user's limits."""
+        if guard.fast(auth.PUT, cmd.queue):
+            return True
+        if guard.current() is None:
+            name, space, password = cmd.data.partition(b" ")
+            if not space:
+                self.out.append(mc.client_error("bad authentication token format"))
+                return False
+            guard.login(self, cmd, name.decode("utf-8", "replace"), password)
+            return False
+        return guard.allows(self, auth.PUT, cmd.queue, "set") and guard.within_limits(self)
+
+    def admit_get(self, guard: Guard, cmd: Get) -> bool:
+        """A ``get`` (any option) needs the right to take from its queue."""
+        return guard.fast(auth.TAKE, cmd.queue) or guard.allows(self, auth.TAKE, cmd.queue, "get")
+
+    def denied(self, kind: int, message: str) -> None:
+        """``CLIENT_ERROR unauthenticated`` (memcached's words) before a login, else
+        ``CLIENT_ERROR <message>`` (``permission denied: ...``, ``user limit reached: ...``)."""
+        if kind == auth.UNAUTHENTICATED:
+            self.out.append(mc.client_error("unauthenticated"))
+        else:
+            self.out.append(mc.client_error(message))
+
+    def auth_reply(self, cmd: Any, failure: str | None) -> None:
+        if failure is None:
+            self.out.append(mc.STORED)
+        elif failure == auth.LOGIN_FAILURE:
+            self.out.append(mc.client_error(failure))
+        else:
+            self.out.append(mc.client_error(f"{auth.LOGIN_FAILURE}: {failure}"))
 
     # ---- blocked gets ---------------------------------------------------------------------
 
@@ -371,25 +416,28 @@ def _flush_all_expired(conn: MemcacheConnection, cmd: Simple) -> None:
 SIMPLE: Final[dict[str, Operation]] = {
     "version": Operation("version", _version, ANY),
     "quit": Operation("quit", _quit, ANY),
-    "shutdown": Operation("shutdown", _shutdown, ANY),
-    "reload": Operation("reload", _reload, ANY),
+    "shutdown": Operation("shutdown", _shutdown, ANY, auth.MANAGE_ALL),
+    "reload": Operation("reload", _reload, ANY, auth.MANAGE_ALL),
     "stats": Operation("stats", _stats, ANY),
-    "dump_config": Operation("dump_config", _dump_config, ANY),
-    "flush_all_expired": Operation("flush_all_expired", _flush_all_expired, WRITES),
+    "dump_config": Operation("dump_config", _dump_config, ANY, auth.MANAGE_ALL),
+    "flush_all_expired": Operation(
+        "flush_all_expired", _flush_all_expired, WRITES, auth.MANAGE_ALL
+    ),
     "features": Operation("features", ext.features, ANY),
 }
-"""The commands without arguments, each with the access it needs, checked by the pump."""
+"""The commands without arguments, each with the access it needs and the right a user needs,
+checked by the pump."""
 
 HANDLERS: Final[dict[type, Operation]] = {
     # get and set test the status flags themselves (their own fast path; a get that only
     # closes or aborts an open read is allowed whatever the status), so they are not here.
-    Delete: Operation("delete", handle_delete, WRITES),
-    Flush: Operation("flush", handle_flush, WRITES),
-    FlushAll: Operation("flush_all", handle_flush_all, WRITES),
-    FlushExpired: Operation("flush_expired", handle_flush_expired, WRITES),
+    Delete: Operation("delete", handle_delete, WRITES, auth.MANAGE),
+    Flush: Operation("flush", handle_flush, WRITES, auth.MANAGE),
+    FlushAll: Operation("flush_all", handle_flush_all, WRITES, auth.MANAGE_ALL),
+    FlushExpired: Operation("flush_expired", handle_flush_expired, WRITES, auth.MANAGE),
     DumpStats: Operation("dump_stats", handle_dump_stats, ANY),
     Simple: Operation("simple", handle_simple, ANY),
-    Status: Operation("status", handle_status, ANY),
+    Status: Operation("status", handle_status, ANY, auth.SET_STATUS),
     Unknown: Operation("unknown", handle_unknown, ANY),
 }
 """Every command but ``get`` and ``set`` with its operation: the status check is declared

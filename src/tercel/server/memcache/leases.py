@@ -22,6 +22,7 @@ from tercel.errors import OpenReadError, TercelError, TooManyLeases
 from tercel.protocol import memcache as mc
 from tercel.protocol.commands import Ack, Confirm, Monitor, Release, Renew
 from tercel.protocol.commands import Lease as LeaseCmd
+from tercel.server.auth import TAKE
 from tercel.server.connection import Operation
 from tercel.server.context import ANY, READS
 from tercel.server.kestrel import ops
@@ -233,12 +234,12 @@ def handle_confirm(conn: KestrelConnection, cmd: Confirm) -> None:
 
 
 HANDLERS: Final[dict[type, Operation]] = {
-    LeaseCmd: Operation("lease", handle_lease, READS),
-    Ack: Operation("ack", handle_ack, ANY),
-    Release: Operation("release", handle_release, ANY),
-    Renew: Operation("renew", handle_renew, ANY),
-    Monitor: Operation("monitor", handle_monitor, READS),
-    Confirm: Operation("confirm", handle_confirm, ANY),
+    LeaseCmd: Operation("lease", handle_lease, READS, TAKE),
+    Ack: Operation("ack", handle_ack, ANY, TAKE),
+    Release: Operation("release", handle_release, ANY, TAKE),
+    Renew: Operation("renew", handle_renew, ANY, TAKE),
+    Monitor: Operation("monitor", handle_monitor, READS, TAKE),
+    Confirm: Operation("confirm", handle_confirm, ANY, TAKE),
 }
 """Each command with its operation (the access it needs, ``context.READS``...), checked by
 the pump."""

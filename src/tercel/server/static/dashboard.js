@@ -118,6 +118,11 @@ function renderServer(s) {
   badge.className = `badge ${s.status}`;
   $("s-uptime").textContent = fmtMs(s.uptime_ms);
   $("s-connections").textContent = fmtNum(s.connections);
+  const auth = s.auth || {};
+  $("c-auth").hidden = !auth.users;
+  if (auth.users) {
+    $("s-auth").textContent = `${fmtNum(auth.login_failures)} / ${fmtNum(auth.permission_denied)}`;
+  }
   $("s-queues").textContent = fmtNum(s.queues);
   $("s-items").textContent = fmtNum(s.items);
   $("s-bytes").textContent = fmtBytes(s.bytes);

@@ -23,6 +23,7 @@ from tercel.core.queue import READ_OPEN, READ_PEEK, QItem
 from tercel.errors import QueueError, TercelError
 from tercel.protocol import kestrel_text as kt
 from tercel.protocol.commands import Confirm, Delete, Flush, Simple, Status
+from tercel.server import auth
 from tercel.server.connection import Operation
 from tercel.server.context import ANY, READS, WRITES, ServerContext
 from tercel.server.kestrel import ops
@@ -65,6 +66,20 @@ class TextConnection(KestrelConnection):
 
     def refusal(self, reason: str) -> bytes:
         return kt.error(reason)
+
+    def denied(self, kind: int, message: str) -> None:
+        """``-Unauthenticated: auth <user> <password> first`` before a login, else
+        ``-Permission denied: ...`` / ``-User limit reached: ...``."""
+        if kind == auth.UNAUTHENTICATED:
+            self.out.append(kt.error("Unauthenticated: auth <user> <password> first"))
+        else:
+            self.out.append(kt.error(message[:1].upper() + message[1:]))
+
+    def auth_reply(self, cmd: Any, failure: str | None) -> None:
+        if failure is None:
+            self.out.append(kt.count(0))
+        else:
+            self.out.append(kt.error(f"Authentication failure: {failure}"))
 
     def message(self, exc: TercelError) -> str:
         """The ``-`` message of one of tercel's errors (Kestrel's wording where it had one)."""
@@ -228,26 +243,36 @@ def handle_quit(conn: TextConnection, cmd: Simple) -> None:
     conn.closing = True
 
 
+def handle_auth(conn: TextConnection, cmd: kt.TextAuth) -> None:
+    """``auth <user> <password>`` -> ``+0`` (logged in) or ``-Authentication failure: ...``;
+    ``-No users are configured`` on a server without users."""
+    guard = conn.guard
+    if guard is None:
+        raise QueueError("No users are configured")
+    guard.login(conn, cmd, cmd.user, cmd.password)
+
+
 HANDLERS: Final[dict[type, Operation]] = {
-    kt.TextPut: Operation("put", handle_put, WRITES),
-    kt.TextGet: Operation("get", handle_get, READS),
-    kt.TextPeek: Operation("peek", handle_peek, READS),
-    kt.TextMonitor: Operation("monitor", handle_monitor, READS),
-    Confirm: Operation("confirm", handle_confirm, ANY),
-    Flush: Operation("flush", handle_flush, WRITES),
-    Delete: Operation("delete", handle_delete, WRITES),
-    Status: Operation("status", handle_status, ANY),
+    kt.TextPut: Operation("put", handle_put, WRITES, auth.PUT),
+    kt.TextGet: Operation("get", handle_get, READS, auth.TAKE),
+    kt.TextPeek: Operation("peek", handle_peek, READS, auth.TAKE),
+    kt.TextMonitor: Operation("monitor", handle_monitor, READS, auth.TAKE),
+    Confirm: Operation("confirm", handle_confirm, ANY, auth.TAKE),
+    Flush: Operation("flush", handle_flush, WRITES, auth.MANAGE),
+    Delete: Operation("delete", handle_delete, WRITES, auth.MANAGE),
+    Status: Operation("status", handle_status, ANY, auth.SET_STATUS),
+    kt.TextAuth: Operation("auth", handle_auth, ANY, auth.LOGIN),
 }
 """Each command with its operation: its name (counted as ``text_cmd_<name>``, named in
 ``-Server not available for operation <name>``), handler and access (``context.ANY``/
 ``READS``/``WRITES``), checked by the pump before the handler runs."""
 
 SIMPLE: Final[dict[str, Operation]] = {
-    name: Operation(name, handler, ANY)
-    for name, handler in (
-        ("version", handle_version),
-        ("shutdown", handle_shutdown),
-        ("quit", handle_quit),
+    name: Operation(name, handler, ANY, right)
+    for name, handler, right in (
+        ("version", handle_version, auth.NONE),
+        ("shutdown", handle_shutdown, auth.MANAGE_ALL),
+        ("quit", handle_quit, auth.NONE),
     )
 }
 """The commands without arguments (``Simple``), by name."""

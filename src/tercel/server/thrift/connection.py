@@ -27,6 +27,7 @@ from tercel.core.reservations import Reservation
 from tercel.errors import ProtocolError, QueueError, TercelError, TooManyLeases
 from tercel.protocol import thrift as t
 from tercel.protocol.memcache import MAX_VALUE, NEED_DATA
+from tercel.server import auth
 from tercel.server.connection import Operation
 from tercel.server.context import ANY, READS, WRITES, ServerContext
 from tercel.server.kestrel import ops
@@ -89,6 +90,23 @@ class ThriftConnection(KestrelConnection):
 
     def refusal(self, reason: str) -> bytes:
         return b""  # Thrift has no unsolicited message: the connection just closes
+
+    def denied(self, kind: int, message: str) -> None:
+        """A ``TApplicationException`` (``INTERNAL_ERROR``) answering the call:
+        ``unauthenticated: call auth(user, password) first``, ``permission denied: ...``."""
+        if kind == auth.UNAUTHENTICATED:
+            message = "unauthenticated: call auth(user, password) first"
+        call = self.call
+        self.out.append(t.reply_exception(call.seqid, _method(call), t.INTERNAL_ERROR, message))
+
+    def auth_reply(self, cmd: Any, failure: str | None) -> None:
+        if failure is None:
+            self.out.append(t.reply_void(cmd))
+        else:
+            message = failure
+            if failure != auth.LOGIN_FAILURE:
+                message = f"{auth.LOGIN_FAILURE}: {failure}"
+            self.out.append(t.reply_exception(cmd.seqid, "auth", t.INTERNAL_ERROR, message))
 
     def message(self, exc: TercelError) -> str:
         kind = ops.error_kind(exc)
@@ -292,24 +310,36 @@ def handle_get_version(conn: ThriftConnection, call: t.GetVersion) -> None:
     conn.out.append(t.reply_version(call, conn.ctx.version))
 
 
+def handle_auth(conn: ThriftConnection, call: t.Auth) -> None:
+    """``auth``: log in (void), or an exception naming why not (no users configured,
+    ``authentication failure``)."""
+    guard = conn.guard
+    if guard is None:
+        raise QueueError("no users are configured")
+    guard.login(conn, call, call.user, call.password)
+
+
 def handle_bad_call(conn: ThriftConnection, call: t.BadCall) -> None:
     """A call the codec could not build: its ``TApplicationException``."""
     conn.out.append(t.reply_exception(call.seqid, call.method, call.kind, call.reason))
 
 
 HANDLERS: Final[dict[type, Operation]] = {
-    t.Put: Operation("put", handle_put, WRITES),
-    t.Get: Operation("get", handle_get, READS),
+    t.Put: Operation("put", handle_put, WRITES, auth.PUT),
+    t.Get: Operation("get", handle_get, READS, auth.TAKE),
     # As in Kestrel: reads opened before QUIESCENT can end.
-    t.Confirm: Operation("confirm", handle_confirm, ANY),
-    t.Abort: Operation("abort", handle_abort, ANY),
-    t.Peek: Operation("peek", handle_peek, READS),
-    t.FlushQueue: Operation("flush_queue", handle_flush_queue, WRITES),
-    t.FlushAllQueues: Operation("flush_all_queues", handle_flush_all_queues, WRITES),
-    t.DeleteQueue: Operation("delete_queue", handle_delete_queue, WRITES),
+    t.Confirm: Operation("confirm", handle_confirm, ANY, auth.TAKE),
+    t.Abort: Operation("abort", handle_abort, ANY, auth.TAKE),
+    t.Peek: Operation("peek", handle_peek, READS, auth.TAKE),
+    t.FlushQueue: Operation("flush_queue", handle_flush_queue, WRITES, auth.MANAGE),
+    t.FlushAllQueues: Operation(
+        "flush_all_queues", handle_flush_all_queues, WRITES, auth.MANAGE_ALL
+    ),
+    t.DeleteQueue: Operation("delete_queue", handle_delete_queue, WRITES, auth.MANAGE),
     t.CurrentStatus: Operation("current_status", handle_current_status, ANY),
-    t.SetStatus: Operation("set_status", handle_set_status, ANY),
+    t.SetStatus: Operation("set_status", handle_set_status, ANY, auth.MANAGE_ALL),
     t.GetVersion: Operation("get_version", handle_get_version, ANY),
+    t.Auth: Operation("auth", handle_auth, ANY, auth.LOGIN),
     t.BadCall: Operation("bad_call", handle_bad_call, ANY),
 }
 """Each method with its operation: its name (counted as ``thrift_cmd_<name>``; a call the
