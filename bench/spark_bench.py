@@ -212,8 +212,8 @@ class StagedSource:
     def make() -> Any:
         from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-        from tercel.spark._staging import Piece, StagingLog, read_slice
         from tercel.spark.source import SOURCE_STRUCT
+        from tercel.spark.staging import Piece, StagingLog, read_slice
 
         class Reader(DataSourceReader):
             def __init__(self, root: str, parallelism: int) -> None:
@@ -248,9 +248,9 @@ class StagedSource:
 def stage_events(work: Path, n: int, size: int) -> tuple[str, str]:
     """Lease ``n`` events from two servers into ``work/stage`` with the source's own fetcher,
     then stop the servers; (the staging directory, the servers' addresses, now dead)."""
-    from tercel.spark._fetch import Fetcher
-    from tercel.spark._options import SourceOptions
-    from tercel.spark._staging import StagingLog
+    from tercel.spark.fetch import Fetcher
+    from tercel.spark.options import SourceOptions
+    from tercel.spark.staging import StagingLog
 
     with ServerProcess(work / "s1") as a, ServerProcess(work / "s2") as b:
         fill_queues([a, b], "events", n, size)

@@ -419,7 +419,7 @@ def test_reload_turns_users_on_and_off_for_open_connections(tmp_path: Path) -> N
 
 
 def test_spark_options_pass_credentials_and_hide_the_password() -> None:
-    from tercel.spark._options import SinkOptions, login_kwargs
+    from tercel.spark.options import SinkOptions, login_kwargs
 
     opts = SinkOptions.parse({"servers": "h:1", "user": "alice", "password": "p-secret"})
     assert "p-secret" not in repr(opts)

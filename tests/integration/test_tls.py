@@ -283,7 +283,7 @@ def test_tls_options_from_env() -> None:
 
 
 def test_spark_options_pass_tls_through() -> None:
-    from tercel.spark._options import SinkOptions
+    from tercel.spark.options import SinkOptions
 
     opts = SinkOptions.parse({"servers": "h:1", "tlsCaFile": "/ca.pem", "tlsServerName": "q"})
     assert opts.tls == TLSOptions(ca_file="/ca.pem", server_name="q")

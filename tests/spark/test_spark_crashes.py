@@ -29,8 +29,8 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from tercel.client import Client
-from tercel.spark import _failpoints
-from tercel.spark._options import SourceOptions
+from tercel.spark import failpoints
+from tercel.spark.options import SourceOptions
 from tercel.spark.source import TercelStreamReader
 from tercel.testing import ServerProcess
 
@@ -41,7 +41,7 @@ and segments, and the last round is short."""
 SPARK_POINTS = ("spark.offsets", "spark.sink")
 """MiniSpark's own crash windows: after the offset log, after the sink wrote the batch."""
 
-POINTS = _failpoints.POINTS + SPARK_POINTS
+POINTS = failpoints.POINTS + SPARK_POINTS
 
 
 class Crash(BaseException):
@@ -65,7 +65,7 @@ class Plan:
 
 
 def failpoint(name: str) -> None:
-    _failpoints.failpoint(name)
+    failpoints.failpoint(name)
 
 
 def _write_json(path: Path, value: object) -> None:
@@ -146,13 +146,13 @@ class Lane:
         return MiniSpark(self.work / "spark", opts)
 
     def run(self, plan: Plan | None) -> None:
-        _failpoints.set_hook(plan)
+        failpoints.set_hook(plan)
         try:
             self.spark().run()
         except Crash:
             pass  # the dead run's objects go with its frames: sockets and files close unflushed
         finally:
-            _failpoints.set_hook(None)
+            failpoints.set_hook(None)
 
 
 def restart(server: ServerProcess) -> None:
@@ -183,7 +183,7 @@ def two_servers(scratch: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
         yield a, b
 
 
-FIRST = [(p, hit) for p in (*_failpoints.POINTS[:5], "gc.deleted", *SPARK_POINTS) for hit in (1, 3)]
+FIRST = [(p, hit) for p in (*failpoints.POINTS[:5], "gc.deleted", *SPARK_POINTS) for hit in (1, 3)]
 """The first crash: every point a clean first run reaches, early (1st hit) and mid-stream."""
 
 

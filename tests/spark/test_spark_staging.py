@@ -12,9 +12,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from tercel.client import Client
 from tercel.protocol.memcache_client import LeaseColumns
-from tercel.spark._fetch import AllServersDown, Fetcher, LeaseReply, to_batch
-from tercel.spark._options import JournalOptions, SinkOptions, SourceOptions
-from tercel.spark._staging import (
+from tercel.spark.fetch import AllServersDown, Fetcher, LeaseReply, to_batch
+from tercel.spark.options import JournalOptions, SinkOptions, SourceOptions
+from tercel.spark.staging import (
     OUTPUT_SCHEMA,
     DataLoss,
     SegmentWriter,
@@ -96,7 +96,7 @@ def test_torn_tmp_segment_is_recovered_up_to_its_last_complete_round(tmp_path: P
     before = os.path.getsize(writer.path)
     writer.append(to_batch(items(4, 5), time.time()))
     after = os.path.getsize(writer.path)
-    writer._file.close()
+    writer.abandon()
     # a crash in the middle of the third round: only half of its bytes reached the disk
     os.truncate(writer.path, before + (after - before) // 2)
     assert log.lowest_start() == 0
@@ -146,7 +146,7 @@ def test_crash_between_fsync_and_ack_loses_nothing_and_duplicates_nothing(
         writer = SegmentWriter(log.root, 0)
         reply = LeaseReply(srv.address, "q", leased)
         writer.append(to_batch(reply, time.time()))  # staged, fsynced ... and then the crash
-        writer._file.close()
+        writer.abandon()
         time.sleep(0.5)  # the leases expire: the items are back at the head
         f = Fetcher(opts([srv.address], tmp_path / "stage", leaseBatch=7), log)
         assert f.recover() == 20
@@ -171,7 +171,7 @@ def test_leases_that_ran_out_before_the_ack_are_not_staged_twice(tmp_path: Path)
         writer.finish()
         time.sleep(0.5)  # ... and the leases ran out before the ack
         # ACKED 0: no error, but nothing was acked
-        assert not f._ack(srv.address, "q", leased.lease_ids, leased.item_ids)
+        assert not f.ack(srv.address, "q", leased.lease_ids, leased.item_ids)
         end, _ = f.fetch(log.end_from(0), 1000, wait_first=False)
         assert end == 5 and f.metrics.dropped == 5  # the redelivered items were not staged again
         f.close()

@@ -28,7 +28,7 @@ from tercel.journal import list_queue_names
 from tercel.journal import records as rec
 from tercel.journal.journal import journal_files
 from tercel.journal.reader import ChunkReader
-from tercel.spark._options import JournalOptions
+from tercel.spark.options import JournalOptions
 
 JOURNAL_SCHEMA = (
     "queue string, file string, file_seq bigint, offset bigint, op string, xid bigint, "

@@ -41,7 +41,7 @@ from pyspark.sql.types import (
 )
 
 from tercel.client import Client
-from tercel.spark._options import SinkOptions, login_kwargs
+from tercel.spark.options import SinkOptions, login_kwargs
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ Where each piece runs (pyspark >= 4.2's Python Data Source API):
   Python workers; the reader and writer objects they return are pickled to executors.
 - :class:`TercelStreamReader`'s ``initialOffset``, ``latestOffset``, ``partitions``,
   ``commit`` and ``prepareForTriggerAvailableNow`` run in one long-lived driver-side Python
-  process per query run: it leases from the servers, stages and acks (:mod:`._fetch`).
+  process per query run: it leases from the servers, stages and acks (:mod:`.fetch`).
 - ``read`` runs on executors, on a pickled copy without any connection: it only reads the
-  staging log slice named by its partition (:mod:`._staging`).
+  staging log slice named by its partition (:mod:`.staging`).
 
 Delivery (docs/spark.md): effectively-once into a replayable sink; Spark offsets
 ``{"seq": n}`` are positions in the staging log, and ``commit`` only deletes staged segments.
@@ -48,9 +48,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tercel.spark._fetch import Fetcher
-from tercel.spark._options import SinkOptions, SourceOptions
-from tercel.spark._staging import Piece, StagingLog, read_slice
+from tercel.spark.fetch import Fetcher
+from tercel.spark.options import SinkOptions, SourceOptions
+from tercel.spark.staging import Piece, StagingLog, read_slice
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ import pyarrow.compute as pc
 from tercel.client import Client
 from tercel.errors import ClientError
 from tercel.protocol.memcache_client import LeaseColumns
-from tercel.spark._failpoints import failpoint
-from tercel.spark._options import SourceOptions, login_kwargs
-from tercel.spark._staging import (
+from tercel.spark.failpoints import failpoint
+from tercel.spark.options import SourceOptions, login_kwargs
+from tercel.spark.staging import (
     STAGE_SCHEMA,
     Key,
     SegmentWriter,
@@ -181,7 +181,7 @@ class Fetcher:
             for (server, queue), (lease_ids, item_ids) in groups.items():
                 if server not in self.clients:
                     log.warning("tercel source: %s is no longer listed; not re-acked", server)
-                elif self._ack(server, queue, lease_ids, item_ids):
+                elif self.ack(server, queue, lease_ids, item_ids):
                     self._clear({(server, queue, i) for i in item_ids})
                 failpoint("recover.acked")
         self._recovered = True
@@ -378,7 +378,7 @@ class Fetcher:
         self.metrics.dropped += len(dropped)
         return batch.filter(pa.array(keep)), dropped
 
-    def _ack(
+    def ack(
         self, server: str, queue: str, lease_ids: Sequence[str], item_ids: Sequence[int]
     ) -> bool:
         """Ack staged (or dropped) items of ``queue``; whether every one was acked

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tercel.journal.journal import fsync_dir
-from tercel.spark._failpoints import failpoint
+from tercel.spark.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
