@@ -554,7 +554,12 @@ class UserConfig:
     manage (empty: nothing; ``manage = ["*"]`` also allows the server-wide commands and the
     admin port's POSTs), and its limits (None: none)."""
 
-    password: str
+    password: str | None = None
+    """Its scrypt hash; None: it logs in only by its client certificate (:attr:`subject`)."""
+    subject: str | None = None
+    """The subject of a client certificate (mutual TLS, ``[tls] verify_client``) that logs a
+    connection in as this user at once, as ``tercel.server.tls.peer_subject`` writes it
+    (``O=Example,CN=alice``, the certificate's order)."""
     put: tuple[str, ...] = ()
     take: tuple[str, ...] = ()
     manage: tuple[str, ...] = ()
@@ -586,8 +591,15 @@ def _parse_hash(value: object, key: str) -> str:
     return value
 
 
+def _parse_subject(value: object, key: str) -> str:
+    if isinstance(value, str) and "=" in value and value.strip() == value:
+        return value
+    raise ConfigError(f"{key}: expected a certificate subject such as 'O=Example,CN=alice'")
+
+
 _USER_PARSERS: dict[str, Any] = {
     "password": _parse_hash,
+    "subject": _parse_subject,
     "put": _parse_patterns,
     "take": _parse_patterns,
     "manage": _parse_patterns,
@@ -617,11 +629,13 @@ def parse_users(
             problems.append(f"{where}: a user name is 1-64 of A-Z a-z 0-9 _ . @ -")
         elif not isinstance(raw, dict):
             problems.append(f"{where}: expected a table")
-        elif "password" not in raw:
-            problems.append(f"{where}: password is required (`tercel passwd` prints a hash)")
+        elif "password" not in raw and "subject" not in raw:
+            problems.append(
+                f"{where}: password (`tercel passwd` prints a hash) or subject is required"
+            )
         else:
             kw = _parse_table(raw, _USER_PARSERS, where, problems)
-            if "password" in kw:
+            if "password" in kw or "subject" in kw:
                 users[name] = UserConfig(**kw)
     return users
 

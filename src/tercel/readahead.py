@@ -54,7 +54,8 @@ tercel.core.collection tercel.core.stats tercel.server.admin_rules tercel.server
 concurrent.futures.thread queue _queue tercel.server.aio tercel.server.metrics
 tercel.server.context tercel.server.auth fnmatch tercel.logtext tercel.server.deadlines
 tercel.core.reservations tercel.server.status
-tercel.server.frontend tercel.server.connection tercel.server.loop uvloop uvloop.includes
+tercel.server.frontend tercel.server.connection tercel.server.tls tercel.server.loop uvloop
+uvloop.includes
 uvloop.loop uvloop._noop uvloop._version tercel.server.memcache tercel.server.memcache.connection
 tercel.protocol tercel.protocol.memcache tercel.protocol.commands tercel.server.stats
 tercel.server.kestrel tercel.server.kestrel.ops tercel.server.kestrel.connection tercel.session

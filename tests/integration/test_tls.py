@@ -540,3 +540,36 @@ def test_plaintext_beyond_loopback_is_warned_of(tmp_path: Path) -> None:
     finally:
         logging.getLogger("tercel.server.app").removeHandler(handler)
     assert len(records) == 1 and "without TLS on memcache" in records[0]
+
+
+# ---- a client certificate logs its user in -----------------------------------------------------
+
+
+def test_a_client_certificate_logs_in_its_user(certs: Path, tmp_path: Path) -> None:
+    """With mutual TLS and users, a user whose ``subject`` is the client certificate's is
+    logged in at the handshake, on every port; another certificate must log in by password,
+    and a certificate-only user has no password to log in with."""
+    from tercel.passwords import hash_password
+
+    _sign(certs, "carol", "ca", "/CN=carol")
+    users = (
+        '[users.alice]\nsubject = "O=Example,CN=alice"\nput = ["jobs*"]\ntake = ["jobs*"]\n'
+        f'[users.carol]\npassword = "{hash_password("carol-pw", n=1024)}"\ntake = ["*"]\n'
+    )
+    cfg = tls_config(certs, users, verify_client="true")
+    with ServerProcess(tmp_path / "data", cfg, extra_args=PORTS) as srv:
+        bs = srv.ports["beanstalk"]
+        with tls_socket(bs, client_context(certs, "alice")) as alice:
+            assert call(alice, b"use jobs\r\n") == b"USING jobs\r\n"
+            assert call(alice, b"put 0 0 60 1\r\nx\r\n") == b"INSERTED 1\r\n"
+            assert call(alice, b"use other\r\n") == b"USING other\r\n"
+            assert call(alice, b"put 0 0 60 1\r\ny\r\n").startswith(b"PERMISSION_DENIED")
+        with tls_socket(srv.port, client_context(certs, "alice")) as alice:
+            assert call(alice, b"set jobs 0 0 1\r\nz\r\n") == b"STORED\r\n"
+        with tls_socket(bs, client_context(certs, "carol")) as carol:
+            assert call(carol, b"stats\r\n") == b"UNAUTHORIZED\r\n"
+            assert call(carol, b"auth alice anything\r\n") == b"AUTH_FAILED\r\n"
+            assert call(carol, b"auth carol carol-pw\r\n") == b"OK\r\n"
+            assert call(carol, b"watch jobs\r\n") == b"WATCHING 2\r\n"
+            assert call(carol, b"ignore default\r\n") == b"WATCHING 1\r\n"
+            assert call(carol, b"reserve-with-timeout 0\r\n") == b"RESERVED 1 1\r\nx\r\n"

@@ -157,6 +157,13 @@ class Authenticator:
         self._audit_dropped = 0
         self.reload(users)
 
+    def user_for_subject(self, subject: str) -> str | None:
+        """The user whose ``subject`` is this client certificate's, or None."""
+        for name, user in self.users.items():
+            if user.config.subject == subject:
+                return name
+        return None
+
     @property
     def enabled(self) -> bool:
         """True when users are configured: every connection must log in."""
@@ -244,12 +251,16 @@ class Authenticator:
             return True
         user = self.users.get(name)
         key = self._key(name, password)
+        if user is not None and user.config.password is None:
+            user = None  # a certificate-only user: no password logs in as it
         if user is not None and self._verified.get(key) == user.config.password:
             self._logged_in(user, done)
             return True
         from tercel.passwords import verify_password
 
-        stored = user.config.password if user is not None else _DUMMY_HASH
+        stored = (
+            _DUMMY_HASH if user is None or user.config.password is None else user.config.password
+        )
         generation = self.generation
         fut = self.loop.run_in_executor(None, verify_password, password, stored)
 

@@ -50,6 +50,7 @@ from tercel.errors import TercelError
 from tercel.server.auth import LOGIN, MANAGE_ALL, NONE, PUT, SET_STATUS, Guard, User, peer_host
 from tercel.server.commit import Holder
 from tercel.server.context import ServerContext
+from tercel.server.tls import peer_subject
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,11 @@ class Connection(Holder):
         auth = self.ctx.auth
         if auth.enabled:
             if self.guard is None:
-                self.guard = Guard(auth, peer_host(self.transport))
+                self.guard = guard = Guard(auth, peer_host(self.transport))
+                subject = peer_subject(self.transport)  # mutual TLS: the certificate's user
+                name = None if subject is None else auth.user_for_subject(subject)
+                if name is not None:
+                    guard.assume(name)
         elif self.guard is not None:
             self.guard.release()
             self.guard = None
@@ -274,7 +279,7 @@ class Connection(Holder):
             self.closing = True
             t.close()
         elif self.ctx.auth.enabled:
-            self.guard = Guard(self.ctx.auth, peer_host(t))
+            self.apply_auth()
 
     def data_received(self, data: bytes) -> None:
         ctx = self.ctx
