@@ -216,17 +216,6 @@ class Guard:
         if refused is None:
             return await handler(request)
         status, reason = refused
-        if status == 401 and self.users:
-            response = error_response(status, reason)
-            response.headers["WWW-Authenticate"] = 'Basic realm="tercel", charset="UTF-8"'
-            log.warning(
-                "admin: refused %s %s from %s: %s",
-                quoted(request.method),
-                quoted(request.path),
-                request.remote,
-                quoted(reason),
-            )
-            return response
         log.warning(
             "admin: refused %s %s from %s: %s",
             quoted(request.method),
@@ -234,7 +223,10 @@ class Guard:
             request.remote,
             quoted(reason),
         )
-        return error_response(status, reason)
+        response = error_response(status, reason)
+        if status == 401 and self.users:
+            response.headers["WWW-Authenticate"] = 'Basic realm="tercel", charset="UTF-8"'
+        return response
 
 
 class _OneLineLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
