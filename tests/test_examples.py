@@ -239,11 +239,21 @@ def test_no_doc_cites_a_folder_the_repository_does_not_have() -> None:
 def test_make_serve_passes_args_on_quietly() -> None:
     """``make serve ARGS=...`` (dry run, the build steps taken as done): one command, ARGS at
     its end, and ``@`` on it so make does not echo it."""
+    outer = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")  # run by `make test`: not a sub-make here
     done = subprocess.run(
-        ["make", "-n", "-o", ".venv/.native", "serve", "ARGS=--beanstalk-port 11300"],
+        [
+            "make",
+            "--no-print-directory",
+            "-n",
+            "-o",
+            ".venv/.native",
+            "serve",
+            "ARGS=--beanstalk-port 11300",
+        ],
         cwd=ROOT,
         capture_output=True,
         check=True,
+        env={k: v for k, v in os.environ.items() if k not in outer},
     )
     assert done.stdout.decode().splitlines() == [
         ".venv/bin/tercel serve --data-dir ./tercel-data --beanstalk-port 11300"
