@@ -175,7 +175,7 @@ def test_a_new_queue_survives_a_power_loss_right_after_its_first_set(
 
 def test_the_lost_page_of_the_last_fsync_is_cut_not_refused(data_dir: Path, tmp_path: Path) -> None:
     """The page holding the end of what was fsynced (at a clean stop) lost, later pages
-    written: start-up used to refuse it (exit 3, docs/reliability.md §5); it cuts there now,
+    written: start-up used to refuse it (exit 3, docs/reliability.md §6); it cuts there now,
     and every item fsynced before is back."""
     shadow = tmp_path / "shadow"
     env = {POWER_LOSS_ENV: str(shadow)}

@@ -85,7 +85,7 @@ def lose_the_page_of_the_synced_end(tmp_path: Path) -> int:
 
 
 def test_the_lost_page_of_the_synced_end_is_cut_and_the_cut_kept(tmp_path: Path) -> None:
-    """The shape start-up refused until session 12 (docs/reliability.md §5): synced records,
+    """The shape start-up refused until session 12 (docs/reliability.md §6): synced records,
     zeros to the end of their page, data after. The data after was written after the last
     fsync (an fsync writes every dirty page, this one included), so the cut loses nothing
     synced; the cut bytes are kept, and the cut is logged and counted as a torn tail."""
