@@ -78,8 +78,8 @@ LOG_LINES = {
     "returns_left_until_restart": "not returned (they return at restart)",
 }
 """Server log lines counted in the summary (``log_lines``). With ``--emfile`` the first must
-be 0: a journal marked failed for want of a descriptor refused every later write to its
-queue until a restart (issue 21, before session 13)."""
+be 0: a journal marked failed for want of a descriptor would refuse every later write to
+its queue until a restart."""
 
 MANY = "soak_many"
 """``--emfile``: the group of many small queues (``soak_many_000`` ...), written and read in

@@ -202,8 +202,8 @@ def run_restart(spark: Any, work: Path, n: int, size: int) -> dict[str, Any]:
 class StagedSource:
     """``format("tercel-staged")`` (``--spark-side``): a *batch* read of staging segments
     already written, cut into option ``parallelism`` slices as the tercel source cuts a batch
-    (before session 12 it read one partition per segment, and the fetch below stages all in
-    one segment: one core against the file source's two), each row as the tercel source
+    (one partition per segment would use one core against the file source's two, since the
+    fetch below stages all in one segment), each row as the tercel source
     yields it (``read_slice``). No server, no fetch, no streaming engine: what Spark pays for
     the Python data source path on its own. Defined in the script, so Spark pickles it by
     value."""

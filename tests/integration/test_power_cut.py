@@ -7,8 +7,8 @@ and of the directory into a shadow directory. After a SIGKILL, :func:`power_loss
 data dir to what a power cut would leave: each file's bytes as of its last fsync and the
 directory's names as of its last directory fsync, with the bytes written since dropped, cut at
 a random point, or kept with a hole (pages that read as at the last fsync; the ``page`` tail
-loses the page holding the end of the synced bytes, which start-up refused before session
-12). Then the server starts again (real clients, the same data dir), and:
+loses the page holding the end of the synced bytes, which start-up cuts as a torn tail).
+Then the server starts again (real clients, the same data dir), and:
 
 - ``sync_journal = true``: every acknowledged item not taken by a confirmed get is back, and
   no item taken by a confirmed get comes back;

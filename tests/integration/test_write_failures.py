@@ -135,8 +135,8 @@ def test_a_batch_put_that_meets_a_write_failure_keeps_none_of_it_and_says_nothin
     """A text or Thrift ``put`` of 40 items whose journal write fails part way (the file size
     limit). No count is sent that overstates what is kept: the connection closes without a
     reply (the pass's held replies are dropped, journal_format.md §8). The batch is all or
-    nothing: no rotation runs inside it (before session 12 one did, and wrote the first
-    items out: a prefix survived), so its items reach the journal in one write, which is cut
+    nothing: no rotation runs inside it (one that did would write the first items out and
+    leave a prefix), so its items reach the journal in one write, which is cut
     back whole. After a restart the items stored before are there, none of the batch's
     (docs/protocol.md, "A put that meets a journal failure")."""
     items = [b"%02d" % i + b"x" * 298 for i in range(40)]

@@ -120,11 +120,9 @@ def test_emfile_on_open_parks_a_pooled_journal_and_goes_on(tmp_path: Path) -> No
 def test_the_directory_fsync_after_a_rotation_needs_no_descriptor(tmp_path: Path) -> None:
     """After a rotation the data dir is fsynced (at the journal's next sync) through the
     directory's own descriptor, which the pool opened once and keeps: with no descriptor to
-    be had at all, the sync goes through. Before: the directory was opened for each fsync,
-    first outside the pool ("rotation failed: Too many open files", the queue refused every
-    write until a restart), then through it; with nothing left to evict, a group fsync of a
-    ``sync_journal = true`` queue still failed its journal ("fsync failed: Too many open
-    files", ``bench/soak.py --emfile --seed 9``, session 13)."""
+    be had at all, the sync goes through. Opening the directory for each fsync would fail
+    there ("rotation failed: Too many open files", or a group fsync of a ``sync_journal =
+    true`` queue failing its journal, as ``bench/soak.py --emfile --seed 9`` showed)."""
     faults = FaultyFiles()
     files = DataDir(str(tmp_path), max_open=8, ops=faults)
     other = journal(tmp_path, "other", files)

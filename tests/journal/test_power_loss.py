@@ -3,10 +3,10 @@
 The kernel writes dirty pages back in any order: after a power loss the newest file may hold
 a run of zeros (a page never written back) followed by pages that were. Every byte after the
 last successful fsync is in that tail, and an fsync covers all of a file's dirty pages, so
-nothing before such a hole is missing and nothing after it was ever fsynced. Start-up used to
-refuse (a bad record followed by valid data is "damage"); it now cuts the tail at the hole, as
-a torn tail, and keeps the cut bytes in ``<name>.cut-<offset>`` (issue 21, item 7). The same
-holds when the lost page is the one holding the end of the synced bytes (session 12).
+nothing before such a hole is missing and nothing after it was ever fsynced. Start-up does not
+refuse it as damage (a bad record followed by valid data); it cuts the tail at the hole, as
+a torn tail, and keeps the cut bytes in ``<name>.cut-<offset>``. The same holds when the lost
+page is the one holding the end of the synced bytes.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def lose_the_page_of_the_synced_end(tmp_path: Path) -> int:
 
 
 def test_the_lost_page_of_the_synced_end_is_cut_and_the_cut_kept(tmp_path: Path) -> None:
-    """The shape start-up refused until session 12 (docs/reliability.md §6): synced records,
+    """A shape start-up cuts rather than refuses (docs/reliability.md §6): synced records,
     zeros to the end of their page, data after. The data after was written after the last
     fsync (an fsync writes every dirty page, this one included), so the cut loses nothing
     synced; the cut bytes are kept, and the cut is logged and counted as a torn tail."""
