@@ -207,3 +207,29 @@ class NotStored(ClientError):
 
 class NoServerAvailable(ClientError):
     """Every server of the client's list failed recently and is set aside."""
+
+
+# ---- keys (keyed leases, dedup keys) ------------------------------------------------------------
+
+
+class BadKey(QueueError):
+    """A request with a lease key or dedup key that breaks a rule; ``reason`` names the rule
+    (sent after ``CLIENT_ERROR``). Nothing was changed."""
+
+
+class LeaseKeyEnded(QueueError):
+    """The keyed lease was acked, released or ran out: its key cannot be taken again (it
+    would hand out other items). ``how`` is ``acked``, ``released`` or ``expired``."""
+
+    def __init__(self, key: str, how: str) -> None:
+        super().__init__(f"lease key {key} was {how}: a key is never taken again")
+        self.key = key
+        self.how = how
+
+
+class TooManyKeys(UnavailableError):
+    """The queue holds ``max_dedup_keys`` dedup keys (or ``max_lease_keys`` keyed leases)
+    younger than their window: the request is refused, nothing is stored (``SERVER_ERROR``)."""
+
+    def __init__(self, what: str = "too many dedup keys") -> None:
+        super().__init__(what)

@@ -54,3 +54,37 @@ def fanout_parent(name: str) -> str | None:
     """The parent of a fanout child (``a+b`` -> ``a``), or None for a plain queue."""
     plus = name.find("+")
     return None if plus < 0 else name[:plus]
+
+
+# ---- keys: lease keys and dedup keys ----------------------------------------------------------
+
+MAX_KEY_BYTES = 200
+
+_KEY_RE = re.compile(rb"[A-Za-z0-9_\-:.$%@+=/]+")
+
+KEY_RULE = (
+    f"a key is 1-{MAX_KEY_BYTES} characters of A-Z a-z 0-9 _ - : . $ % @ + = /"
+    " (no spaces, no control or non-ASCII characters)"
+)
+"""The rule of :func:`valid_key` in words, for error messages (``docs/protocol.md``)."""
+
+
+def valid_key_bytes(key: bytes) -> bool:
+    """True when ``key`` is an acceptable lease key or dedup key (both kinds share the rule:
+    one word on every text protocol, printable in logs and stats)."""
+    return len(key) <= MAX_KEY_BYTES and _KEY_RE.fullmatch(key) is not None
+
+
+def key_problem(key: str) -> str | None:
+    """None for a valid key, else why it is not one, naming the rule (:data:`KEY_RULE`)."""
+    try:
+        raw = key.encode("ascii")
+    except UnicodeEncodeError:
+        return f"bad key {key[:80]!r}: {KEY_RULE}"
+    if not raw:
+        return f"empty key: {KEY_RULE}"
+    if len(raw) > MAX_KEY_BYTES:
+        return f"key too long ({len(raw)} bytes): {KEY_RULE}"
+    if not valid_key_bytes(raw):
+        return f"bad key {key[:80]!r}: {KEY_RULE}"
+    return None
