@@ -1,172 +1,157 @@
-"""Crash matrix of the streaming source: a simulated kill -9 at every fail point of the fetch
-→ stage → ack → commit → recover cycle, twice in a row, then a clean run; every produced
-(acknowledged) item must reach the sink exactly once.
+"""The crash matrix: real Spark drivers (``crash_driver.py``, local[2]) streaming the tercel
+source into the tercel sink and into Parquet, killed at every fail point of
+:mod:`tercel.spark.failpoints` twice in a row, then a server killed (SIGKILL) during a batch
+and started again on its data directory; after a clean run, every produced (acknowledged)
+item is counted in every lane's output: 0 missing, 0 duplicated, source and sink.
 
-No JVM: :class:`MiniSpark` drives :class:`TercelStreamReader` the way Spark's micro-batch
-engine does (offset log written before a batch runs, ``commit`` one batch late, a logged but
-uncommitted batch replayed with the same offsets, an idempotent sink keyed by batch id), and
-executors are pickled copies of the reader. A crash is an exception that no code of the
-source catches (``BaseException``), raised by the fail-point hook: nothing after it runs, no
-``finally`` finishes a segment, the objects of the dead "process" are dropped. The staging log
-fsyncs before every fail point that follows a write, so what is on disk is what a killed
-process leaves. Leases are lost (as when they run out) by a kill -9 and restart of the server.
+A kill: the driver runs with ``TERCEL_SPARK_FAILPOINT=<point>[:<hit>]``, so the process that
+reaches the point (the source's runner, the sink's commit runner, or an executor's Python
+worker for ``source.read``/``sink.write``) ends with ``os._exit(137)`` there; the query fails,
+the driver prints ``FAILED`` and exits at once, and the test SIGKILLs the driver's process
+group (its JVM and Python workers) before anything else runs: what kill -9 of the driver
+leaves. The next driver starts on the same checkpoints, armed again, and is killed at the
+same point; the last driver is not armed and runs every lane to the end.
 """
 
 from __future__ import annotations
 
-import gc
-import itertools
+import contextlib
 import json
 import os
-import pickle
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from tercel.client import Client
 from tercel.spark import failpoints
-from tercel.spark.options import SourceOptions
-from tercel.spark.source import TercelStreamReader
 from tercel.testing import ServerProcess
 
-ITEMS = 11
-"""Items per scenario: with ``leaseBatch`` 3 and 4 per trigger, batches span several rounds
-and segments, and the last round is short."""
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
-SPARK_POINTS = ("spark.offsets", "spark.sink")
-"""MiniSpark's own crash windows: after the offset log, after the sink wrote the batch."""
+DRIVER = Path(__file__).with_name("crash_driver.py")
 
-POINTS = failpoints.POINTS + SPARK_POINTS
+PER_SERVER = 150
+"""Items each lane's queue gets on each of the two servers."""
 
+SOURCE_OPTIONS = {"maxItemsPerTrigger": "100"}
+"""Small batches, so a lane runs several and a kill lands mid-stream."""
 
-class Crash(BaseException):
-    """A simulated kill -9 (nothing of the source catches a BaseException)."""
-
-
-@dataclass
-class Plan:
-    """Crash at the ``hit``-th time ``point`` is reached (once)."""
-
-    point: str
-    hit: int = 1
-    seen: dict[str, int] = field(default_factory=dict)
-    fired: bool = False
-
-    def __call__(self, name: str) -> None:
-        self.seen[name] = self.seen.get(name, 0) + 1
-        if not self.fired and name == self.point and self.seen[name] == self.hit:
-            self.fired = True
-            raise Crash(name)
-
-
-def failpoint(name: str) -> None:
-    failpoints.failpoint(name)
-
-
-def _write_json(path: Path, value: object) -> None:
-    tmp = path.with_suffix(".new")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
-
-
-class MiniSpark:
-    """The calls and logs of Spark's micro-batch engine that decide delivery (see the module
-    docstring), in directory ``root``; ``run`` drives one query run until no new data."""
-
-    def __init__(self, root: Path, opts: SourceOptions) -> None:
-        self.root = root
-        self.opts = opts
-        for sub in ("offsets", "commits", "sink"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-
-    def _log(self, name: str) -> dict[int, dict[str, int]]:
-        d = self.root / name
-        return {int(p.name): json.loads(p.read_text()) for p in d.iterdir() if p.suffix == ""}
-
-    def run(self) -> None:
-        reader = TercelStreamReader(self.opts)
-        offsets, commits = self._log("offsets"), self._log("commits")
-        last = max(offsets, default=-1)
-        if last >= 0 and last not in commits:  # replay with the same offsets
-            self._batch(reader, last, offsets[last])
-        while True:
-            start = offsets[last]["end"] if last >= 0 else reader.initialOffset()["seq"]
-            end = reader.latestOffset({"seq": start}, ReadMaxRows(4))["seq"]
-            if end == start:
-                reader.stop()
-                return
-            last += 1
-            offsets[last] = {"start": start, "end": end}
-            _write_json(self.root / "offsets" / str(last), offsets[last])
-            failpoint("spark.offsets")
-            if last > 0:
-                reader.commit({"seq": start})
-            self._batch(reader, last, offsets[last])
-
-    def _batch(self, reader: TercelStreamReader, n: int, span: dict[str, int]) -> None:
-        executor = pickle.loads(pickle.dumps(reader))
-        rows: list[str] = []
-        for part in reader.partitions({"seq": span["start"]}, {"seq": span["end"]}):
-            for batch in executor.read(pickle.loads(pickle.dumps(part))):
-                rows += [v.decode() for v in batch.column("value").to_pylist()]
-        _write_json(self.root / "sink" / str(n), rows)  # idempotent: replaces batch n
-        failpoint("spark.sink")
-        _write_json(self.root / "commits" / str(n), span)
-
-    def sunk(self) -> list[str]:
-        return [r for _, rows in sorted(self._log("sink").items()) for r in rows]
+KILLS = {
+    "source.planned": 2,
+    "source.partitions": 2,
+    "source.read": 1,
+    "source.commit.before": 1,
+    "source.commit.after": 1,
+    "sink.write": 1,
+    "sink.commit": 2,
+}
+"""The hit each point is armed at: the 2nd for the driver-side steps, so the first batch has
+run and the kill falls in the middle of the stream."""
 
 
 @dataclass
 class Lane:
-    """One scenario: its own queue, staging directory and MiniSpark on one server."""
+    """One stream: its input queue on two servers, its sink, its checkpoint."""
 
-    server: ServerProcess
     name: str
+    sink: str  # "tercel" | "parquet"
+    servers: list[ServerProcess]
     work: Path
-    plans: tuple[Plan, Plan]
     produced: list[str] = field(default_factory=list)
 
-    def spark(self) -> MiniSpark:
-        opts = SourceOptions.parse(
-            {
-                "servers": self.server.address,
-                "queue": self.name,
-                "stagingLocation": str(self.work / "stage"),
-                "leaseBatch": "3",
-                "fetchWaitMs": "0",
-                "leaseMs": "600000",
-            }
+    @property
+    def addresses(self) -> str:
+        return ",".join(s.address for s in self.servers)
+
+    def spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "name": self.name,
+            "servers": self.addresses,
+            "queue": self.name,
+            "checkpoint": str(self.work / "ck"),
+            "source_options": SOURCE_OPTIONS,
+            "sink": self.sink,
+        }
+        if self.sink == "tercel":
+            spec.update(out_servers=self.addresses, out_queue=f"{self.name}.out")
+        else:
+            spec.update(out=str(self.work / "out"))
+        return spec
+
+    def produce(self) -> None:
+        for k, server in enumerate(self.servers):
+            items = [f"{self.name}/{k}/{i}" for i in range(PER_SERVER)]
+            with Client(server.address) as c:
+                c.put_many(self.name, [v.encode() for v in items])
+            self.produced += items
+
+    def output(self, report: dict[str, list[str]]) -> list[str]:
+        if self.sink == "parquet":
+            return report.get(self.name, [])
+        got: list[str] = []
+        for server in self.servers:
+            with Client(server.address) as c:
+                while (value := c.get(f"{self.name}.out")) is not None:
+                    got.append(value.decode())
+        return got
+
+
+class Driver:
+    """One ``crash_driver.py`` process in its own process group."""
+
+    def __init__(self, lanes: list[Lane], work: Path, point: str | None = None, **plan: Any):
+        self.report = work / f"report-{time.monotonic_ns()}.json"
+        spec = {"lanes": [lane.spec() for lane in lanes], "report": str(self.report), **plan}
+        env = dict(os.environ)
+        env.pop(failpoints.ENV, None)
+        if point is not None:
+            env[failpoints.ENV] = point
+        self.proc = subprocess.Popen(
+            [sys.executable, str(DRIVER), json.dumps(spec)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
-        return MiniSpark(self.work / "spark", opts)
+        self.lines: list[str] = []
 
-    def run(self, plan: Plan | None) -> None:
-        failpoints.set_hook(plan)
+    def wait(self, timeout: float = 400.0) -> int:
+        """The driver's exit code; then its JVM and workers are SIGKILLed."""
         try:
-            self.spark().run()
-        except Crash:
-            pass  # the dead run's objects go with its frames: sockets and files close unflushed
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            out, _ = self.proc.communicate()
+            raise AssertionError(f"driver timed out:\n{out[-4000:]}") from None
         finally:
-            failpoints.set_hook(None)
+            self.kill_group()
+        self.lines = out.splitlines()
+        return self.proc.returncode
 
+    def kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
-def restart(server: ServerProcess) -> None:
-    """kill -9 and start again on the same port: every open lease is handed back."""
-    port = server.port
-    server.kill()
-    server.extra_args = ("--memcache-port", str(port))
-    server.start()
+    def tail(self) -> str:
+        return "\n".join(self.lines[-30:])
+
+    def results(self) -> dict[str, list[str]]:
+        return json.loads(self.report.read_text())
 
 
 @pytest.fixture
 def scratch(tmp_path: Path) -> Iterator[Path]:
-    """A directory in memory when the machine has one: a simulated crash does not depend on
-    fsync reaching a disk, and hundreds of lanes of fsyncs on a shared disk take minutes."""
+    """A directory in memory when the machine has one (servers' fsyncs and checkpoints)."""
     if not os.path.isdir("/dev/shm"):
         yield tmp_path
         return
@@ -177,58 +162,86 @@ def scratch(tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def two_servers(scratch: Path) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    with ServerProcess(scratch / "a") as a, ServerProcess(scratch / "b") as b:
-        yield a, b
+def restart_on_same_port(server: ServerProcess) -> None:
+    """SIGKILL, then start again on the same data directory and port."""
+    port = server.port
+    server.kill()
+    server.extra_args = ("--memcache-port", str(port))
+    server.start()
 
 
-FIRST = [(p, hit) for p in (*failpoints.POINTS[:5], "gc.deleted", *SPARK_POINTS) for hit in (1, 3)]
-"""The first crash: every point a clean first run reaches, early (1st hit) and mid-stream."""
-
-
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_two_crashes_at_every_pair_of_fail_points_lose_and_duplicate_nothing(
-    scratch: Path, two_servers: tuple[ServerProcess, ServerProcess]
-) -> None:
-    """Lanes on server ``a`` keep their leases over the first crash (a quick restart);
-    lanes on ``b`` lose them (a restart after the leases ran out). Both servers restart
-    before the clean run, which so finds every item that was leased and never acked."""
-    keep, lose = two_servers
-    lanes: list[Lane] = []
-    for n, ((p1, h1), p2, server) in enumerate(itertools.product(FIRST, POINTS, two_servers)):
-        lane = Lane(server, f"c{n}", scratch / f"lane{n}", (Plan(p1, h1), Plan(p2)))
-        lane.produced = [f"{lane.name}/{i}" for i in range(ITEMS)]
-        lanes.append(lane)
-    with Client(keep.address) as ca, Client(lose.address) as cb:
-        for lane in lanes:
-            (ca if lane.server is keep else cb).put_many(
-                lane.name, [p.encode() for p in lane.produced]
-            )
-    for lane in lanes:
-        lane.run(lane.plans[0])
-    restart(lose)
-    for lane in lanes:
-        lane.run(lane.plans[1])
-    restart(keep)
-    restart(lose)
-    for lane in lanes:
-        lane.run(None)
-
-    gc.collect()  # the dead runs' sockets close here, inside this test's warning filters
-    fired = {(lane.plans[0].point, lane.plans[1].point) for lane in lanes if lane.plans[1].fired}
-    assert all(lane.plans[0].fired for lane in lanes)
-    assert {p2 for _, p2 in fired} == set(POINTS)  # every point was crashed at, second
+def check(lanes: list[Lane], report: dict[str, list[str]]) -> list[str]:
+    """One line per lane that lost or duplicated items."""
     failures = []
     for lane in lanes:
-        got = lane.spark().sunk()
+        got = lane.output(report)
         missing = set(lane.produced) - set(got)
         dups = len(got) - len(set(got))
-        if missing or dups or len(got) != len(lane.produced):
+        extra = set(got) - set(lane.produced)
+        if missing or dups or extra:
             failures.append(
-                f"{lane.plans[0].point}#{lane.plans[0].hit} then {lane.plans[1].point}"
-                f" ({'kept' if lane.server is keep else 'lost'} leases): "
-                f"{len(missing)} missing, {dups} duplicated"
+                f"{lane.name} ({lane.sink}): {len(missing)} missing, {dups} duplicated, "
+                f"{len(extra)} unknown of {len(lane.produced)}"
             )
+    return failures
+
+
+def lane_name(point: str, sink: str) -> str:
+    return f"{point.replace('.', '-')}-{sink[0]}"
+
+
+def test_kill_twice_at_every_fail_point_then_a_server_loses_and_duplicates_nothing(
+    scratch: Path,
+) -> None:
+    with (
+        ServerProcess(scratch / "a") as a,
+        ServerProcess(scratch / "b") as b,
+        ServerProcess(scratch / "c") as c,
+        ServerProcess(scratch / "d") as d,
+    ):
+        by_point: dict[str, list[Lane]] = {}
+        for point in KILLS:
+            by_point[point] = [
+                Lane(lane_name(point, sink), sink, [a, b], scratch / lane_name(point, sink))
+                for sink in ("tercel", "parquet")
+            ]
+        victims = [
+            Lane(f"server-kill-{s[0]}", s, [c, d], scratch / f"sk-{s}")
+            for s in ("tercel", "parquet")
+        ]
+        lanes = [lane for group in by_point.values() for lane in group] + victims
+        for lane in lanes:
+            lane.produce()
+
+        for point, hit in KILLS.items():
+            for attempt in (1, 2):
+                driver = Driver(by_point[point], scratch, f"{point}:{hit}")
+                rc = driver.wait()
+                assert rc == 3 and any(x.startswith("FAILED") for x in driver.lines), (
+                    f"{point} kill {attempt}: the point was not reached (exit {rc}):\n"
+                    f"{driver.tail()}"
+                )
+
+        # The last run: no fail point; the victims' lanes first, a server killed mid-stream.
+        final = Driver(
+            victims + lanes[: -len(victims)], scratch, None, restarts=40, retry_wait=1.0, parallel=4
+        )
+        deadline = time.monotonic() + 300
+        while True:
+            with Client(c.address) as cc:
+                out = int(
+                    cc.queue_stats()
+                    .get(c.address, {})
+                    .get("server-kill-t.out", {})
+                    .get("items", "0")
+                )
+            if out > 0:
+                break
+            assert final.proc.poll() is None, "the last driver ended before the server kill"
+            assert time.monotonic() < deadline, "no output on the victim lane in 300 s"
+            time.sleep(0.2)
+        restart_on_same_port(c)
+        rc = final.wait(600)
+        assert rc == 0, f"the last driver failed (exit {rc}):\n{final.tail()}"
+        failures = check(lanes, final.results())
     assert not failures, "\n".join(failures)

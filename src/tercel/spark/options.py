@@ -280,6 +280,10 @@ class SinkOptions:
     """TLS to the servers (:func:`tls_options`), or None."""
     user: str | None = None
     password: str | None = field(default=None, repr=False)
+    dedup: bool = True
+    """Each row is put with a dedup key (``dedup=false``: plain puts, at-least-once)."""
+    key_column: str | None = None
+    """``keyColumn``: the column whose value is each row's dedup key (else one is made)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -294,7 +298,11 @@ class SinkOptions:
             flush_on_overwrite=o.flag("flushOnOverwrite", False),
             tls=tls_options(o),
             **dict(zip(("user", "password"), _login(o), strict=True)),
+            dedup=o.flag("dedup", True),
+            key_column=o.optional("keyColumn"),
         )
+        if parsed.key_column is not None and not parsed.dedup:
+            raise ValueError("tercel sink: option 'keyColumn' needs dedup (drop dedup=false)")
         o.reject_unknown()
         return parsed
 

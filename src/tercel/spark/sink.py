@@ -4,23 +4,34 @@ Columns: ``value`` (binary or string, UTF-8) is required; ``queue`` (string) rou
 unless the ``queue`` option is set, which overrides it (as Kafka's ``topic`` option does);
 ``expiry`` is optional: a timestamp (absolute) or an integer number of seconds from now (null
 or <= 0: no expiry). Rows whose absolute expiry has already passed are not written (counted as
-``expired``). Any other column is an error unless ``ignoreExtraColumns=true``.
+``expired``). The ``keyColumn`` option's column (string or integer) gives each row's dedup
+key. Any other column is an error unless ``ignoreExtraColumns=true``.
 
 The writer objects are built on the driver and pickled; ``write`` runs on executors, once per
-task, with its own :class:`~tercel.client.Client` (sets are pipelined ``batchSize`` at a time,
-each batch to a random healthy server, failing over to another). ``commit`` and ``abort`` run
-on the driver and only log: enqueued items cannot be taken back. Save modes: ``append``;
-``overwrite`` only with ``flushOnOverwrite=true`` (the ``queue`` option's queue is flushed on
-every server when the writer is built on the driver, then the rows are written).
+task, with its own :class:`~tercel.client.Client`. ``commit`` and ``abort`` run on the driver
+and only log: enqueued items cannot be taken back. Save modes: ``append``; ``overwrite`` only
+with ``flushOnOverwrite=true`` (the ``queue`` option's queue is flushed on every server when
+the writer is built on the driver, then the rows are written).
 
-Delivery is at-least-once: a retried task, a re-run streaming batch or a connection lost in
-mid-pipeline can enqueue items twice. Consumers must be idempotent (Kestrel's own rule).
+Delivery is **effectively once** by default: every row is put with a dedup key
+(``Client.put_many(keys=...)``), ``<write id>.<batch>.<partition>.<row>`` -- the streaming
+query's id and batch id (Spark's task-local properties ``sql.streaming.queryId`` and
+``streaming.sql.batchId``: the query id is kept in the checkpoint, so a restarted query makes
+the same keys), or for a batch write an id the driver draws once per write -- or the
+``keyColumn`` column's value. A retried task or a re-run streaming batch puts the same keys
+again and the servers store each row once, as long as the re-run comes within the queues'
+dedup window and computes the same rows in the same partitions in the same order (true for
+a deterministic plan; otherwise use ``keyColumn``). Each key picks its server
+(``Client.server_for_key``): no failover, a dead server fails the task (Spark retries it or
+the query restarts). ``dedup=false`` puts without keys (at-least-once: a retry enqueues again),
+pipelined ``batchSize`` at a time to a random healthy server, failing over to another.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -41,6 +52,8 @@ from pyspark.sql.types import (
 )
 
 from tercel.client import Client
+from tercel.names import key_problem
+from tercel.spark import failpoints
 from tercel.spark.options import SinkOptions, login_kwargs
 
 log = logging.getLogger(__name__)
@@ -77,12 +90,81 @@ def check_schema(opts: SinkOptions, schema: StructType, overwrite: bool) -> None
         types["expiry"], TimestampType | TimestampNTZType | IntegerType | LongType
     ):
         raise ValueError("tercel sink: 'expiry' must be a timestamp or seconds (int/bigint)")
-    extra = sorted(set(types) - {"value", "queue", "expiry"})
+    known = {"value", "queue", "expiry"}
+    if opts.key_column is not None:
+        if opts.key_column not in types:
+            raise ValueError(f"tercel sink: no column {opts.key_column!r} (option keyColumn)")
+        if not isinstance(types[opts.key_column], StringType | IntegerType | LongType):
+            raise ValueError(
+                f"tercel sink: the keyColumn {opts.key_column!r} must be a string or an integer"
+            )
+        known.add(opts.key_column)
+    extra = sorted(set(types) - known)
     if extra and not opts.ignore_extra_columns:
         raise ValueError(
             f"tercel sink: unexpected column(s) {extra}; select value[, queue, expiry] or set "
             "ignoreExtraColumns=true"
         )
+
+
+QUERY_ID = "sql.streaming.queryId"
+BATCH_ID = "streaming.sql.batchId"
+"""Spark's task-local properties naming a streaming task's query (its persistent id, kept in
+the checkpoint) and micro-batch (``StreamExecution.QUERY_ID_KEY``,
+``MicroBatchExecution.BATCH_ID_KEY``)."""
+
+
+class RowKeys:
+    """The dedup keys of one task's rows, in the order the rows come: ``<prefix><row>`` with
+    ``prefix = "<write id>.<batch>.<partition>."`` and ``row`` counting every row of the task
+    (expired ones too), or the ``keyColumn`` values (checked against the key rule)."""
+
+    def __init__(self, prefix: str, column: str | None = None) -> None:
+        self.prefix = prefix
+        self.column = column
+        self.row = 0
+
+    def take(self, batch: pa.RecordBatch) -> list[str]:
+        """The keys of ``batch``'s rows (the next ``batch.num_rows`` of the task)."""
+        first, self.row = self.row, self.row + batch.num_rows
+        if self.column is None:
+            prefix = self.prefix
+            return [f"{prefix}{i}" for i in range(first, self.row)]
+        col = batch.column(batch.schema.names.index(self.column))
+        keys: list[str | int | None] = col.to_pylist()
+        out = []
+        for i, key in enumerate(keys):
+            text = "" if key is None else str(key)
+            problem = key_problem(text)
+            if problem is not None:
+                raise ValueError(
+                    f"tercel sink: row {first + i} of partition {self.prefix!r}: keyColumn "
+                    f"{self.column!r}: {problem}"
+                )
+            out.append(text)
+        return out
+
+
+def task_keys(opts: SinkOptions, write_id: str | None) -> RowKeys | None:
+    """This task's :class:`RowKeys` (executors; None with ``dedup=false``). ``write_id``: a
+    batch write's id (its batch is 0); None in a streaming write, whose query and batch ids
+    come from the task's local properties."""
+    if not opts.dedup:
+        return None
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise RuntimeError("tercel sink: write() outside a Spark task (no TaskContext)")
+    if write_id is None:
+        query, batch = ctx.getLocalProperty(QUERY_ID), ctx.getLocalProperty(BATCH_ID)
+        if not query or batch is None:
+            raise RuntimeError(
+                f"tercel sink: this streaming task has no {QUERY_ID}/{BATCH_ID} property to "
+                "make dedup keys from: set keyColumn, or dedup=false (at-least-once)"
+            )
+        return RowKeys(f"{query}.{batch}.{ctx.partitionId()}.", opts.key_column)
+    return RowKeys(f"{write_id}.0.{ctx.partitionId()}.", opts.key_column)
 
 
 def _expiries(batch: pa.RecordBatch, now: float) -> list[float | None]:
@@ -97,50 +179,81 @@ def _expiries(batch: pa.RecordBatch, now: float) -> list[float | None]:
     return [None if s is None or s <= 0 else float(s) for s in col.to_pylist()]
 
 
-def send_batch(client: Client, opts: SinkOptions, batch: pa.RecordBatch, out: WriteCounts) -> None:
+@dataclass
+class _Run:
+    """Consecutive rows with one queue and expiry (and their keys when keyed)."""
+
+    queue: str
+    expiry: float | None
+    values: list[bytes] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+
+
+def send_batch(
+    client: Client,
+    opts: SinkOptions,
+    batch: pa.RecordBatch,
+    out: WriteCounts,
+    keys: RowKeys | None = None,
+) -> None:
     """Enqueue one Arrow batch: consecutive rows with the same queue and expiry go together,
-    so each queue keeps the DataFrame's row order."""
+    so each queue keeps the DataFrame's row order (per server, when keyed)."""
     names = batch.schema.names
     values = batch.column(names.index("value"))
     if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
         values = values.cast(pa.binary())
     data: list[bytes | None] = values.to_pylist()
-    if opts.queue is not None:
-        queues: list[str | None] = [opts.queue] * batch.num_rows
-    else:
-        queues = batch.column(names.index("queue")).to_pylist()
+    n = batch.num_rows
+    queues: list[str | None]
+    queues = (
+        [opts.queue] * n
+        if opts.queue is not None
+        else batch.column(names.index("queue")).to_pylist()
+    )
     expiries = _expiries(batch, time.time())
-    run: list[bytes] = []
-    key: tuple[str, float | None] | None = None
-    for value, queue, expiry in zip(data, queues, expiries, strict=True):
+    row_keys: list[str] | None = None if keys is None else keys.take(batch)
+    run: _Run | None = None
+    for i in range(n):
+        value, queue, expiry = data[i], queues[i], expiries[i]
         if value is None or queue is None:
             raise ValueError("tercel sink: 'value' and 'queue' must not be null")
         if expiry is not None and expiry <= 0:
             out.expired += 1
             continue
         # Expiries are grouped by the second they round up to, as the wire carries seconds.
-        row_key = (queue, None if expiry is None else float(int(expiry + 0.999999)))
-        if row_key != key or len(run) >= opts.batch_size:
-            _flush(client, key, run, out)
-            key, run = row_key, []
-        run.append(value)
-    _flush(client, key, run, out)
+        seconds = None if expiry is None else float(int(expiry + 0.999999))
+        if (
+            run is None
+            or run.queue != queue
+            or run.expiry != seconds
+            or len(run.values) >= opts.batch_size
+        ):
+            _flush(client, run, out)
+            run = _Run(queue, seconds)
+        run.values.append(value)
+        if row_keys is not None:
+            run.keys.append(row_keys[i])
+    _flush(client, run, out)
 
 
-def _flush(
-    client: Client, key: tuple[str, float | None] | None, run: list[bytes], out: WriteCounts
-) -> None:
-    if key is None or not run:
+def _flush(client: Client, run: _Run | None, out: WriteCounts) -> None:
+    if run is None or not run.values:
         return
-    queue, expiry = key
-    client.put_many(queue, run, expiry)
-    out.items[queue] = out.items.get(queue, 0) + len(run)
-    out.bytes += sum(len(v) for v in run)
+    if run.keys:
+        client.put_many(run.queue, run.values, run.expiry, keys=run.keys)
+    else:
+        client.put_many(run.queue, run.values, run.expiry)
+    out.items[run.queue] = out.items.get(run.queue, 0) + len(run.values)
+    out.bytes += sum(len(v) for v in run.values)
+    failpoints.failpoint("sink.write")
 
 
-def write_task(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> WriteCounts:
-    """One task's writes (executors)."""
+def write_task(
+    opts: SinkOptions, batches: Iterator[pa.RecordBatch], write_id: str | None = None
+) -> WriteCounts:
+    """One task's writes (executors); ``write_id`` as :func:`task_keys` takes it."""
     out = WriteCounts()
+    keys = task_keys(opts, write_id)
     client = Client(
         list(opts.servers),
         timeout=opts.socket_timeout_ms / 1000,
@@ -150,7 +263,7 @@ def write_task(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> WriteCou
     )
     try:
         for batch in batches:
-            send_batch(client, opts, batch, out)
+            send_batch(client, opts, batch, out, keys)
     finally:
         client.close()
     return out
@@ -162,11 +275,13 @@ def _total(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:
 
 
 class TercelWriter(DataSourceArrowWriter):
-    """``df.write.format("tercel")`` (at-least-once; see the module docstring)."""
+    """``df.write.format("tercel")`` (see the module docstring). The write id of its keys is
+    drawn here, on the driver, once per write: a retried task makes the same keys."""
 
     def __init__(self, opts: SinkOptions, schema: StructType, overwrite: bool) -> None:
         check_schema(opts, schema, overwrite)
         self.opts = opts
+        self.write_id = uuid.uuid4().hex
         if overwrite and opts.queue is not None:  # flushOnOverwrite (check_schema): driver
             with Client(
                 list(opts.servers),
@@ -178,9 +293,10 @@ class TercelWriter(DataSourceArrowWriter):
             log.warning("tercel sink: flushed %r on every server (mode overwrite)", opts.queue)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCounts:
-        return write_task(self.opts, iterator)
+        return write_task(self.opts, iterator, self.write_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        failpoints.failpoint("sink.commit")
         items, failed = _total(messages)
         log.info("tercel sink: %d item(s) written by %d task(s)", items, len(messages) - failed)
 
@@ -195,7 +311,8 @@ class TercelWriter(DataSourceArrowWriter):
 
 
 class TercelStreamWriter(DataSourceStreamArrowWriter):
-    """``df.writeStream.format("tercel")`` (at-least-once: a re-run batch enqueues again)."""
+    """``df.writeStream.format("tercel")``: keys from the query and batch ids (see the module
+    docstring), so a batch Spark runs again after a crash stores nothing twice."""
 
     def __init__(self, opts: SinkOptions, schema: StructType, overwrite: bool) -> None:
         check_schema(opts, schema, False)
@@ -205,6 +322,7 @@ class TercelStreamWriter(DataSourceStreamArrowWriter):
         return write_task(self.opts, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        failpoints.failpoint("sink.commit")
         items, _ = _total(messages)
         log.info("tercel sink: batch %d wrote %d item(s)", batchId, items)
 
