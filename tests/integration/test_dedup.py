@@ -117,7 +117,7 @@ def test_async_client_keys(tmp_path: Path) -> None:
 
 
 def test_client_against_a_server_with_the_queue_full(data_dir: Path) -> None:
-    config = '[queues.q]\nmax_items = 1\n'
+    config = "[queues.q]\nmax_items = 1\n"
     with ServerProcess(data_dir, config) as srv, Client([srv.address]) as client:
         assert client.put("q", b"a", key="k1") == Stored(1, False, srv.address)
         with pytest.raises(NotStored):
