@@ -38,6 +38,7 @@ NATIVE_MODULES = [
     "tercel/protocol/memcache.py",
     "tercel/core/items.py",
     "tercel/core/queue_state.py",
+    "tercel/core/dedup.py",
     "tercel/core/queue_paging.py",
     "tercel/core/queue_upkeep.py",
     "tercel/core/queue_replay.py",

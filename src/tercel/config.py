@@ -143,6 +143,15 @@ class QueueConfig:
     dead_letter_queue: str | None = None
     """Where an item goes instead of a delivery beyond max_deliveries; None: it is dropped."""
     max_open_leases: int = 10_000
+    # ---- dedup keys (docs/configuration.md, "Dedup keys") ----
+    dedup_window_ms: int = 600_000
+    """How long a put's dedup key is remembered: a second put with the same key within it
+    stores nothing and is answered with the first one's item id; 0: keys are not kept.
+    10 minutes: twice SQS FIFO's 5 and five times NATS JetStream's 2, because tercel's
+    Spark sink retries a batch after a driver restart, which takes minutes, not seconds."""
+    max_dedup_keys: int = 1_000_000
+    """Dedup keys a queue holds at most; a keyed put beyond them (every key still younger than
+    the window) is refused with ``SERVER_ERROR``, nothing stored (~200 bytes per key)."""
 
     def describe(self) -> list[tuple[str, str]]:
         """``(key, value)`` pairs in declaration order, formatted the way the config file
@@ -181,6 +190,9 @@ _QUEUE_PARSERS: dict[str, Any] = {
     "max_deliveries": _parse_count,
     "dead_letter_queue": _parse_queue_ref,
     "max_open_leases": _parse_count,
+    # dedup keys
+    "dedup_window_ms": parse_duration,
+    "max_dedup_keys": _parse_count,
 }
 
 

@@ -44,7 +44,8 @@ asyncio.threads asyncio.unix_events asyncio.base_subprocess asyncio.selector_eve
 tercel.server tercel.server.app tercel.storage tercel.clock librt librt.time tercel.core
 tercel.core.log
 tercel.steps tercel.core.queue tercel.core.queue_paging tercel.core.items tercel.core.queue_state
-tercel.core.queue_replay tercel.core.queue_upkeep mypy_extensions tercel.core.source tercel.journal
+tercel.core.dedup tercel.core.queue_replay tercel.core.queue_upkeep mypy_extensions
+tercel.core.source tercel.journal
 tercel.journal.journal tercel.journal.records mmap zlib_ng zlib_ng._version zlib_ng.zlib_ng
 gzip zlib _compression tercel.journal.base tercel.journal.checkpoint tercel.journal.append
 tercel.journal.files resource tercel.journal.checkpointing tercel.journal.reader

@@ -11,9 +11,17 @@ the :class:`~tercel.errors.ClientError` family. ``tls=TLSOptions(...)`` (or
 ``TLSOptions.from_env()``) speaks TLS to every server.
 """
 
-from tercel.client._base import Leased
+from tercel.client._base import Leased, Stored
 from tercel.client.aio import AsyncClient, AsyncReservation
 from tercel.client.sync import Client, Reservation
 from tercel.client.tls import TLSOptions
 
-__all__ = ["AsyncClient", "AsyncReservation", "Client", "Leased", "Reservation", "TLSOptions"]
+__all__ = [
+    "AsyncClient",
+    "AsyncReservation",
+    "Client",
+    "Leased",
+    "Reservation",
+    "Stored",
+    "TLSOptions",
+]

@@ -22,6 +22,7 @@ import os
 import random
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -35,6 +36,7 @@ from tercel.protocol.commands import (
     DumpStats,
     Flush,
     Get,
+    KeyedSet,
     Lease,
     Release,
     Renew,
@@ -338,6 +340,75 @@ def put_op(queue: str, items: Iterable[bytes], expiry: float | None) -> Op[int]:
     """``set`` each item (pipelined); finish raises NotStored unless all were stored."""
     exp = exptime(expiry, time.time())
     return Op([Set(queue, 0, exp, bytes(data)) for data in items], _stored)
+
+
+# ---- keyed puts (dedup keys, docs/protocol.md "Dedup keys") ------------------------------------
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What a put with a dedup key got: the item's id on ``server``; ``duplicate`` True when
+    an earlier put with the key, within the queue's dedup window, stored it (this one stored
+    nothing, and ``item_id`` is the original's)."""
+
+    item_id: int
+    duplicate: bool
+    server: str
+
+
+def server_index(key: str, servers: int) -> int:
+    """The server a dedup key's puts go to: ``zlib.crc32(key) % servers``, so that a retry
+    lands where the first try did (its key is remembered there)."""
+    return zlib.crc32(key.encode("utf-8")) % servers
+
+
+def keyed_put_op(
+    queue: str, items: Sequence[tuple[str, bytes]], expiry: float | None
+) -> Op[list[Stored]]:
+    """``set ... key=<K>`` of each ``(key, data)`` (pipelined); finish raises NotStored when
+    one was refused (``stored`` counts the ones acknowledged before it), BadReply when the
+    server answers a plain ``STORED`` (it keeps no dedup keys: the put was not deduplicated)."""
+    exp = exptime(expiry, time.time())
+    cmds: list[Command] = [KeyedSet(queue, 0, exp, bytes(data), key) for key, data in items]
+    return Op(cmds, _stored_ids)
+
+
+def _stored_ids(replies: list[Reply], server: str) -> list[Stored]:
+    out: list[Stored] = []
+    for r in replies:
+        words = _line(r, server).split()
+        if words == ["NOT_STORED"]:
+            raise NotStored(
+                f"{len(replies) - len(out)} of {len(replies)} item(s) not stored from the"
+                " first refused on (queue full or item too large)",
+                server,
+                len(out),
+            )
+        if len(words) not in (2, 3) or words[0] != "STORED" or not words[1].isdigit():
+            raise BadReply(
+                f"unexpected reply to a keyed set: {' '.join(words)[:80]!r} (a server without"
+                " dedup keys answers a plain STORED)",
+                server,
+            )
+        if len(words) == 3 and words[2] != "duplicate":
+            raise BadReply(f"unexpected reply to a keyed set: {' '.join(words)[:80]!r}", server)
+        out.append(Stored(int(words[1]), len(words) == 3, server))
+    return out
+
+
+def by_server(
+    cluster: Cluster, items: Sequence[bytes], keys: Sequence[str]
+) -> dict[str, list[tuple[str, bytes]]]:
+    """``(key, data)`` of each item grouped by the server its key picks (:func:`server_index`),
+    in order; ValueError unless there is one key per item."""
+    if len(keys) != len(items):
+        raise ValueError(f"{len(keys)} keys for {len(items)} items: one key per item")
+    servers = cluster.servers
+    out: dict[str, list[tuple[str, bytes]]] = {}
+    for key, data in zip(keys, items, strict=True):
+        address = servers[server_index(key, len(servers))].address
+        out.setdefault(address, []).append((key, data))
+    return out
 
 
 def get_op(queue: str, wait: float, *, peek: bool = False) -> Op[bytes | None]:

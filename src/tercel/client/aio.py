@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from tercel.client import _base as b
-from tercel.client._base import Leased, Op, ServerState
+from tercel.client._base import Leased, Op, ServerState, Stored
 from tercel.client.tls import Secured
 from tercel.errors import ClientTimeout, NotStored, TransportError
 from tercel.protocol.commands import Command
@@ -243,17 +243,52 @@ class AsyncClient(b.ClientBase[_Connection]):
 
     # ---- the API (documented on tercel.client.Client) -------------------------------------
 
-    async def put(self, queue: str, data: bytes, expiry: float | None = None) -> None:
+    async def put(
+        self, queue: str, data: bytes, expiry: float | None = None, *, key: str | None = None
+    ) -> Stored | None:
+        if key is not None:
+            server = self.cluster.servers[b.server_index(key, len(self.cluster.servers))]
+            return (await self._run(b.keyed_put_op(queue, [(key, data)], expiry), server))[0]
         await self._any(b.put_op(queue, [data], expiry))
+        return None
+
+    def server_for_key(self, key: str) -> str:
+        return self.cluster.servers[b.server_index(key, len(self.cluster.servers))].address
 
     async def put_many(
-        self, queue: str, items: Iterable[bytes], expiry: float | None = None
+        self,
+        queue: str,
+        items: Iterable[bytes],
+        expiry: float | None = None,
+        *,
+        keys: Sequence[str] | None = None,
     ) -> int:
+        if keys is not None:
+            groups = b.by_server(self.cluster, list(items), list(keys))
+            counts = await asyncio.gather(
+                *(self._put_keyed_on(queue, a, batch, expiry) for a, batch in groups.items())
+            )
+            return sum(counts)
         items = list(items)
         done = 0
         for i in range(0, len(items), b.PUT_BATCH):
             try:
                 done += await self._any(b.put_op(queue, items[i : i + b.PUT_BATCH], expiry))
+            except NotStored as exc:
+                exc.stored += done
+                raise
+        return done
+
+    async def _put_keyed_on(
+        self, queue: str, address: str, batch: list[tuple[str, bytes]], expiry: float | None
+    ) -> int:
+        server = self.cluster.server(address)
+        done = 0
+        for i in range(0, len(batch), b.PUT_BATCH):
+            try:
+                op = b.keyed_put_op(queue, batch[i : i + b.PUT_BATCH], expiry)
+                got: list[Stored] = await self._run(op, server)
+                done += len(got)
             except NotStored as exc:
                 exc.stored += done
                 raise

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from tercel.client import _base as b
-from tercel.client._base import Leased, Op, ServerState
+from tercel.client._base import Leased, Op, ServerState, Stored
 from tercel.client.tls import Secured
 from tercel.errors import ClientTimeout, NotStored, TransportError
 from tercel.protocol.commands import Command
@@ -257,13 +257,41 @@ class Client(b.ClientBase[_Connection]):
 
     # ---- the API --------------------------------------------------------------------------
 
-    def put(self, queue: str, data: bytes, expiry: float | None = None) -> None:
-        """Add ``data`` to ``queue`` (expiry: seconds from now). Raises NotStored when refused."""
-        self._any(b.put_op(queue, [data], expiry))
+    def put(
+        self, queue: str, data: bytes, expiry: float | None = None, *, key: str | None = None
+    ) -> Stored | None:
+        """Add ``data`` to ``queue`` (expiry: seconds from now). Raises NotStored when refused.
 
-    def put_many(self, queue: str, items: Iterable[bytes], expiry: float | None = None) -> int:
+        With a dedup ``key``: the put goes to :meth:`server_for_key`'s server (no failover: a
+        down server raises, retry later) and returns :class:`Stored`; a put that timed out
+        can be sent again with the same key and lands once (within the queue's
+        ``dedup_window_ms``). BadRequest for a key that breaks the rule."""
+        if key is not None:
+            server = self.cluster.servers[b.server_index(key, len(self.cluster.servers))]
+            return self._run(b.keyed_put_op(queue, [(key, data)], expiry), server)[0]
+        self._any(b.put_op(queue, [data], expiry))
+        return None
+
+    def server_for_key(self, key: str) -> str:
+        """The server a put with dedup key ``key`` goes to (``zlib.crc32(key) % servers``)."""
+        return self.cluster.servers[b.server_index(key, len(self.cluster.servers))].address
+
+    def put_many(
+        self,
+        queue: str,
+        items: Iterable[bytes],
+        expiry: float | None = None,
+        *,
+        keys: Sequence[str] | None = None,
+    ) -> int:
         """Add every item, pipelined on one server; the count. Raises NotStored if any was
-        refused (``stored`` counts the others)."""
+        refused (``stored`` counts the others).
+
+        With ``keys`` (one dedup key per item): each item goes to its key's server
+        (:meth:`server_for_key`), pipelined per server; the count acknowledged (stored and
+        duplicates)."""
+        if keys is not None:
+            return self._put_keyed(queue, list(items), list(keys), expiry)
         items = list(items)
         done = 0
         for i in range(0, len(items), b.PUT_BATCH):
@@ -272,6 +300,22 @@ class Client(b.ClientBase[_Connection]):
             except NotStored as exc:
                 exc.stored += done
                 raise
+        return done
+
+    def _put_keyed(
+        self, queue: str, items: list[bytes], keys: list[str], expiry: float | None
+    ) -> int:
+        done = 0
+        for address, batch in b.by_server(self.cluster, items, keys).items():
+            server = self.cluster.server(address)
+            for i in range(0, len(batch), b.PUT_BATCH):
+                try:
+                    done += len(
+                        self._run(b.keyed_put_op(queue, batch[i : i + b.PUT_BATCH], expiry), server)
+                    )
+                except NotStored as exc:
+                    exc.stored += done
+                    raise
         return done
 
     def get(self, queue: str, timeout: float | None = None) -> bytes | None:

@@ -23,6 +23,7 @@ from tercel.core.log import QueueLog
 from tercel.core.queue import PersistentQueue, QItem
 from tercel.core.stats import GlobalStats
 from tercel.errors import (
+    BadKey,
     BadQueueName,
     ItemTooLarge,
     JournalError,
@@ -30,7 +31,7 @@ from tercel.errors import (
     TooManyOpenFiles,
     TooManyQueues,
 )
-from tercel.names import fanout_parent, valid_name
+from tercel.names import fanout_parent, key_problem, valid_name
 from tercel.steps import Steps, finish
 
 log = logging.getLogger(__name__)
@@ -430,6 +431,44 @@ class QueueCollection:
             self.stats.total_items += 1
             return True
         return False
+
+    def add_keyed(
+        self,
+        name: str,
+        key: str,
+        data: bytes,
+        expiry: int | None,
+        now: int,
+        *,
+        maintain: bool = True,
+    ) -> int:
+        """Add an item with a dedup key (:meth:`PersistentQueue.add_keyed`): the new item's id,
+        ``-id`` of the item an earlier put with ``key`` stored within the window (nothing
+        stored), or 0 when the queue refused it (full). Fanout children get the item too (each
+        by its own add rules, without the key: the parent's key decides). The key is checked
+        here (:func:`tercel.names.key_problem`).
+
+        Raises :class:`BadKey` (a bad key; an alias or a ``fanout_only`` queue, which keep no
+        items to name), :class:`BadQueueName`, :class:`~tercel.errors.ItemTooLarge`,
+        :class:`~tercel.errors.TooManyKeys`, or a journal error."""
+        why = key_problem(key)
+        if why is not None:
+            raise BadKey(why)
+        if name in self.config.aliases:
+            raise BadKey(f"alias {name} keeps no dedup keys: put with a key to a queue")
+        if self._pending_children:
+            self._replay_children(name)
+        q = self._queues.get(name)
+        if q is None:
+            q = self.get_or_create(name)
+        if q.config.fanout_only and "+" not in name:
+            raise BadKey(f"queue {name} is fanout_only and keeps no dedup keys")
+        got = q.add_keyed(key, data, expiry, now, maintain)
+        if got > 0:
+            self.stats.total_items += 1
+            for child in list(self._children.get(name, ())):
+                self._add_quietly(child, data, expiry, now, maintain)
+        return got
 
     def _add_quietly(
         self, name: str, data: bytes, expiry: int | None, now: int, maintain: bool

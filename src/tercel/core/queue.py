@@ -46,6 +46,7 @@ from tercel.core.queue_state import (
     XID_LIMIT,
     QueueState,
     Waiter,
+    own_dedup,
     own_open_reads,
 )
 from tercel.core.source import ReservationSource
@@ -142,6 +143,85 @@ class PersistentQueue(QueueState, ReservationSource):
             self.disk_bytes += len(data)
         else:
             self.log.add(item_id, now, expiry or 0, data)
+            items.append(QItem(item_id, now, expiry or 0, data))
+            self.mem_bytes += len(data)
+        self._next_id = item_id + 1
+        self.total_items += 1
+        if self._waiters:
+            self._serve_waiters(now)
+        self._ops += 1
+        if not self._ops & MAINTAIN_EVERY and maintain:
+            upkeep.maintain_log(self)
+        return True
+
+    def add_keyed(
+        self,
+        key: str,
+        data: builtins.bytes,
+        expiry: int | None = None,
+        now: int | None = None,
+        maintain: bool = True,
+    ) -> int:
+        """:meth:`add` with a dedup key (:mod:`tercel.core.dedup`): the id of the item stored,
+        or, when a put with ``key`` stored one within the queue's ``dedup_window_ms``, that
+        item's id as a negative number (``-id``: a duplicate, nothing stored, nothing
+        written); 0 when the queue is full or closed (nothing stored).
+
+        The item and its key are one ADD_KEYED record. ``key`` must be valid
+        (:func:`tercel.names.key_problem`: the caller checks). Raises as :meth:`add`, and
+        :class:`~tercel.errors.TooManyKeys` when ``max_dedup_keys`` keys younger than the
+        window are held. ``maintain`` as for :meth:`add`. Not the hot path."""
+        if self.closed:
+            return 0
+        if now is None:
+            now = self.clock.now_ms()
+        keys = own_dedup(self)
+        found = keys.find(key, now)
+        if found >= 0:
+            keys.duplicates += 1
+            return -found
+        if len(data) > self._max_item_size:
+            raise ItemTooLarge()
+        keys.check_room(f"queue {self.name}")
+        before = self._next_id
+        if not self._add_keyed_item(data, expiry, now, key, maintain):
+            return 0
+        keys.remember(key, before, now)
+        return before
+
+    def _add_keyed_item(
+        self, data: builtins.bytes, expiry: int | None, now: int, key: str, maintain: bool
+    ) -> bool:
+        """:meth:`add`'s body writing an ADD_KEYED record with ``key`` (kept apart so that
+        :meth:`add`, the hot path, does not test for a key)."""
+        cfg = self.config
+        items = self._items
+        if items and items.first().expiry and items.first().expiry < now:
+            self._discard_expired(now, cfg.max_expire_sweep)
+        max_items = self._max_items
+        max_size = self._max_size
+        if len(self) >= max_items or self.bytes >= max_size:
+            if not cfg.discard_old_when_full:
+                return False
+            while len(self) and (len(self) >= max_items or self.bytes >= max_size):
+                if not items:
+                    paging.refill(self)
+                self._pop_head()
+                self.discarded += 1
+        if cfg.max_age is not None:
+            cap = now + cfg.max_age
+            expiry = cap if not expiry or expiry > cap else expiry
+        if expiry and not 0 < expiry <= MAX_TIME_MS:
+            expiry = MAX_TIME_MS if expiry > 0 else 1
+        item_id = self._next_id
+        if self.disk_items or (self.mem_bytes >= cfg.max_memory_size and self.log.pages):
+            if not self.disk_items:
+                self._cursor = self.log.position()
+            self.log.add_keyed(item_id, now, expiry or 0, data, key)
+            self.disk_items += 1
+            self.disk_bytes += len(data)
+        else:
+            self.log.add_keyed(item_id, now, expiry or 0, data, key)
             items.append(QItem(item_id, now, expiry or 0, data))
             self.mem_bytes += len(data)
         self._next_id = item_id + 1

@@ -15,7 +15,7 @@ from typing import Final
 from tercel.core.items import QItem
 from tercel.core.log import Position
 from tercel.core.queue_paging import drop_disk_items, refill
-from tercel.core.queue_state import QueueState, cap, own_open_reads
+from tercel.core.queue_state import QueueState, cap, own_dedup, own_open_reads
 from tercel.steps import Steps
 
 REPLAY_WINDOW: Final = 1 << 20
@@ -177,3 +177,11 @@ class Replayer:
         q._next_id = max(q._next_id, next_id)
         q._xid = xid
         self.snapshot_seq = q.log.replay_position[0]
+        if q._dedup is not None:  # the snapshot's DEDUP_KEY records follow: every key held
+            q._dedup.clear()
+
+    def on_dedup_key(self, key: str, item_id: int, put_time: int) -> None:
+        """A key put at ``put_time``: kept unless the window has passed (measured now)."""
+        q = self.q
+        if q.config.dedup_window_ms > 0:
+            own_dedup(q).restore(key, item_id, put_time, q.clock.now_ms())

@@ -24,6 +24,7 @@ from typing import Final, Protocol
 
 from tercel.clock import MAX_TIME_MS, Clock
 from tercel.config import QueueConfig
+from tercel.core.dedup import DedupKeys
 from tercel.core.items import Items, QItem
 from tercel.core.log import ItemReader, Position, QueueLog
 
@@ -105,6 +106,7 @@ class QueueState:
         self.dead_lettered = 0
         self.dead_letter_refusals = 0
         """Items the dead-letter queue refused (each stayed and was handed out again)."""
+        self._dedup: DedupKeys | None = None  # from the first keyed put (or replayed key) on
 
     # ---- settings -------------------------------------------------------------------------
 
@@ -121,6 +123,8 @@ class QueueState:
         self._max_items = min(config.max_items, NO_LIMIT)
         self._max_size = min(config.max_size, NO_LIMIT)
         self._max_item_size = min(config.max_item_size, NO_LIMIT)
+        if self._dedup is not None:
+            self._dedup.reconfigure(config.dedup_window_ms, config.max_dedup_keys)
 
     # ---- views ----------------------------------------------------------------------------
 
@@ -167,6 +171,16 @@ class QueueState:
         """Rotations of this queue's log since start."""
         return self.log.rotations
 
+    @property
+    def dedup_keys(self) -> int:
+        """Dedup keys held (some may be past the window until the next keyed put)."""
+        return len(self._dedup) if self._dedup is not None else 0
+
+    @property
+    def dedup_duplicates(self) -> int:
+        """Keyed puts answered with an earlier put's item id since start."""
+        return self._dedup.duplicates if self._dedup is not None else 0
+
     def age(self, now: int) -> int:
         """Kestrel's ``age``: ms since the add time of the last item removed; 0 when empty."""
         if not self.bytes or not self._last_removed_add_time:
@@ -195,3 +209,12 @@ def own_open_reads(q: QueueState) -> dict[int, QItem]:
     if opened is NO_OPEN_READS:
         opened = q._open = {}
     return opened
+
+
+def own_dedup(q: QueueState) -> DedupKeys:
+    """The dedup keys of ``q`` (made now, from its settings, if it had none)."""
+    keys = q._dedup
+    if keys is None:
+        cfg = q.config
+        keys = q._dedup = DedupKeys(cfg.dedup_window_ms, cfg.max_dedup_keys)
+    return keys

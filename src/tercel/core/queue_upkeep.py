@@ -79,11 +79,16 @@ def checkpoint(q: QueueState) -> bool:
     """Let the log keep a checkpoint (replay may start there) when the queue is one run
     of the log's ADD records: no open reads, no item handed out before (no delivery
     count to keep), and item ids that follow one another from the head to the newest.
-    Anything else (an aborted read back at the head, say) is left to a full replay.
+    Anything else (an aborted read back at the head, say, or dedup keys held) is left to a
+    full replay.
     True when the log kept one. Costs a pass over the items in memory."""
     log = q.log
     if q._open or not log.pages:
         return False
+    if q._dedup is not None:  # a checkpoint's replay skips the records before it: their keys
+        q._dedup.expire(q.clock.now_ms())
+        if len(q._dedup):
+            return False
     items = q._items
     count = len(items) + q.disk_items
     head_id = q._next_id - count
@@ -117,7 +122,8 @@ def compact_at(q: QueueState, cursor: Position | None) -> bool:
     # live objects (their delivery counts and expiries change meanwhile).
     open_items = [(xid, _frozen(item)) for xid, item in q._open.items()]
     items = [_frozen(item) for item in q._items]
-    if not q.log.compact(q._next_id, q._xid, open_items, items, cursor):
+    keys = q._dedup.live() if q._dedup is not None else []
+    if not q.log.compact(q._next_id, q._xid, open_items, items, cursor, dedup_keys=keys):
         return False
     if cursor is None:
         # Do not compact again until the log has grown by another max_journal_size

@@ -125,6 +125,11 @@ class FileJournal(ReplayingJournal):
         # The payload is not copied: write_out hands all the pieces to pwritev.
         self._append_parts([prefix, fields, data], rec.ADD_HEAD_SIZE + len(data))
 
+    def add_keyed(self, item_id: int, add_time: int, expiry: int, data: bytes, key: str) -> None:
+        """Journal an item entering the tail of the queue with its dedup key: one ADD_KEYED
+        record (docs/journal_format.md, "Dedup keys"). Not on the hot path: one copy."""
+        self._append(rec.add_keyed_record(item_id, add_time, expiry, data, key.encode("ascii")))
+
     def remove(self) -> None:
         """Journal the removal of the head item."""
         self._append(rec.REMOVE_RECORD)

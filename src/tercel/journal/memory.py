@@ -72,6 +72,9 @@ class MemoryJournal:
     def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
         rec.encode_add(self.data, item_id, add_time, expiry, data)
 
+    def add_keyed(self, item_id: int, add_time: int, expiry: int, data: bytes, key: str) -> None:
+        rec.encode_add_keyed(self.data, item_id, add_time, expiry, data, key=key.encode("ascii"))
+
     def remove(self) -> None:
         self.data += rec.REMOVE_RECORD
 
@@ -121,8 +124,11 @@ class MemoryAddReader:
         while self._pos < len(data):
             start = self._pos
             self._pos = rec.check_record(data, start)
-            if rec.record_op(data, start) == rec.OP_ADD:
+            op = rec.record_op(data, start)
+            if op == rec.OP_ADD:
                 return rec.decode_add(data, start, self._pos)
+            if op == rec.OP_ADD_KEYED:
+                return rec.decode_add_keyed(data, start, self._pos)[:4]
         return None
 
     def next_adds(self, budget: int) -> list[tuple[int, int, int, bytes]]:
@@ -149,6 +155,9 @@ class NullJournal(MemoryJournal):
         self.pages = False
 
     def add(self, item_id: int, add_time: int, expiry: int, data: bytes) -> None:
+        pass
+
+    def add_keyed(self, item_id: int, add_time: int, expiry: int, data: bytes, key: str) -> None:
         pass
 
     def remove(self) -> None:

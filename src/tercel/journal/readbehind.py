@@ -115,6 +115,8 @@ class AddReader:
             op = rec.record_op(buf, start)
             if op == rec.OP_ADD:
                 return rec.decode_add(buf, start, stop)
+            if op == rec.OP_ADD_KEYED:  # its key was replayed: the item is what is read back
+                return rec.decode_add_keyed(buf, start, stop)[:4]
             if op == rec.OP_RESUME:
                 self._move(rec.decode_resume(buf, start)[0])
 

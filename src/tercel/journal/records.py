@@ -1,4 +1,4 @@
-"""The record format, version 2: pure encode and decode, no files.
+"""The record format, version 4: pure encode and decode, no files.
 
 Every file starts with an 8-byte header (``b"TRCL"``, the format version, three zero bytes).
 Every record is ``u32 length | u32 crc32 | body`` (little-endian), where ``length`` counts the
@@ -25,13 +25,14 @@ Bytes = bytes | bytearray | memoryview | mmap.mmap
 """Anything replay can read records from."""
 
 MAGIC: Final = b"TRCL"
-VERSION: Final = 3
+VERSION: Final = 4
 """Version 2 has version 1's records; what is new is that a file may end in zero bytes
 (space written ahead of the records so an ``fdatasync`` need not commit a new file size):
 a record prefix of eight zero bytes ends the records, and only zeros may follow it. Version 3
 adds RETURN (an open read's item back to its place by item id; ABORT puts it at the head) and
-the beanstalkd job log's opcodes (``joblog.py``)."""
-VERSIONS: Final = (1, 2, VERSION)
+the beanstalkd job log's opcodes (``joblog.py``). Version 4 adds the dedup keys' ADD_KEYED
+and DEDUP_KEY (and the job log's keyed PUT)."""
+VERSIONS: Final = (1, 2, 3, VERSION)
 """Versions replay reads. Files of an older version are read, never appended to."""
 
 
@@ -62,6 +63,11 @@ OP_SNAPSHOT: Final = 7
 OP_RESUME: Final = 8
 OP_DELIVERED: Final = 9
 OP_RETURN: Final = 10
+# dedup keys (docs/journal_format.md, "Dedup keys")
+OP_ADD_KEYED: Final = 20
+"""An ADD and its dedup key in one record: a torn write never stores an item without its key."""
+OP_DEDUP_KEY: Final = 21
+"""A remembered dedup key, as a compaction's snapshot writes it (its item may be gone)."""
 OP_NAMES: Final = {
     OP_ADD: "ADD",
     OP_REMOVE: "REMOVE",
@@ -73,6 +79,8 @@ OP_NAMES: Final = {
     OP_SNAPSHOT: "SNAPSHOT",
     OP_RESUME: "RESUME",
     OP_DELIVERED: "DELIVERED",
+    OP_ADD_KEYED: "ADD_KEYED",
+    OP_DEDUP_KEY: "DEDUP_KEY",
 }
 
 MAX_PAYLOAD: Final = 64 * 1024 * 1024
@@ -106,6 +114,7 @@ class RecordSink(Protocol):
     def on_flush(self) -> None: ...
     def on_snapshot(self, next_id: int, xid: int) -> None: ...
     def on_delivered(self, count: int) -> None: ...
+    def on_dedup_key(self, key: str, item_id: int, put_time: int) -> None: ...
 
 
 Position = tuple[int, int]
@@ -173,6 +182,66 @@ def decode_resume(buf: Bytes, pos: int) -> tuple[Position, Position]:
     return (cs, co), (ts, to)
 
 
+# ---- dedup keys ---------------------------------------------------------------------------
+
+_KEYED = struct.Struct("<BQqqB")  # op, item id, add time ms, expiry ms, key length
+_DEDUP_KEY = struct.Struct("<BQq")  # op, item id, put time ms; the key follows
+MAX_KEY: Final = 255
+"""The longest key a record can hold (the key rule allows 200 bytes)."""
+
+
+def encode_add_keyed(
+    buf: bytearray, item_id: int, add_time: int, expiry: int, data: bytes, *, key: bytes
+) -> None:
+    """Append an ADD_KEYED record to ``buf``: an item enters the tail of the queue, put with
+    the dedup key ``key`` (1-255 bytes)."""
+    body = _KEYED.pack(OP_ADD_KEYED, item_id, add_time, expiry, len(key)) + key
+    buf += _PREFIX.pack(len(body) + len(data), crc32(data, crc32(body)))
+    buf += body
+    buf += data
+
+
+def add_keyed_record(item_id: int, add_time: int, expiry: int, data: bytes, key: bytes) -> bytes:
+    """The whole ADD_KEYED record (:func:`encode_add_keyed`)."""
+    buf = bytearray()
+    encode_add_keyed(buf, item_id, add_time, expiry, data, key=key)
+    return bytes(buf)
+
+
+def decode_add_keyed(buf: Bytes, pos: int, stop: int) -> tuple[int, int, int, bytes, str]:
+    """``(item_id, add_time, expiry, data, key)`` of the (checked) ADD_KEYED record at
+    ``pos``."""
+    start = pos + PREFIX_SIZE
+    _, item_id, add_time, expiry, klen = _KEYED.unpack_from(buf, start)
+    kstart = start + _KEYED.size
+    key = bytes(buf[kstart : kstart + klen]).decode("ascii", "replace")
+    return item_id, add_time, expiry, bytes(buf[kstart + klen : stop]), key
+
+
+def encode_dedup_key(buf: bytearray, key: bytes, item_id: int, put_time: int) -> None:
+    """Append a DEDUP_KEY record: ``key`` stored item ``item_id`` at ``put_time``."""
+    buf += _record(_DEDUP_KEY.pack(OP_DEDUP_KEY, item_id, put_time) + key)
+
+
+def _dedup_key(buf: Bytes, start: int, stop: int) -> tuple[str, int, int]:
+    _, item_id, put_time = _DEDUP_KEY.unpack_from(buf, start)
+    key = bytes(buf[start + _DEDUP_KEY.size : stop]).decode("ascii", "replace")
+    return key, item_id, put_time
+
+
+def _check_keyed(buf: Bytes, start: int, length: int, op: int) -> str | None:
+    """Why the ADD_KEYED or DEDUP_KEY body at ``start`` does not fit its opcode, or None."""
+    if op == OP_DEDUP_KEY:
+        if not _DEDUP_KEY.size < length <= _DEDUP_KEY.size + MAX_KEY:
+            return "DEDUP_KEY record has the wrong length"
+        return None
+    if length < _KEYED.size or length < _KEYED.size + buf[start + _KEYED.size - 1]:
+        return "ADD_KEYED record too short"
+    if buf[start + _KEYED.size - 1] == 0:
+        return "ADD_KEYED record has an empty key"
+    return None
+
+
 def record_op(buf: Bytes, pos: int) -> int:
     """The opcode of the (checked) record at ``pos``."""
     return buf[pos + PREFIX_SIZE]
@@ -232,6 +301,10 @@ def check_record(buf: Bytes, pos: int) -> int:
     if op == OP_ADD:
         if length < ADD_FIELDS_SIZE:
             raise BadRecord(pos, "ADD record too short")
+    elif op in (OP_ADD_KEYED, OP_DEDUP_KEY):
+        why = _check_keyed(buf, start, length, op)
+        if why is not None:
+            raise BadRecord(pos, why)
     elif op in FIXED_LENGTHS:
         if length != FIXED_LENGTHS[op]:
             raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
@@ -258,6 +331,12 @@ def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
         pass  # positions only: the journal's replay acts on it, not the sink
     elif op == OP_DELIVERED:
         sink.on_delivered(_XID.unpack_from(buf, start)[1])
+    elif op == OP_ADD_KEYED:
+        item_id, add_time, expiry, data, key = decode_add_keyed(buf, pos, stop)
+        sink.on_add(item_id, add_time, expiry, data)
+        sink.on_dedup_key(key, item_id, add_time)
+    elif op == OP_DEDUP_KEY:
+        sink.on_dedup_key(*_dedup_key(buf, start, stop))
     else:
         xid = _XID.unpack_from(buf, start)[1]
         if op == OP_OPEN:
@@ -334,6 +413,12 @@ def describe_record(buf: Bytes, pos: int, stop: int) -> dict[str, object]:
         out["cursor"], out["taken"] = decode_resume(buf, pos)
     elif op == OP_DELIVERED:
         out["count"] = _XID.unpack_from(buf, start)[1]
+    elif op == OP_ADD_KEYED:
+        out["item_id"], out["add_time"], out["expiry"], out["data"], out["key"] = decode_add_keyed(
+            buf, pos, stop
+        )
+    elif op == OP_DEDUP_KEY:
+        out["key"], out["item_id"], out["put_time"] = _dedup_key(buf, start, stop)
     return out
 
 

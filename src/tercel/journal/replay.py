@@ -320,7 +320,7 @@ class ReplayingJournal(RotatingJournal):
             op = rec.record_op(buf, start)
             if state.adds_until is not None:
                 if pos < state.adds_until:
-                    if op != rec.OP_ADD:
+                    if op != rec.OP_ADD and op != rec.OP_ADD_KEYED:
                         continue
                 else:
                     state.adds_until = None

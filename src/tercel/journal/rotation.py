@@ -165,6 +165,8 @@ class RotatingJournal(CheckpointingJournal):
         open_items: Sequence[tuple[int, ItemLike]],
         items: Iterable[ItemLike],
         cursor: rec.Position | None,
+        *,
+        dedup_keys: Sequence[tuple[str, int, int]] = (),
     ) -> bool:
         """Replace the older files by one snapshot of the queue's state; True if started.
 
@@ -174,6 +176,7 @@ class RotatingJournal(CheckpointingJournal):
         rotation point are items still on disk. Files before ``cursor``'s file are replaced;
         without a cursor every older file is. Items and open reads are read from the
         objects given, on a worker thread: the caller passes copies of its containers.
+        ``dedup_keys`` (a list the caller made) are the dedup keys held at this point.
         """
         if self.compacting or self.syncing or self._failed is not None or self.closed:
             return False
@@ -199,6 +202,7 @@ class RotatingJournal(CheckpointingJournal):
                     items=items,
                     cursor=cursor,
                     taken=taken,
+                    dedup_keys=dedup_keys,
                 )
             except BaseException:
                 with contextlib.suppress(OSError):

@@ -1,7 +1,8 @@
 """The snapshot writer: one file holding a queue's whole state at a rotation point (the
 packer, kept out of the journal as Kestrel keeps ``JournalPacker`` out of ``Journal``).
 
-A snapshot file starts with a SNAPSHOT record (the counters), then the open reads (each an ADD,
+A snapshot file starts with a SNAPSHOT record (the counters), then the dedup keys held
+(DEDUP_KEY records), then the open reads (each an ADD,
 its deliveries and its OPEN), then the items in memory, head first, then, for a queue that
 leaves items on disk, a RESUME record saying where they are (docs/journal_format.md §11, §13).
 :mod:`tercel.journal.rotation` writes it on a worker thread under a temporary name and
@@ -41,18 +42,22 @@ def write_snapshot(
     items: Iterable[ItemLike],
     cursor: rec.Position | None,
     taken: rec.Position,
+    dedup_keys: Sequence[tuple[str, int, int]] = (),
 ) -> None:
     """Write the snapshot of a queue to ``path`` (created or truncated) and fsync it:
     counters ``next_id`` and ``xid``, the ``open_items`` as ``(xid, item)``, the ``items``
     head first, and, when ``cursor`` is given, a RESUME record saying that the ADD records
-    from ``cursor`` to ``taken`` are items still on disk. Raises the OSError of a failed
-    write or fsync (the caller removes the file)."""
+    from ``cursor`` to ``taken`` are items still on disk. ``dedup_keys`` ``(key, item_id,
+    put time)`` follow the SNAPSHOT record as DEDUP_KEY records. Raises the OSError of a
+    failed write or fsync (the caller removes the file)."""
     if ops is None:
         ops = default_ops()
     fd = ops.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         buf = bytearray(rec.FILE_HEADER)
         rec.encode_snapshot(buf, next_id, xid)
+        for key, key_id, put_time in dedup_keys:
+            rec.encode_dedup_key(buf, key.encode("ascii"), key_id, put_time)
         for open_xid, item in open_items:
             rec.encode_add(buf, item.id, item.add_time, item.expiry, item.data)
             if item.deliveries > 1:  # the OPEN adds the last one

@@ -166,9 +166,26 @@ class Confirm:
     count: int
 
 
+# ---- extension: dedup keys (docs/protocol.md, "Dedup keys") ---------------------------------
+
+
+@dataclass(slots=True)
+class KeyedSet:
+    """``set <queue> <flags> <exptime> <bytes> key=<K> [noreply]`` and its payload: a put
+    with a dedup key, answered ``STORED <item_id>`` or ``STORED <item_id> duplicate``."""
+
+    queue: str
+    flags: int
+    exptime: int
+    data: bytes
+    key: str
+    noreply: bool = False
+
+
 Command = (
     Get
     | Set
+    | KeyedSet
     | Delete
     | Flush
     | FlushAll

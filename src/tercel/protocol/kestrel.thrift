@@ -29,6 +29,15 @@ struct QueueInfo {
   7: i32 open_transactions
 }
 
+// tercel's: what put_keyed stored (docs/protocol.md, "Dedup keys").
+struct PutResult {
+  // The item's id; 0 when the queue refused the item (full: nothing stored).
+  1: i64 item_id
+  // True when an earlier put with the key, within the queue's dedup_window_ms, stored the
+  // item: this one stored nothing and item_id is the original's.
+  2: bool duplicate
+}
+
 enum Status {
   NOT_CONFIGURED = 0,
   QUIESCENT = 1,
@@ -78,4 +87,10 @@ service Kestrel {
   // server with users every other call before it fails with a TApplicationException
   // ("unauthenticated: ..."); wrong credentials fail with "authentication failure".
   void auth(1: string user, 2: string password)
+
+  // tercel's: put one item with a dedup key (docs/protocol.md, "Dedup keys"): a put that
+  // timed out can be sent again with the same key and lands once. A bad key, an alias or a
+  // fanout_only queue fail with a TApplicationException naming the rule; so does a queue
+  // holding max_dedup_keys keys younger than its window.
+  PutResult put_keyed(1: string queue_name, 2: binary item, 3: string key, 4: i32 expiration_msec = 0)
 }

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from tercel.errors import ProtocolError
-from tercel.names import valid_name_bytes
+from tercel.names import key_problem, valid_name_bytes
 from tercel.protocol.commands import Confirm, Delete, Flush, Simple, Status
 from tercel.protocol.memcache import MAX_DIGITS, MAX_LINE, MAX_VALUE, NEED_DATA, NeedData
 
@@ -58,12 +58,16 @@ MAX_BATCH_BYTES: Final = MAX_VALUE
 
 @dataclass(slots=True)
 class TextPut:
-    """``put <queue> [expiry_ms]:`` and its item lines: reply ``+<stored>``."""
+    """``put <queue> [expiry_ms]:`` and its item lines: reply ``+<stored>``. With a dedup key,
+    ``put <queue> [expiry_ms] key=<K>:`` and one item line: reply ``:<item_id>`` or
+    ``:<item_id> duplicate`` (``+0`` when the queue is full; docs/protocol.md, "Dedup keys")."""
 
     queue: str
     expiry_ms: int
     """Relative milliseconds; 0 means the items never expire."""
     items: list[bytes]
+    key: str | None = None
+    """The dedup key of a keyed put (checked: :func:`tercel.names.key_problem`)."""
 
 
 @dataclass(slots=True)
@@ -187,7 +191,10 @@ def parse_line(tokens: list[bytes]) -> TextCommand:
     if word == b"status":
         return Status(tokens[1].decode("latin-1") if len(tokens) > 1 else None)
     if word == b"put":  # a put line without ':' has no items (Kestrel answers +0)
-        return _put_head(tokens)
+        put = _put_head(tokens)
+        if put.key is not None:
+            raise ProtocolError("A put with a key carries exactly one item.")
+        return put
     if word in _SIMPLE:
         return Simple(word.decode("ascii"))
     if word == b"auth":
@@ -198,14 +205,20 @@ def parse_line(tokens: list[bytes]) -> TextCommand:
 
 
 def _put_head(tokens: list[bytes]) -> TextPut:
-    """The put command of a ``put <queue> [expiry_ms]`` line, with no items yet."""
+    """The put command of a ``put <queue> [expiry_ms] [key=<K>]`` line, with no items yet."""
+    key = None
+    if len(tokens) > 2 and tokens[-1][:4] == b"key=":
+        key = tokens.pop()[4:].decode("latin-1")
+        why = key_problem(key)
+        if why is not None:
+            raise ProtocolError(why)
     queue = _queue(tokens, "Queue name required.")
     expiry = 0
     if len(tokens) > 2:
         expiry = _number(tokens[2], "Error parsing expiration time.")
         if expiry < 0:
             raise ProtocolError("Error parsing expiration time.")
-    return TextPut(queue, expiry, [])
+    return TextPut(queue, expiry, [], key)
 
 
 @dataclass(slots=True)
@@ -368,6 +381,8 @@ class TextServerCodec:
             self._batch = None
             if batch.put is None:
                 raise ProtocolError(batch.refusal or "Bad request.")
+            if batch.put.key is not None and len(batch.put.items) != 1:
+                raise ProtocolError("A put with a key carries exactly one item.")
             return batch.put
         if batch.put is None:
             return None

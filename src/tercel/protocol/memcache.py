@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Final, TypeVar, cast
 
 from tercel.errors import ProtocolError
-from tercel.names import valid_name_bytes
+from tercel.names import key_problem, valid_name_bytes
 from tercel.protocol.commands import (
     GET_CLASS,
     SET_CLASS,
@@ -35,6 +35,7 @@ from tercel.protocol.commands import (
     FlushAll,
     FlushExpired,
     Get,
+    KeyedSet,
     Lease,
     Monitor,
     Release,
@@ -103,6 +104,10 @@ is padded numbers, not worth keeping per connection)."""
 
 _SetFields = tuple[str, int, int, bool]
 """A set's queue, flags, exptime and noreply, parsed before its payload is there."""
+
+_Outcome = _SetFields | KeyedSet | ProtocolError | None
+"""What a storage line parsed to: a set's fields, a keyed set (its payload still empty), why
+the set is refused, or None (another storage command, answered as unknown)."""
 
 _new_get: Final = cast(Callable[[type[Get], tuple[object, ...]], Get], tuple.__new__)
 _new_set: Final = cast(Callable[[type[Set], tuple[object, ...]], Set], tuple.__new__)
@@ -201,7 +206,7 @@ class MemcacheServerCodec:
         self._max_line = max_line
         self._max_value = max_value
         # A storage command waiting for its payload: (command word, size, fields or error).
-        self._pending: tuple[bytes, int, _SetFields | ProtocolError | None] | None = None
+        self._pending: tuple[bytes, int, _Outcome] | None = None
         # The last ``get`` line and the last ``set`` line parsed, with what they parsed to. A
         # client sends the same line again and again (a consumer's get, a producer's set of
         # one size); a repeat is recognised by comparing bytes, with no search for the line's
@@ -354,7 +359,7 @@ class MemcacheServerCodec:
         size, fields = self._storage_line(tokens)
         return self._storage_body(tokens[0], size, fields)
 
-    def _storage_line(self, tokens: list[bytes]) -> tuple[int, _SetFields | ProtocolError | None]:
+    def _storage_line(self, tokens: list[bytes]) -> tuple[int, _Outcome]:
         """The payload size of a storage command line, and for a ``set`` its fields or why
         they are refused (None: another storage command, answered as unknown). Raises
         ProtocolError (close) when the size is unusable: the payload cannot be skipped."""
@@ -374,18 +379,19 @@ class MemcacheServerCodec:
             return size, None
         flags, exptime = tokens[2], tokens[3]
         try:
-            return size, (
+            fields = (
                 _queue(tokens[1]),
                 0 if flags == b"0" else _int(flags, "flags"),
                 0 if exptime == b"0" else _int(exptime, "exptime"),
                 len(tokens) > 5 and tokens[5] == b"noreply",
             )
+            if len(tokens) > 5 and tokens[5][:4] == b"key=":  # only lines with more words
+                return size, _keyed_set(fields, tokens)
+            return size, fields
         except ProtocolError as exc:
             return size, exc
 
-    def _storage_body(
-        self, word: bytes, size: int, outcome: _SetFields | ProtocolError | None
-    ) -> Command | NeedData:
+    def _storage_body(self, word: bytes, size: int, outcome: _Outcome) -> Command | NeedData:
         """The command whose line was just consumed, once its payload is there."""
         if isinstance(outcome, tuple):
             start = self._pos
@@ -418,7 +424,24 @@ class MemcacheServerCodec:
             return _new_set(SET_CLASS, (name, flag, expiry, self._buf[start:end], noreply))
         if outcome is None:
             return Unknown(word)
+        if isinstance(outcome, KeyedSet):
+            outcome.data = self._buf[start:end]
+            return outcome
         raise outcome
+
+
+def _keyed_set(fields: _SetFields, tokens: list[bytes]) -> KeyedSet:
+    """The keyed set of a ``set`` line whose sixth word is ``key=<K>`` (then ``noreply`` may
+    follow); its payload is filled in when it arrives. Raises ProtocolError for a bad key (the
+    rule: :data:`tercel.names.KEY_RULE`) or a word after it other than ``noreply``."""
+    name, flag, exptime, _ = fields
+    key = tokens[5][4:].decode("latin-1")
+    why = key_problem(key)
+    if why is not None:
+        raise ProtocolError(why)
+    if len(tokens) > 7 or (len(tokens) == 7 and tokens[6] != b"noreply"):
+        raise ProtocolError("usage: set <queue> <flags> <exptime> <bytes> key=<key> [noreply]")
+    return KeyedSet(name, flag, exptime, b"", key, len(tokens) == 7)
 
 
 # ---- extension commands (docs/protocol.md, "Leases and extensions") -------------------------
@@ -506,6 +529,14 @@ OK: Final = b"OK\r\n"
 ERROR: Final = b"ERROR\r\n"
 VALUE_TAIL: Final = b"\r\nEND\r\n"
 RELOADED: Final = b"Reloaded config.\r\n"
+
+
+def stored_id(item_id: int, duplicate: bool) -> bytes:
+    """A keyed set's reply: ``STORED <item_id>``, or ``STORED <item_id> duplicate`` when an
+    earlier put with the key stored the item (docs/protocol.md, "Dedup keys")."""
+    if duplicate:
+        return b"STORED %d duplicate\r\n" % item_id
+    return b"STORED %d\r\n" % item_id
 
 
 def value_head(key: bytes, size: int, cas: int | None = None) -> bytes:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from tercel.errors import BadReply, BadRequest
-from tercel.names import name_problem, valid_name_bytes
+from tercel.names import key_problem, name_problem, valid_name_bytes
 from tercel.protocol.commands import (
     Ack,
     Command,
@@ -30,6 +30,7 @@ from tercel.protocol.commands import (
     FlushAll,
     FlushExpired,
     Get,
+    KeyedSet,
     Lease,
     Monitor,
     Release,
@@ -240,6 +241,18 @@ class MemcacheClientCodec:
                     cmd.flags,
                     cmd.exptime,
                     len(cmd.data),
+                )
+                return head + b"\r\n" + cmd.data + b"\r\n", line
+            case KeyedSet():
+                why = key_problem(cmd.key)
+                if why is not None:
+                    raise BadRequest(why)
+                head = b"set %b %d %d %d key=%b" % (
+                    _name(cmd.queue),
+                    cmd.flags,
+                    cmd.exptime,
+                    len(cmd.data),
+                    cmd.key.encode("ascii"),
                 )
                 return head + b"\r\n" + cmd.data + b"\r\n", line
             case Delete() | Flush():

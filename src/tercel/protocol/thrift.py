@@ -34,7 +34,7 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TCyMemoryBuffer
 
 from tercel.errors import ProtocolError
-from tercel.names import valid_name
+from tercel.names import key_problem, valid_name
 from tercel.protocol.memcache import NEED_DATA, NeedData
 from tercel.protocol.thrift_check import check_args
 from tercel.protocol.thrift_framing import FrameDecoder, frame
@@ -81,6 +81,20 @@ class Put:
     seqid: int
     queue: str
     items: list[bytes]
+    expiration_msec: int
+    """Relative ms; 0 (or less) means never."""
+
+
+@dataclass(slots=True)
+class PutKeyed:
+    """``PutResult put_keyed(queue_name, item, key, expiration_msec)``: one item with a dedup
+    key (docs/protocol.md, "Dedup keys")."""
+
+    METHOD: ClassVar[str] = "put_keyed"
+    seqid: int
+    queue: str
+    item: bytes
+    key: str
     expiration_msec: int
     """Relative ms; 0 (or less) means never."""
 
@@ -201,6 +215,7 @@ class BadCall:
 
 ThriftCall = (
     Put
+    | PutKeyed
     | Get
     | Confirm
     | Abort
@@ -240,12 +255,23 @@ def _int(value: Any) -> int:
     return 0 if value is None else int(value)
 
 
+def _key(args: Any) -> str:
+    key = _required(args.key, "key")
+    why = key_problem(key) if isinstance(key, str) else "key must be a string"
+    if why is not None:
+        raise _Refused(why)
+    return str(key)
+
+
 def _ids(args: Any) -> list[int]:
     return list(dict.fromkeys(_required(args.ids, "ids")))
 
 
 _BUILDERS: Final[dict[str, Any]] = {
     "put": lambda s, a: Put(s, _queue(a), _required(a.items, "items"), _int(a.expiration_msec)),
+    "put_keyed": lambda s, a: PutKeyed(
+        s, _queue(a), _required(a.item, "item"), _key(a), _int(a.expiration_msec)
+    ),
     "get": lambda s, a: Get(
         s,
         _queue(a),
@@ -393,6 +419,11 @@ def _result(call: Any, success: Any) -> bytes:
 def reply_count(call: Put | Confirm | Abort, n: int) -> bytes:
     """The i32 result of ``put``, ``confirm`` or ``abort``."""
     return _result(call, n)
+
+
+def reply_put_keyed(call: PutKeyed, item_id: int, duplicate: bool) -> bytes:
+    """The ``PutResult`` of ``put_keyed``."""
+    return _result(call, kestrel_thrift.PutResult(item_id=item_id, duplicate=duplicate))
 
 
 def reply_items(call: Get, items: Sequence[tuple[bytes, int]]) -> bytes:

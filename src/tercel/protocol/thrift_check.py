@@ -90,8 +90,9 @@ def check_args(buf: bytes, pos: int, spec: dict[int, tuple[Any, ...]]) -> None:
         fid = _i16(buf, at + 1)
         want = spec.get(int(fid))
         if want is not None:
-            if ftype != want[0]:
-                raise ProtocolError(f"{want[1]} sent as type {ftype}, not {want[0]}")
+            declared = _STRING if want[0] == _BINARY else want[0]  # binary: a string on the wire
+            if ftype != declared:
+                raise ProtocolError(f"{want[1]} sent as type {ftype}, not {declared}")
             elem = want[2]
             if ftype in (_LIST, _SET) and isinstance(elem, int):
                 etype = _i8(buf, at + 3)

@@ -362,6 +362,21 @@ QUEUE: tuple[Figure[QueueSource], ...] = (
         omit_zero=True,
         from_config=True,
     ),
+    # dedup keys (docs/protocol.md, "Dedup keys")
+    Figure(
+        "dedup_keys",
+        GAUGE,
+        "Dedup keys held: keyed puts remembered for the queue's dedup_window_ms.",
+        lambda s: s.q.dedup_keys,
+        omit_zero=True,
+    ),
+    Figure(
+        "dedup_duplicates",
+        COUNTER,
+        "Keyed puts answered as duplicates (the original's item id; nothing stored).",
+        lambda s: s.q.dedup_duplicates,
+        omit_zero=True,
+    ),
     # the admin port's and the dashboard's only
     Figure(
         "max_items",

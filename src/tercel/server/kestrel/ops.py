@@ -137,6 +137,27 @@ def put_items(
     return n
 
 
+def put_keyed(
+    ctx: ServerContext,
+    queue: str,
+    key: str,
+    data: bytes,
+    expiry: int | None,
+    *,
+    maintain: bool = True,
+) -> int:
+    """Add one item with a dedup key (docs/protocol.md, "Dedup keys"), ``expiry`` in
+    absolute epoch ms (None: never): the new item's id, ``-id`` when a put with ``key``
+    stored item ``id`` within the queue's window (a duplicate: nothing stored), 0 when the
+    queue refused it (full). Counts ``cmd_set``. The caller's table declares ``WRITES``; the
+    reply goes through the pump (held until the ADD_KEYED record is written).
+
+    Raises BadKey, BadQueueName, ItemTooLarge, TooManyKeys or a journal error."""
+    coll = ctx.collection
+    coll.stats.cmd_set += 1
+    return coll.add_keyed(queue, key, data, expiry, ctx.now, maintain=maintain)
+
+
 def flush(ctx: ServerContext, queue: str) -> None:
     """Drop every item of ``queue`` that is not open (``WRITES``)."""
     ctx.collection.flush(queue)

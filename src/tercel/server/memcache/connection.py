@@ -28,6 +28,7 @@ from tercel.protocol.commands import (
     FlushAll,
     FlushExpired,
     Get,
+    KeyedSet,
     Set,
     Simple,
     Status,
@@ -281,6 +282,16 @@ def handle_set(conn: MemcacheConnection, cmd: Set) -> None:
         conn.out.append(mc.STORED if stored else mc.NOT_STORED)
 
 
+def handle_keyed_set(conn: MemcacheConnection, cmd: KeyedSet) -> None:
+    """``set ... key=<K>``: ``STORED <id>`` or ``STORED <id> duplicate`` (flags ignored, as
+    for ``set``), ``NOT_STORED`` when the queue is full."""
+    got = ops.put_keyed(
+        conn.ctx, cmd.queue, cmd.key, cmd.data, expiry_ms(cmd.exptime, conn.ctx.now)
+    )
+    if not cmd.noreply:
+        conn.out.append(mc.stored_id(abs(got), got < 0) if got else mc.NOT_STORED)
+
+
 def handle_delete(conn: MemcacheConnection, cmd: Delete) -> None:
     ops.delete(conn.ctx, cmd.queue)
     if not cmd.noreply:
@@ -431,6 +442,7 @@ checked by the pump."""
 HANDLERS: Final[dict[type, Operation]] = {
     # get and set test the status flags themselves (their own fast path; a get that only
     # closes or aborts an open read is allowed whatever the status), so they are not here.
+    KeyedSet: Operation("set", handle_keyed_set, WRITES, auth.PUT),
     Delete: Operation("delete", handle_delete, WRITES, auth.MANAGE),
     Flush: Operation("flush", handle_flush, WRITES, auth.MANAGE),
     FlushAll: Operation("flush_all", handle_flush_all, WRITES, auth.MANAGE_ALL),

@@ -36,6 +36,7 @@ FEATURES = [
     ("dead-letter", 1),
     ("monitor", 1),
     ("lease-binary", 1),
+    ("dedup", 1),
 ]
 """What ``features`` announces: one ``FEATURE <name> <version>`` line each."""
 

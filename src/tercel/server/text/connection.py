@@ -206,8 +206,23 @@ def handle_confirm(conn: TextConnection, cmd: Confirm) -> None:
 def handle_put(conn: TextConnection, cmd: kt.TextPut) -> None:
     """``put <q> [expiry_ms]:`` + item lines + an empty line -> ``+<stored>`` (every record
     journaled first). Items refused (queue full, too large) are not counted."""
+    if cmd.key is not None:
+        _put_keyed(conn, cmd, cmd.key)
+        return
     n = ops.put_items(conn.ctx, cmd.queue, cmd.items, cmd.expiry_ms, False)
     conn.out.append(kt.count(n))
+
+
+def _put_keyed(conn: TextConnection, cmd: kt.TextPut, key: str) -> None:
+    """``put <q> [expiry_ms] key=<K>:`` + one item line -> ``:<item_id>`` or ``:<item_id>
+    duplicate``; ``+0`` when the queue refused it (docs/protocol.md, "Dedup keys")."""
+    ctx = conn.ctx
+    expiry = ctx.now + cmd.expiry_ms if cmd.expiry_ms > 0 else None
+    got = ops.put_keyed(ctx, cmd.queue, key, cmd.items[0], expiry)
+    if not got:
+        conn.out.append(kt.count(0))
+    else:
+        conn.out.append(kt.string(f"{abs(got)} duplicate" if got < 0 else str(abs(got))))
 
 
 def handle_flush(conn: TextConnection, cmd: Flush) -> None:

@@ -255,6 +255,15 @@ def handle_put(conn: ThriftConnection, call: t.Put) -> None:
     conn.out.append(t.reply_count(call, n))
 
 
+def handle_put_keyed(conn: ThriftConnection, call: t.PutKeyed) -> None:
+    """``put_keyed`` -> ``PutResult(item_id, duplicate)``, item_id 0 when the queue refused the
+    item (docs/protocol.md, "Dedup keys"); journaled before the reply."""
+    ctx = conn.ctx
+    expiry = ctx.now + call.expiration_msec if call.expiration_msec > 0 else None
+    got = ops.put_keyed(ctx, call.queue, call.key, call.item, expiry)
+    conn.out.append(t.reply_put_keyed(call, abs(got), got < 0))
+
+
 def _reserved(conn: ThriftConnection, call: t.Confirm | t.Abort) -> list[Reservation]:
     """The open auto-abort reservations of ``call.queue`` among ``call.ids`` (reads another
     connection holds open for itself are not Thrift's to end)."""
@@ -326,6 +335,7 @@ def handle_bad_call(conn: ThriftConnection, call: t.BadCall) -> None:
 
 HANDLERS: Final[dict[type, Operation]] = {
     t.Put: Operation("put", handle_put, WRITES, auth.PUT),
+    t.PutKeyed: Operation("put_keyed", handle_put_keyed, WRITES, auth.PUT),
     t.Get: Operation("get", handle_get, READS, auth.TAKE),
     # As in Kestrel: reads opened before QUIESCENT can end.
     t.Confirm: Operation("confirm", handle_confirm, ANY, auth.TAKE),
