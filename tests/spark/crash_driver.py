@@ -4,7 +4,7 @@ Usage: python crash_driver.py '<json plan>' with the plan::
 
     {"master": "local[2]", "restarts": 0, "retry_wait": 1.0,
      "lanes": [{"name": ..., "servers": "h:p,h:p", "queue": ..., "checkpoint": ...,
-                "source_options": {...},
+                "source_options": {...}, "sink_options": {...},
                 "sink": "tercel", "out_servers": "h:p,h:p", "out_queue": ...
                 # or "sink": "parquet", "out": <dir>
                }, ...],
@@ -58,11 +58,10 @@ def start(spark: Any, lane: dict[str, Any]) -> Any:
         )
     else:
         writer = df.writeStream.format("parquet").option("path", lane["out"])
+    for key, value in lane.get("sink_options", {}).items():
+        writer = writer.option(key, str(value))
     return (
-        writer.option("checkpointLocation", lane["checkpoint"])
-        .queryName(lane["name"].replace("-", "_").replace(".", "_"))
-        .trigger(availableNow=True)
-        .start()
+        writer.option("checkpointLocation", lane["checkpoint"]).trigger(availableNow=True).start()
     )
 
 

@@ -88,14 +88,14 @@ def test_batch_write_keys_rows_apart_and_a_key_column_stores_once(
             writer = writer.option(key, value)
         writer.option("queue", queue).mode("append").save()
 
-    write(f"{qname}.default", ignoreExtraColumns="true")
-    assert sorted(drain(servers, f"{qname}.default")) == sorted(v for v, _ in rows)
-    write(f"{qname}.keyed", keyColumn="k")
-    write(f"{qname}.keyed", keyColumn="k")
-    assert sorted(drain(servers, f"{qname}.keyed")) == sorted(v for v, _ in rows)
-    write(f"{qname}.plain", dedup="false", ignoreExtraColumns="true")
-    write(f"{qname}.plain", dedup="false", ignoreExtraColumns="true")
-    assert len(drain(servers, f"{qname}.plain")) == 2 * len(rows)
+    write(f"{qname}_default", ignoreExtraColumns="true")
+    assert sorted(drain(servers, f"{qname}_default")) == sorted(v for v, _ in rows)
+    write(f"{qname}_keyed", keyColumn="k")
+    write(f"{qname}_keyed", keyColumn="k")
+    assert sorted(drain(servers, f"{qname}_keyed")) == sorted(v for v, _ in rows)
+    write(f"{qname}_plain", dedup="false", ignoreExtraColumns="true")
+    write(f"{qname}_plain", dedup="false", ignoreExtraColumns="true")
+    assert len(drain(servers, f"{qname}_plain")) == 2 * len(rows)
 
 
 def _stream_files_into_tercel(
@@ -132,7 +132,8 @@ def test_a_streaming_batch_run_again_after_a_crash_stores_nothing_twice(
         (src / f"part-{f}.json").write_text("\n".join(lines) + "\n")
     ck = work / "ck"
     _stream_files_into_tercel(spark, src, ck, servers, queue=qname, dedup=dedup)
-    (ck / "commits" / "1").unlink()
+    for name in ("1", ".1.crc"):  # the entry and Hadoop's checksum of it
+        (ck / "commits" / name).unlink(missing_ok=True)
     _stream_files_into_tercel(spark, src, ck, servers, queue=qname, dedup=dedup)
     got = drain(servers, qname)
     if dedup:
@@ -167,7 +168,7 @@ def test_end_to_end_queue_to_spark_to_queue_and_parquet_exactly_once(
             "sink": sink,
         }
         if sink == "tercel":
-            lane.update(out_servers=addresses(servers), out_queue=f"{name}.out")
+            lane.update(out_servers=addresses(servers), out_queue=f"{name}-out")
         else:
             lane.update(out=str(work / name / "out"))
         lanes.append(lane)
@@ -183,5 +184,5 @@ def test_end_to_end_queue_to_spark_to_queue_and_parquet_exactly_once(
     assert done.returncode == 0 and "DONE" in done.stdout, (done.stdout + done.stderr)[-4000:]
     report = json.loads((work / "report.json").read_text())
     for name, items in produced.items():
-        got = report[name] if name.endswith("parquet") else drain(servers, f"{name}.out")
+        got = report[name] if name.endswith("parquet") else drain(servers, f"{name}-out")
         assert sorted(got) == sorted(items), f"{name}: {len(got)} rows for {len(items)} items"

@@ -17,8 +17,9 @@ _TRUE = frozenset(("true", "1", "yes", "on"))
 _FALSE = frozenset(("false", "0", "no", "off"))
 
 
-SPARK_OPTIONS = ("path", "checkpointLocation")
-"""Options Spark itself may pass to a format (``load(path)``, ``writeStream``'s checkpoint)."""
+SPARK_OPTIONS = ("path", "checkpointLocation", "queryName")
+"""Options Spark itself may pass to a format (``load(path)``, ``writeStream``'s checkpoint and
+``queryName``)."""
 
 
 class Options:
