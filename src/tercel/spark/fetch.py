@@ -18,7 +18,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pyarrow as pa
@@ -92,11 +92,22 @@ def connect(opts: SourceOptions, address: str, pool_size: int = 1) -> Client:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What one plan took: the counts, and whether every server answered short of its share
-    (the queues were drained)."""
+    """What one plan took: the counts; whether every server answered short of its share (the
+    queues were drained); whether a key was left out (the batch must still be logged, even
+    empty, so that the next plan uses new keys)."""
 
     leases: Leases
     drained: bool
+    skipped: bool = False
+
+
+@dataclass(slots=True)
+class Took:
+    """One server's part of a plan (:meth:`Planner._take_on`)."""
+
+    got: dict[str, int] = field(default_factory=dict)
+    short: bool = True
+    skipped: bool = False
 
 
 class Planner:
@@ -131,58 +142,56 @@ class Planner:
         """Take batch ``seq``'s keyed leases, ``limit`` items at most: the limit split evenly
         over the configured servers, and each server's share over its queues (deterministic,
         so a restarted driver asks each key for what it asked before, and the server answers
-        with the same lease). A server that fails is left out of this batch (its key, if an
-        earlier attempt took it, runs out and its items go back). Raises AllServersDown when
-        no server has answered for ``maxUnavailableMs``."""
+        with the same lease). A server that fails is left out of this batch. Raises
+        AllServersDown when no server has answered for ``maxUnavailableMs``."""
         servers = list(self.opts.servers)
         shares = dict(zip(servers, split(limit, len(servers), seq), strict=True))
-        wait = self.opts.fetch_wait_ms / 1000
-
-        def on(server: str) -> tuple[dict[str, int], bool] | None:
-            try:
-                queues = self.queues_on(server)
-                asks = split(shares[server], len(queues), seq)
-                got: dict[str, int] = {}
-                short = True
-                first = True
-                for queue, ask in zip(queues, asks, strict=True):
-                    if ask <= 0:
-                        continue
-                    key = lease_key(ident, seq, None if self.opts.single_queue else queue)
-                    lease = self.clients[server].lease_key(
-                        server,
-                        queue,
-                        key,
-                        ask,
-                        lease_time=None
-                        if self.opts.lease_ms is None
-                        else self.opts.lease_ms / 1000,
-                        wait=wait if first else 0.0,
-                    )
-                    first = False
-                    if lease.count:
-                        got[queue] = lease.count
-                    short = short and lease.count < ask
-                return got, short
-            except ServerReplyError as exc:
-                if "max_items" in exc.reason or "max items" in exc.reason:
-                    raise ValueError(
-                        f"tercel source: batch {seq} was planned on {server} with other "
-                        f"options ({exc.reason}); restore the source's servers, queues and "
-                        "maxItemsPerTrigger of the run that planned it, or let its leases run "
-                        "out (leaseMs) before restarting"
-                    ) from exc
-                log.warning("tercel source: %s left out of batch %d: %s", server, seq, exc)
-                return None
-            except ClientError as exc:
-                log.warning("tercel source: %s left out of batch %d: %s", server, seq, exc)
-                return None
-
-        answers = self._each(on, servers)
+        answers = self._each(lambda s: self._take_on(s, ident, seq, shares[s]), servers)
         self._health(sum(a is not None for a in answers))
-        leases = {s: a[0] for s, a in zip(servers, answers, strict=True) if a is not None and a[0]}
-        drained = all(a is not None and a[1] for a in answers)
-        return Plan(leases, drained)
+        leases = {
+            s: a.got for s, a in zip(servers, answers, strict=True) if a is not None and a.got
+        }
+        return Plan(
+            leases,
+            drained=all(a is not None and a.short for a in answers),
+            skipped=any(a is not None and a.skipped for a in answers),
+        )
+
+    def _take_on(self, server: str, ident: str, seq: int, share: int) -> Took | None:
+        """Batch ``seq``'s leases on one server (its queues in turn, only the first may
+        wait); None when the server failed. A key the server refuses (``CLIENT_ERROR``: an
+        attempt Spark never logged took it with other counts, or it ran out since) is left
+        out: its items go back to the queue when its lease runs out, and a later batch takes
+        them."""
+        lease_time = None if self.opts.lease_ms is None else self.opts.lease_ms / 1000
+        took = Took()
+        try:
+            queues = self.queues_on(server)
+            wait = self.opts.fetch_wait_ms / 1000
+            for queue, ask in zip(queues, split(share, len(queues), seq), strict=True):
+                if ask <= 0:
+                    continue
+                key = lease_key(ident, seq, None if self.opts.single_queue else queue)
+                try:
+                    lease = self.clients[server].lease_key(
+                        server, queue, key, ask, lease_time=lease_time, wait=wait
+                    )
+                except ServerReplyError as exc:
+                    if exc.kind != "CLIENT_ERROR":
+                        raise
+                    log.warning(
+                        "tercel source: batch %d leaves out %s on %s: %s", seq, key, server, exc
+                    )
+                    took.skipped = True
+                    continue
+                wait = 0.0
+                if lease.count:
+                    took.got[queue] = lease.count
+                took.short = took.short and lease.count < ask
+        except ClientError as exc:
+            log.warning("tercel source: %s left out of batch %d: %s", server, seq, exc)
+            return None
+        return took
 
     def _health(self, answered: int) -> None:
         if answered:

@@ -161,7 +161,8 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Ack ``start``'s batch (Spark calls this only once the batch ending at ``start`` is
         in its commit log; it calls ``commit`` one batch late and never for a run's last
         batch), then take batch N = start.seq + 1's keyed leases without payloads, the limit
-        split over the servers. Nothing taken: ``start`` (no batch)."""
+        split over the servers. Nothing taken: ``start`` (no batch), unless a key was left out
+        (:meth:`.fetch.Planner.take`): then an empty batch moves the query past that key."""
         begin = self._parse(start)
         planner = self._driver()
         self._ack(begin)
@@ -177,7 +178,7 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             elif self._budget is not None and not self._first_plan:
                 self._budget = max(0, self._budget - end.total)
             self._first_plan = False
-        if not end.total:
+        if not end.total and not plan.skipped:
             return start
         self._planned[end.seq] = end
         self.metrics["batches"] += 1
