@@ -128,7 +128,8 @@ def test_stop_after_a_batch_and_restart_on_the_checkpoint_exactly_once(
     assert max(p["numInputRows"] for p in query.recentProgress) <= 200
     assert 0 < len(sunk(spark, work)) < len(produced)  # stopped mid-stream
 
-    df = source(spark, addresses, qname, maxItemsPerTrigger=1000)
+    # the same options: a batch planned before the stop is planned again with the same keys
+    df = source(spark, addresses, qname, maxItemsPerTrigger=200)
     query = to_parquet(df, work, available_now=True)
     query.awaitTermination(300)
     assert query.exception() is None
