@@ -58,7 +58,6 @@ def build(spark: SparkSession, servers: str, work: Path) -> DataFrame:
         spark.readStream.format("tercel")
         .option("servers", servers)
         .option("queue", "events")
-        .option("stagingLocation", str(work / "staging"))
         .option("maxItemsPerTrigger", "5000")
         .load()
     )

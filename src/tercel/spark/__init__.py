@@ -4,7 +4,7 @@ tercel[spark]``)::
     from tercel.spark import register
     register(spark)
     items = (spark.readStream.format("tercel").option("servers", "h1:22133,h2:22133")
-             .option("queue", "events").option("stagingLocation", "/data/stage/events").load())
+             .option("queue", "events").load())
     df.write.format("tercel").option("servers", "h1:22133").option("queue", "out").save()
     spark.read.format("tercel-journal").load("/var/lib/tercel")
 

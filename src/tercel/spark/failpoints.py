@@ -1,13 +1,22 @@
-"""Named crash windows of the connector: the seam its crash tests use.
+"""Named crash windows of the Spark connector: the seam its crash tests use.
 
 Production code calls :func:`failpoint` at every step where a crash leaves a different state
-on the servers or in Spark's checkpoint. It does nothing unless a test installed a hook
-(:func:`set_hook`, in-process tests) or armed a point with the environment variable
-``TERCEL_SPARK_FAILPOINT=<name>[:<hit>]``: then the process that reaches ``name`` for the
-``hit``-th time (default 1) ends at once with ``os._exit(137)`` (kill -9 semantics: no
-``finally``, no flush). Spark's JVM passes its environment on to the Python processes it
-starts (the streaming source runner, the sink's commit runner, executors' workers), so the
-variable arms every process of a driver started with it.
+in Spark's checkpoint or on the servers (docs/spark.md §2 lists what each one tests):
+
+- ``source.planned``: ``latestOffset`` took the batch's keyed leases, before it returns (Spark
+  has not logged the offsets yet);
+- ``source.partitions``: ``partitions`` was called (Spark wrote the offset log);
+- ``source.read``: an executor yielded its first Arrow batch of a slice;
+- ``source.commit.before`` / ``source.commit.after``: around ``commit``'s acks;
+- ``sink.write``: a sink task mid-write; ``sink.commit``: the sink's driver-side commit.
+
+Two ways to arm them:
+
+- in any process (the driver's source process, an executor's Python worker), the environment
+  variable ``TERCEL_SPARK_FAILPOINT=<name>[:<hit>]`` ends the process with ``os._exit(137)``
+  (what a kill -9 leaves: nothing flushed, no ``finally``) the ``hit``-th time (default 1st)
+  ``name`` is reached in that process;
+- in-process tests install a hook with :func:`set_hook`, which may raise.
 """
 
 from __future__ import annotations
@@ -24,14 +33,16 @@ POINTS = (
     "sink.write",
     "sink.commit",
 )
-"""Every fail point, in the order a batch reaches them."""
+"""Every fail point, in the order a micro-batch reaches them."""
 
 ENV = "TERCEL_SPARK_FAILPOINT"
+"""``<name>[:<hit>]``: end this process at the ``hit``-th time ``name`` is reached."""
+
+EXIT_CODE = 137
+"""What the process exits with at an armed point (128 + SIGKILL, as after kill -9)."""
 
 _hook: Callable[[str], None] | None = None
-_armed: tuple[str, int] | None = None
-_seen = 0
-_parsed = False
+_hits: dict[str, int] = {}
 
 
 def set_hook(hook: Callable[[str], None] | None) -> None:
@@ -40,24 +51,32 @@ def set_hook(hook: Callable[[str], None] | None) -> None:
     _hook = hook
 
 
-def _arm() -> tuple[str, int] | None:
-    global _armed, _parsed
-    _parsed = True
-    spec = os.environ.get(ENV, "")
-    if not spec:
+def armed() -> tuple[str, int] | None:
+    """The point and hit :data:`ENV` arms in this process, or None. Raises ValueError for a
+    name that is not in :data:`POINTS` or a hit that is not a positive integer."""
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
         return None
-    name, _, hit = spec.partition(":")
-    _armed = (name, int(hit) if hit else 1)
-    return _armed
+    name, _, hit = raw.partition(":")
+    if name not in POINTS:
+        raise ValueError(f"{ENV}={raw!r}: unknown fail point (one of {', '.join(POINTS)})")
+    try:
+        n = int(hit) if hit else 1
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{ENV}={raw!r}: the hit after ':' must be a positive integer")
+    return name, n
 
 
 def failpoint(name: str) -> None:
-    """A crash window named ``name`` (one of :data:`POINTS`)."""
-    global _seen
+    """A crash window named ``name`` (one of :data:`POINTS`): call the hook, then end the
+    process if :data:`ENV` arms this point and this is its armed hit."""
     if _hook is not None:
         _hook(name)
-    armed = _armed if _parsed else _arm()
-    if armed is not None and armed[0] == name:
-        _seen += 1
-        if _seen == armed[1]:
-            os._exit(137)
+    target = armed()
+    if target is None or target[0] != name:
+        return
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] == target[1]:
+        os._exit(EXIT_CODE)

@@ -1,349 +1,197 @@
-"""Fetching on the driver: lease items from every server, stage them, and only then ack.
+"""The source's two halves: planning on the driver (:class:`Planner`) and reading on the
+executors (:func:`read_slice`). Nothing is staged: the servers keep each batch under a keyed
+lease (docs/protocol.md) until Spark has committed it, so any batch can be read again.
 
-One round asks each available server for a lease batch, appends everything that came back as
-one record batch to the open staging segment, fsyncs it, and acks the leases, server by
-server. So the server holds an item leased only for the milliseconds between the lease and
-the fsync, and an item is never confirmed before Spark could replay it.
-
-Crash windows (docs/spark.md has the full matrix):
-
-- before the fsync: nothing of the round is staged; the leases expire after ``leaseMs`` and
-  the items are handed out again (no loss, no duplicate);
-- after the fsync, before the ack: the round is in the ``.tmp`` segment; recovery re-acks its
-  lease ids. Items whose lease ran out first (or whose server restarted) come back with
-  ``deliveries > 1``; their ``(server, queue, item_id)`` is remembered as *suspect* and such
-  an item is acked and dropped instead of staged twice.
-
-Runs only in Spark's long-lived driver-side Python process for the query (the stream reader's
-``latestOffset``); never pickled (the reader drops it in ``__getstate__``).
+- The planner takes, for batch N, a keyed lease ``tercel.<id>.<N>`` on every server and
+  queue without payloads (``Client.lease_key``): only counts come back. It acks a batch's keys
+  once Spark has committed it. It runs in Spark's long-lived driver-side Python process for
+  the query and is never pickled.
+- An executor reads its slice of one server's lease straight from that server
+  (``Client.lease_slice``, the binary ``LEASEDB`` reply) in chunks of bounded size, each one
+  Arrow record batch built on the reply's buffers (no Python object per item).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from functools import partial
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.datasource import InputPartition
 
 from tercel.client import Client
-from tercel.errors import ClientError
+from tercel.errors import ClientError, ServerReplyError
 from tercel.protocol.memcache_client import LeaseColumns
 from tercel.spark.failpoints import failpoint
+from tercel.spark.offsets import Leases, Offset, lease_key, split
 from tercel.spark.options import SourceOptions, login_kwargs
-from tercel.spark.staging import (
-    STAGE_SCHEMA,
-    Key,
-    SegmentWriter,
-    StagingLog,
-    load_suspects,
-    save_suspects,
-)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+TS = pa.timestamp("us", tz="UTC")
+
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("value", pa.binary()),
+        ("queue", pa.string()),
+        ("server", pa.string()),
+        ("seq", pa.int64()),
+        ("item_id", pa.int64()),
+        ("deliveries", pa.int32()),
+        ("enqueued_at", TS),
+        ("fetched_at", TS),
+        ("expiry", TS),
+    ]
+)
+"""What :func:`read_slice` yields; must equal the Arrow mapping of the source's Spark schema
+(pyspark >= 4.2 rejects any difference, e.g. ``large_binary``)."""
+
+SEQ_BITS = 32
+"""``seq`` = batch number << SEQ_BITS | the row's position in its batch."""
+
+READ_CHUNK_BYTES = 16 << 20
+"""An executor asks for about this many payload bytes per ``lease_slice`` (memory bound)."""
+
+READ_CHUNK_ITEMS = 20_000
+"""... and at most this many items."""
+
+READ_FIRST_ITEMS = 1_000
+"""The first chunk of a slice (item sizes are not known before it)."""
 
 
 class AllServersDown(RuntimeError):
     """Every server has been unreachable for longer than ``maxUnavailableMs``."""
 
 
-@dataclass(slots=True)
-class LeaseReply:
-    """What one ``lease`` on one server and queue gave: its items as columns."""
-
-    server: str
-    queue: str
-    cols: LeaseColumns
+class LeaseEnded(RuntimeError):
+    """A logged batch's keyed lease was acked, released or ran out before Spark finished the
+    batch: the batch cannot be read again (its items went back to the queue or were
+    confirmed)."""
 
 
-def _constant(value: str | int, n: int, typ: pa.DataType) -> pa.Array:
-    return pa.repeat(pa.scalar(value, typ), n)
-
-
-def _ints(values: Sequence[int], n: int, typ: pa.DataType) -> pa.Array:
-    """An ``array.array`` as an Arrow array of the same width, without a copy."""
-    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values)])
-
-
-def to_batch(got: LeaseReply, fetched_at: float) -> pa.RecordBatch:
-    """One lease reply as a staged record batch (STAGE_SCHEMA), built from its buffers: no
-    Python object per item but the lease id."""
-    cols, n = got.cols, len(got.cols)
-    ts = STAGE_SCHEMA.field("enqueued_at").type
-    expiry_ms = _ints(cols.expiry_ms, n, pa.int64())
-    expiry = pc.if_else(
-        pc.equal(expiry_ms, 0), pa.scalar(None, pa.int64()), pc.multiply(expiry_ms, 1000)
+def connect(opts: SourceOptions, address: str, pool_size: int = 1) -> Client:
+    """A client for one server, with the source's timeouts, TLS and login."""
+    return Client(
+        address,
+        timeout=opts.socket_timeout_ms / 1000,
+        connect_timeout=opts.connect_timeout_ms / 1000,
+        retry_after=opts.server_retry_ms / 1000,
+        max_retry_after=max(opts.server_retry_ms / 1000, 10.0),
+        pool_size=pool_size,
+        tls=opts.tls,
+        **login_kwargs(opts.user, opts.password),
     )
-    arrays = [
-        pa.Array.from_buffers(
-            pa.binary(), n, [None, pa.py_buffer(cols.offsets), pa.py_buffer(cols.data)]
-        ),
-        _constant(got.queue, n, pa.string()),
-        _constant(got.server, n, pa.string()),
-        _ints(cols.item_ids, n, pa.int64()),
-        _ints(cols.deliveries, n, pa.int32()),
-        pc.multiply(_ints(cols.add_ms, n, pa.int64()), 1000).cast(ts),
-        _constant(round(fetched_at * 1_000_000), n, pa.int64()).cast(ts),
-        expiry.cast(ts),
-        pa.array(cols.lease_ids, pa.string()),
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=STAGE_SCHEMA)
 
 
-@dataclass
-class FetchMetrics:
-    """The fetcher's counters since its process started (reported in the query progress)."""
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one plan took: the counts; whether every server answered short of its share (the
+    queues were drained); whether a key was left out (the batch must still be logged, even
+    empty, so that the next plan uses new keys)."""
 
-    fetches: int = 0
-    leased: int = 0
-    staged: int = 0
-    acked: int = 0
-    dropped: int = 0
-    """Redelivered suspects acked and dropped (they were already staged)."""
-    recovered: int = 0
-    lease_ms: float = 0.0
-    ack_ms: float = 0.0
-    last_fetch_ms: float = 0.0
-
-    def report(self, suspects: int) -> dict[str, float | int]:
-        out: dict[str, float | int] = asdict(self)
-        out["lease_ms"] = round(self.lease_ms, 1)
-        out["ack_ms"] = round(self.ack_ms, 1)
-        out["suspects"] = suspects
-        return out
+    leases: Leases
+    drained: bool
+    skipped: bool = False
 
 
-class Fetcher:
-    """Leases from the servers into the staging log (driver only; see the module docstring)."""
+@dataclass(slots=True)
+class Took:
+    """One server's part of a plan (:meth:`Planner._take_on`)."""
 
-    def __init__(
-        self,
-        opts: SourceOptions,
-        staging: StagingLog,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    got: dict[str, int] = field(default_factory=dict)
+    short: bool = True
+    skipped: bool = False
+
+
+class Planner:
+    """Keyed leases on every server, for the driver (see the module docstring)."""
+
+    def __init__(self, opts: SourceOptions, clock: Callable[[], float] = time.monotonic) -> None:
         self.opts = opts
-        self.staging = staging
         self.clock = clock
-        self.clients = self._connect()
-        self._stats_clients: dict[str, Client] | None = None
-        """Separate clients for queue depths: ``reportLatestOffset`` asks on the query's
-        thread while a prefetch may be using :attr:`clients`."""
-        self.suspects: set[Key] = load_suspects(staging.root)
-        """Items that may be handed out again although they are staged; saved in the staging
-        directory whenever the set changes, so they outlive any number of crashes."""
-        self._recovered = False
-        self._queues: dict[str, list[str]] = {}
-        self._turn = 0
+        self.clients = {s: connect(opts, s) for s in opts.servers}
+        self._stats: dict[str, Client] | None = None
         self._pool: ThreadPoolExecutor | None = None
-        """The queues read on each server (:meth:`resolve_queues`)."""
-        self.metrics = FetchMetrics()
         self._down_since: float | None = None
-        self._paused = False
 
-    # ---- recovery ---------------------------------------------------------------------
-
-    def recover(self) -> int:
-        """Finish the ``.tmp`` segments of a crashed run and re-ack their leases; the number of
-        rows recovered. Runs before the first fetch of a process and after a failed fetch.
-
-        The recovered items become saved suspects *before* their ``.tmp`` goes: their leases
-        may have run out (or their server restarted), and then they come back. An item whose
-        re-ack succeeded is confirmed and stops being a suspect."""
-        rounds: list[pa.RecordBatch] = []
-
-        def hold(batches: list[pa.RecordBatch]) -> None:
-            keys: set[Key] = set()
-            for batch in batches:
-                cols = batch.select(["server", "queue", "item_id"]).to_pydict()
-                keys.update(zip(cols["server"], cols["queue"], cols["item_id"], strict=True))
-            self._suspect(keys)
-            failpoint("recover.suspects")
-            rounds.extend(batches)
-
-        rows = self.staging.recover(hold)
-        for batch in rounds:
-            cols = batch.select(["server", "queue", "item_id", "lease_id"]).to_pydict()
-            groups: dict[tuple[str, str], tuple[list[str], list[int]]] = {}
-            for server, queue, item_id, lease_id in zip(
-                cols["server"], cols["queue"], cols["item_id"], cols["lease_id"], strict=True
-            ):
-                lease_ids, item_ids = groups.setdefault((server, queue), ([], []))
-                lease_ids.append(lease_id)
-                item_ids.append(item_id)
-            for (server, queue), (lease_ids, item_ids) in groups.items():
-                if server not in self.clients:
-                    log.warning("tercel source: %s is no longer listed; not re-acked", server)
-                elif self.ack(server, queue, lease_ids, item_ids):
-                    self._clear({(server, queue, i) for i in item_ids})
-                failpoint("recover.acked")
-        self._recovered = True
-        self.metrics.recovered += rows
-        return rows
-
-    def _suspect(self, keys: set[Key]) -> None:
-        """Make ``keys`` suspects, durably (before anything else happens)."""
-        if keys - self.suspects:
-            self.suspects |= keys
-            save_suspects(self.staging.root, self.suspects)
-            failpoint("suspects.saved")
-
-    def _clear(self, keys: set[Key]) -> None:
-        """``keys`` were acked (confirmed on their server): they cannot come back."""
-        if keys & self.suspects:
-            self.suspects -= keys
-            save_suspects(self.staging.root, self.suspects)
-
-    # ---- fetching ---------------------------------------------------------------------
-
-    def fetch(
-        self, pos: int, want: int, wait_first: bool, stop_at: int | None = None
-    ) -> tuple[int, bool]:
-        """Lease up to ``want`` items (a little more when several servers answer), stage them
-        in a new segment starting at ``pos``, ack them; (the new staged end, whether a round
-        found every server drained).
-
-        Stops when ``want`` is reached, a round finds every server drained, ``stop_at`` items
-        were staged, or ``maxFetchDurationMs`` has passed. Only the first round may wait
-        (``fetchWaitMs``), and only if ``wait_first``. Raises AllServersDown when no server has
-        answered for ``maxUnavailableMs``.
-        """
-        if not self._recovered:
-            self.recover()
-        self.resolve_queues()
-        opts = self.opts
-        started = self.clock()
-        deadline = self.clock() + opts.max_fetch_ms / 1000
-        writer = SegmentWriter(self.staging.root, pos)
-        got = 0
-        first = True
-        drained = False
-        limit = want if stop_at is None else min(want, stop_at)
-        try:
-            while got < limit:
-                wait = opts.fetch_wait_ms / 1000 if (first and wait_first) else None
-                first = False
-                ask = limit - got
-                leased, full = self._round(ask, wait)
-                failpoint("fetch.leased")
-                fetched_at = time.time()
-                staged: list[pa.RecordBatch] = []
-                dropped: set[Key] = set()
-                for reply in leased:
-                    batch, gone = self._split(reply, to_batch(reply, fetched_at))
-                    staged.append(batch)
-                    dropped |= gone
-                if any(b.num_rows for b in staged):
-                    writer.append(*staged)
-                    self._maybe_pause()
-                    failpoint("fetch.staged")
-                by_server: dict[str, list[LeaseReply]] = {}
-                for reply in leased:
-                    by_server.setdefault(reply.server, []).append(reply)
-                sent = self._each_server(partial(self._send_acks, by_server), list(by_server))
-                for (server, replies), counts in zip(by_server.items(), sent, strict=True):
-                    acked = [
-                        self._acked(server, r.queue, r.cols.item_ids, n, ms)
-                        for r, (n, ms) in zip(replies, counts, strict=True)
-                    ]
-                    if all(acked):
-                        self._clear({k for k in dropped if k[0] == server})
-                        if dropped:
-                            failpoint("drop.acked")
-                    failpoint("fetch.acked")
-                got += sum(b.num_rows for b in staged)
-                if not full:
-                    drained = True
-                    break
-                if self.clock() >= deadline:
-                    break
-        except Exception:
-            # Not finished: the staged rounds stay a .tmp, recovered (re-acked, their items
-            # made suspects) before the next fetch.
-            writer.abandon()
-            self._recovered = False
-            raise
-        writer.finish()
-        self.metrics.staged += got
-        self.metrics.fetches += 1
-        self.metrics.last_fetch_ms = round((self.clock() - started) * 1000, 1)
-        return pos + got, drained
-
-    def _round(self, ask: int, wait: float | None) -> tuple[list[LeaseReply], bool]:
-        """One round: every available server at once (a thread each, so one server's reply is
-        parsed while the other prepares its own), each leasing up to ``ask`` items over its
-        queues, ``leaseBatch`` per lease, starting one queue further each round so that none
-        is starved when ``ask`` is small; (the replies, whether any lease filled its request).
-        Only a server's first lease may wait."""
-        started = self.clock()
-        self._turn += 1
-        servers = [a for a in self.clients if self._queues.get(a)]
-        replies = self._each_server(lambda a: self._lease_on(a, ask, wait), servers)
-        leased = [r for got, _ in replies if got is not None for r in got]
-        full = any(filled for _, filled in replies)
-        self.metrics.lease_ms += (self.clock() - started) * 1000
-        self.metrics.leased += sum(len(r.cols) for r in leased)
-        self._health(sum(got is not None for got, _ in replies) + (not servers))
-        return leased, full
-
-    def _each_server(self, work: Callable[[str], T], servers: list[str]) -> list[T]:
-        """``work`` for each server, in its order: a thread each when there are several, so
-        that the servers work at the same time and one reply is parsed while the others are
-        prepared. ``work`` must change no state of the fetcher (it runs off the query's
-        thread); its results are applied afterwards, on the caller's thread."""
+    def _each(self, work: Callable[[str], T], servers: Sequence[str]) -> list[T]:
+        """``work`` on each server at once (a thread each); results in ``servers``' order.
+        ``work`` changes no state of the planner."""
         if len(servers) <= 1:
-            return [work(a) for a in servers]
+            return [work(s) for s in servers]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(len(self.clients), "tercel-fetch")
+            self._pool = ThreadPoolExecutor(len(self.clients), "tercel-plan")
         return list(self._pool.map(work, servers))
 
-    def _lease_on(
-        self, address: str, ask: int, wait: float | None
-    ) -> tuple[list[LeaseReply] | None, bool]:
-        """Leases on one server: (replies, or None when it failed; whether one filled)."""
-        queues = self._queues[address]
-        got: list[LeaseReply] = []
-        n_got = 0
-        for k in range(len(queues)):
-            n = min(self.opts.lease_batch, ask - n_got)
-            if n <= 0:
-                return got, True
-            queue = queues[(self._turn + k) % len(queues)]
-            try:
-                _, cols = self.clients[address].lease_columns(
-                    queue, n, wait, self.opts.lease_ms / 1000
-                )
-            except ClientError as exc:
-                log.warning("tercel source: %s skipped this round: %s", address, exc)
-                return (got or None), False
-            wait = None
-            if len(cols):
-                got.append(LeaseReply(address, queue, cols))
-                n_got += len(cols)
-            if len(cols) >= n:
-                return got, True
-        return got, False
-
-    def resolve_queues(self) -> None:
-        """The queues to read on each server: the named ones, or those matching
-        ``queuePattern`` now (one ``dump_stats`` per server)."""
+    def queues_on(self, server: str) -> list[str]:
+        """The queues this source reads on ``server``, sorted: the named ones, or those
+        matching ``queuePattern`` now (one ``dump_stats``). Raises ClientError."""
         if self.opts.queue_pattern is None:
-            self._queues = {a: list(self.opts.queues) for a in self.clients}
-            return
-        for address, client in self.clients.items():
-            try:
-                names = client.queue_stats().get(address, {})
-            except ClientError as exc:
-                log.warning("tercel source: no queue list from %s: %s", address, exc)
-                continue
-            self._queues[address] = sorted(q for q in names if self.opts.matches(q))
+            return sorted(self.opts.queues)
+        names = self.clients[server].queue_stats().get(server, {})
+        return sorted(q for q in names if self.opts.matches(q))
+
+    def take(self, ident: str, seq: int, limit: int) -> Plan:
+        """Take batch ``seq``'s keyed leases, ``limit`` items at most: the limit split evenly
+        over the configured servers, and each server's share over its queues (deterministic,
+        so a restarted driver asks each key for what it asked before, and the server answers
+        with the same lease). A server that fails is left out of this batch. Raises
+        AllServersDown when no server has answered for ``maxUnavailableMs``."""
+        servers = list(self.opts.servers)
+        shares = dict(zip(servers, split(limit, len(servers), seq), strict=True))
+        answers = self._each(lambda s: self._take_on(s, ident, seq, shares[s]), servers)
+        self._health(sum(a is not None for a in answers))
+        leases = {
+            s: a.got for s, a in zip(servers, answers, strict=True) if a is not None and a.got
+        }
+        return Plan(
+            leases,
+            drained=all(a is not None and a.short for a in answers),
+            skipped=any(a is not None and a.skipped for a in answers),
+        )
+
+    def _take_on(self, server: str, ident: str, seq: int, share: int) -> Took | None:
+        """Batch ``seq``'s leases on one server (its queues in turn, only the first may
+        wait); None when the server failed. A key the server refuses (``CLIENT_ERROR``: an
+        attempt Spark never logged took it with other counts, or it ran out since) is left
+        out: its items go back to the queue when its lease runs out, and a later batch takes
+        them."""
+        lease_time = None if self.opts.lease_ms is None else self.opts.lease_ms / 1000
+        took = Took()
+        try:
+            queues = self.queues_on(server)
+            wait = self.opts.fetch_wait_ms / 1000
+            for queue, ask in zip(queues, split(share, len(queues), seq), strict=True):
+                if ask <= 0:
+                    continue
+                key = lease_key(ident, seq, None if self.opts.single_queue else queue)
+                try:
+                    lease = self.clients[server].lease_key(
+                        server, queue, key, ask, lease_time=lease_time, wait=wait
+                    )
+                except ServerReplyError as exc:
+                    if exc.kind != "CLIENT_ERROR":
+                        raise
+                    log.warning(
+                        "tercel source: batch %d leaves out %s on %s: %s", seq, key, server, exc
+                    )
+                    took.skipped = True
+                    continue
+                wait = 0.0
+                if lease.count:
+                    took.got[queue] = lease.count
+                took.short = took.short and lease.count < ask
+        except ClientError as exc:
+            log.warning("tercel source: %s left out of batch %d: %s", server, seq, exc)
+            return None
+        return took
 
     def _health(self, answered: int) -> None:
         if answered:
@@ -358,125 +206,227 @@ class Fetcher:
                 f"{now - self._down_since:.1f}s (maxUnavailableMs={self.opts.max_unavailable_ms})"
             )
 
-    def _split(self, reply: LeaseReply, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, set[Key]]:
-        """(the rows of ``batch``, ``reply`` staged, to stage; keys of redelivered suspects
-        among them, to ack and drop: they were already staged)."""
-        if not self.suspects:
-            return batch, set()
-        cols = reply.cols
-        dropped: set[Key] = set()
-        keep = [True] * len(cols)
-        for k, deliveries in enumerate(cols.deliveries):
-            if deliveries <= 1:
-                continue  # never handed out before: not a redelivery
-            key = (reply.server, reply.queue, cols.item_ids[k])
-            if key in self.suspects:
-                dropped.add(key)
-                keep[k] = False
-        if not dropped:
-            return batch, dropped
-        self.metrics.dropped += len(dropped)
-        return batch.filter(pa.array(keep)), dropped
+    def _keys(self, offset: Offset) -> dict[str, list[tuple[str, str]]]:
+        """(queue, key) of each lease of ``offset``, per server still configured."""
+        single = self.opts.single_queue
+        out: dict[str, list[tuple[str, str]]] = {}
+        for server, per_queue in offset.leases.items():
+            if server not in self.clients:
+                log.warning(
+                    "tercel source: %s is no longer listed; batch %d's lease there "
+                    "is left to run out",
+                    server,
+                    offset.seq,
+                )
+                continue
+            out[server] = [
+                (q, lease_key(offset.id, offset.seq, None if single else q)) for q in per_queue
+            ]
+        return out
 
-    def ack(
-        self, server: str, queue: str, lease_ids: Sequence[str], item_ids: Sequence[int]
-    ) -> bool:
-        """Ack staged (or dropped) items of ``queue``; whether every one was acked
-        (:meth:`_send_ack`, then :meth:`_acked`)."""
-        acked, ms = self._send_ack(server, queue, lease_ids)
-        return self._acked(server, queue, item_ids, acked, ms)
+    def ack(self, offset: Offset) -> bool:
+        """Ack batch ``offset``'s keys (Spark has committed it); whether every server
+        answered (False: try again later; an ack is idempotent). A key that ended otherwise
+        (ran out, released) is logged as an error: its items were handed out again."""
+        keys = self._keys(offset)
 
-    def _send_ack(self, server: str, queue: str, lease_ids: Sequence[str]) -> tuple[int, float]:
-        """``ack`` on ``server``; (how many it acked, -1 when it could not be reached; the
-        milliseconds it took). Changes nothing: safe on any thread (:meth:`_each_server`)."""
-        started = self.clock()
-        try:
-            acked = self.clients[server].ack_ids(server, queue, lease_ids)
-        except ClientError as exc:
-            log.warning(
-                "tercel source: ack of %d item(s) on %s failed: %s", len(lease_ids), server, exc
+        def on(server: str) -> bool:
+            ok = True
+            for queue, key in keys[server]:
+                try:
+                    self.clients[server].ack_key(server, queue, key)
+                except ServerReplyError as exc:
+                    log.error(
+                        "tercel source: batch %d's lease on %s (%s) could not be acked: %s; "
+                        "its items were handed out again (delivered twice)",
+                        offset.seq,
+                        server,
+                        key,
+                        exc,
+                    )
+                except ClientError as exc:
+                    log.warning(
+                        "tercel source: ack of batch %d on %s failed: %s (retried)",
+                        offset.seq,
+                        server,
+                        exc,
+                    )
+                    ok = False
+            return ok
+
+        return all(self._each(on, list(keys)))
+
+    def renew(self, offset: Offset) -> None:
+        """Renew batch ``offset``'s keys before Spark replays it after a restart: raises
+        :class:`LeaseEnded` when one ended (the batch cannot be replayed); an unreachable
+        server is left to the executors' reads."""
+        keys = self._keys(offset)
+        lease_time = None if self.opts.lease_ms is None else self.opts.lease_ms / 1000
+
+        def on(server: str) -> str | None:
+            for queue, key in keys[server]:
+                try:
+                    self.clients[server].renew_key(server, queue, key, lease_time)
+                except ServerReplyError as exc:
+                    return f"{server} {queue} {key}: {exc}"
+                except ClientError as exc:
+                    log.warning(
+                        "tercel source: renewing batch %d on %s failed: %s", offset.seq, server, exc
+                    )
+            return None
+
+        ended = [e for e in self._each(on, list(keys)) if e is not None]
+        if ended:
+            raise LeaseEnded(
+                f"tercel source: batch {offset.seq} cannot be replayed, its keyed lease ended "
+                f"({'; '.join(ended)}): its items went back to the queue (or were confirmed). "
+                "Raise leaseMs (or the queue's key_lease_ms) above the longest stop of a "
+                "query; to go on, start the query on a new checkpointLocation (that batch's "
+                "items are then delivered again)"
             )
-            acked = -1
-        return acked, (self.clock() - started) * 1000
 
-    def _send_acks(
-        self, by_server: dict[str, list[LeaseReply]], server: str
-    ) -> list[tuple[int, float]]:
-        """:meth:`_send_ack` for each reply of ``server`` (thread-safe, like it)."""
-        return [self._send_ack(server, r.queue, r.cols.lease_ids) for r in by_server[server]]
-
-    def _acked(
-        self, server: str, queue: str, item_ids: Sequence[int], acked: int, ms: float
-    ) -> bool:
-        """Apply the outcome of :meth:`_send_ack` for ``item_ids``; whether every one was
-        acked. Otherwise they may come back (the server could not be reached, or some leases
-        ran out first: ``ACKED`` counts fewer, and which ones the reply does not say), so all
-        become suspects."""
-        if acked >= 0:
-            self.metrics.acked += acked
-            self.metrics.ack_ms += ms
-        if acked >= len(item_ids):
-            return True
-        if acked >= 0:
-            log.warning(
-                "tercel source: %d of %d lease(s) on %s ran out before the ack",
-                len(item_ids) - acked,
-                len(item_ids),
-                server,
-            )
-        self._suspect({(server, queue, i) for i in item_ids})
-        return False
-
-    def _maybe_pause(self) -> None:
-        marker = self.opts.test_pause_after_stage
-        if marker is None or self._paused:
-            return
-        self._paused = True
-        with open(marker, "w") as f:
-            f.write(str(os.getpid()))
-        while True:  # the crash test kills this process here, between fsync and ack
-            time.sleep(1)
-
-    # ---- queue depth ------------------------------------------------------------------
-
-    def _connect(self) -> dict[str, Client]:
-        opts = self.opts
-        return {
-            s: Client(
-                s,
-                timeout=opts.socket_timeout_ms / 1000,
-                connect_timeout=opts.connect_timeout_ms / 1000,
-                retry_after=opts.server_retry_ms / 1000,
-                max_retry_after=max(opts.server_retry_ms / 1000, 10.0),
-                pool_size=2,
-                tls=opts.tls,
-                **login_kwargs(opts.user, opts.password),
-            )
-            for s in opts.servers
-        }
-
-    def queue_depth(self) -> dict[str, dict[str, int]]:
-        """Items waiting in the queues read, per reachable server (``dump_stats``). Safe to
-        call while a fetch runs in another thread."""
-        if self._stats_clients is None:
-            self._stats_clients = self._connect()
-        depth: dict[str, dict[str, int]] = {}
-        for address, client in self._stats_clients.items():
+    def depth(self) -> dict[str, dict[str, int]]:
+        """Items waiting in the queues read, per reachable server (``dump_stats``)."""
+        if self._stats is None:
+            self._stats = {s: connect(self.opts, s) for s in self.opts.servers}
+        out: dict[str, dict[str, int]] = {}
+        for address, client in self._stats.items():
             try:
                 stats = client.queue_stats().get(address, {})
             except ClientError as exc:
                 log.warning("tercel source: no stats from %s: %s", address, exc)
                 continue
-            depth[address] = {
+            out[address] = {
                 q: int(v.get("items", "0"))
                 for q, v in sorted(stats.items())
                 if self.opts.matches(q)
             }
-        return depth
+        return out
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-        for client in [*self.clients.values(), *(self._stats_clients or {}).values()]:
+        for client in [*self.clients.values(), *(self._stats or {}).values()]:
             client.close()
+
+
+# ---- executors ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Slice(InputPartition):
+    """One task's share of a batch: items ``start..stop-1`` of one keyed lease (picklable, no
+    payloads). ``seq0`` is the ``seq`` of item ``start``; ``planned_us`` the ``fetched_at`` of
+    its rows (when the driver planned the batch, epoch microseconds)."""
+
+    server: str
+    queue: str
+    key: str
+    start: int
+    stop: int
+    seq0: int
+    planned_us: int
+
+
+def _constant(value: str | int, n: int, typ: pa.DataType) -> pa.Array:
+    return pa.repeat(pa.scalar(value, typ), n)
+
+
+def _ints(values: array[int], n: int, typ: pa.DataType) -> pa.Array:
+    """An ``array.array`` as an Arrow array of the same width, without a copy."""
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(values)])
+
+
+def to_batch(
+    server: str, queue: str, cols: LeaseColumns, seq0: int, fetched_us: int
+) -> pa.RecordBatch:
+    """Items of one lease reply as a record batch (OUTPUT_SCHEMA) built on the reply's
+    buffers: no Python object per item. Row ``k``'s ``seq`` is ``seq0 + k``."""
+    n = len(cols.item_ids)
+    offsets = cols.offsets if cols.offsets.typecode == "i" else array("i", cols.offsets)
+    expiry_ms = _ints(cols.expiry_ms, n, pa.int64())
+    expiry = pc.if_else(
+        pc.equal(expiry_ms, 0), pa.scalar(None, pa.int64()), pc.multiply(expiry_ms, 1000)
+    )
+    value = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(cols.data)]
+    )
+    arrays = [
+        value,
+        _constant(queue, n, pa.string()),
+        _constant(server, n, pa.string()),
+        _ints(array("q", range(seq0, seq0 + n)), n, pa.int64()),
+        _ints(cols.item_ids, n, pa.int64()),
+        _ints(cols.deliveries, n, pa.int32()),
+        pc.multiply(_ints(cols.add_ms, n, pa.int64()), 1000).cast(TS),
+        _constant(fetched_us, n, pa.int64()).cast(TS),
+        expiry.cast(TS),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=OUTPUT_SCHEMA)
+
+
+_clients: dict[tuple[str, SourceOptions], Client] = {}
+"""Per executor Python worker (Spark reuses workers): one client per server and options."""
+
+
+def read_slice(opts: SourceOptions, part: Slice) -> Iterator[pa.RecordBatch]:
+    """The rows of ``part``, read from its server in chunks of about READ_CHUNK_BYTES of
+    payload (the first chunk is small; later ones are sized from the items seen), each one
+    record batch. Raises (failing the task) when the server cannot be reached or answers
+    with an error, e.g. the lease ended: Spark retries the task, then fails the query."""
+    client = _clients.get((part.server, opts))
+    if client is None:
+        client = _clients[(part.server, opts)] = connect(opts, part.server)
+    step = READ_FIRST_ITEMS
+    lo = part.start
+    while lo < part.stop:
+        hi = min(part.stop, lo + step)
+        cols = _slice(opts, part, client, lo, hi)
+        if len(cols.item_ids) != hi - lo:
+            raise LeaseEnded(
+                f"tercel source: items {lo}..{hi - 1} of lease {part.key} on {part.server} "
+                f"came back as {len(cols.item_ids)} item(s)"
+            )
+        yield to_batch(part.server, part.queue, cols, part.seq0 + lo - part.start, part.planned_us)
+        if lo == part.start:
+            failpoint("source.read")
+        mean = max(1, len(cols.data) // max(1, hi - lo))
+        step = max(1, min(READ_CHUNK_ITEMS, READ_CHUNK_BYTES // mean))
+        lo = hi
+
+
+def _slice(opts: SourceOptions, part: Slice, client: Client, lo: int, hi: int) -> LeaseColumns:
+    """Items ``lo..hi-1`` of ``part``'s lease. A server that cannot be reached is asked again
+    (it may be restarting: the lease is journaled) until ``maxUnavailableMs`` has passed; an
+    error the server answers (the lease ended, ...) is raised at once."""
+    deadline = time.monotonic() + opts.max_unavailable_ms / 1000
+    while True:
+        try:
+            return client.lease_slice(part.server, part.queue, part.key, lo, hi)
+        except ServerReplyError:
+            raise
+        except ClientError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log.warning(
+                "tercel source: reading %s on %s: %s (retrying)", part.key, part.server, exc
+            )
+            time.sleep(min(1.0, opts.server_retry_ms / 1000))
+
+
+def slices(offset: Offset, rows: int, planned_us: int, single_queue: str | None) -> list[Slice]:
+    """``offset``'s batch cut into slices of at most ``rows`` items, server by server and
+    queue by queue in sorted order (a row's ``seq`` is the batch number << SEQ_BITS plus its
+    position in that order: unique and increasing per query, the same on a replay)."""
+    out: list[Slice] = []
+    pos = offset.seq << SEQ_BITS
+    for server in sorted(offset.leases):
+        for queue in sorted(offset.leases[server]):
+            count = offset.leases[server][queue]
+            key = lease_key(offset.id, offset.seq, None if single_queue else queue)
+            for lo in range(0, count, rows):
+                hi = min(count, lo + rows)
+                out.append(Slice(server, queue, key, lo, hi, pos + lo, planned_us))
+            pos += count
+    return out

@@ -153,8 +153,15 @@ def login_kwargs(user: str | None, password: str | None) -> Login:
     return {"user": user, "password": value or None}
 
 
-STAGING_UNDER_CHECKPOINT = "tercel-staging"
-"""``stagingLocation`` defaults to this directory under the source's ``checkpointLocation``."""
+REMOVED_SOURCE_OPTIONS = (
+    "stagingLocation",
+    "leaseBatch",
+    "maxFetchDurationMs",
+    "prefetch",
+    "failOnDataLoss",
+)
+"""Options of the staging design that mean nothing for keyed leases: given one, the source
+says so instead of ignoring it (docs/spark.md §3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,30 +173,22 @@ class SourceOptions:
     """The queues named by ``queue`` or ``queues`` (empty when ``queuePattern`` is used)."""
     queue_pattern: str | None
     """``queuePattern``: every queue whose whole name matches this regular expression, on
-    each server, looked up at each fetch (like Kafka's ``subscribePattern``)."""
-    staging: str
-    checkpoint: str | None
+    each server, looked up at each plan (like Kafka's ``subscribePattern``)."""
     max_items_per_trigger: int | None
     """None: no fixed size; each batch takes the backlog, up to ``maxItemsPerFetch``."""
     max_items_per_fetch: int
-    lease_batch: int
     fetch_wait_ms: int
-    max_fetch_ms: int
-    lease_ms: int
+    """How long a plan may wait on an empty queue (per server, its first queue)."""
+    lease_ms: int | None
+    """The keyed leases' lifetime; None: each queue's ``key_lease_ms``."""
     items_per_partition: int | None
     """None: each batch is cut into as many slices as Spark's default parallelism."""
-    prefetch: bool
-    """Fetch the next batch's items while Spark processes the current batch."""
-    fail_on_data_loss: bool
     server_retry_ms: int
     max_unavailable_ms: int
     connect_timeout_ms: int
     socket_timeout_ms: int
     tls: TLSOptions | None
     """TLS to the servers (:func:`tls_options`), or None."""
-    test_pause_after_stage: str | None
-    """Hidden, for the crash tests: after the first staged round is fsynced and before it is
-    acked, create this file and sleep until killed."""
     user: str | None = None
     """``user``: log in as this user (with ``password`` or ``passwordFile``)."""
     password: str | None = field(default=None, repr=False)
@@ -212,56 +211,43 @@ class SourceOptions:
                 raise ValueError(f"tercel source: option 'queuePattern': {exc}") from None
         elif not names:
             raise ValueError("tercel source: option 'queues' must name at least one queue")
-        checkpoint = o.optional("checkpointLocation")
-        staging = o.optional("stagingLocation")
-        if staging is None:
-            if checkpoint is None:
+        for gone in REMOVED_SOURCE_OPTIONS:
+            if o.has(gone):
                 raise ValueError(
-                    "tercel source: set 'stagingLocation' (a directory for this query only), "
-                    "or give the source the query's 'checkpointLocation' and the staging log "
-                    f"goes under it ({STAGING_UNDER_CHECKPOINT}/); Spark does not tell a "
-                    "Python source its checkpoint"
+                    f"tercel source: option {gone!r} no longer exists: the source stages "
+                    "nothing, the servers keep each batch under a keyed lease until Spark "
+                    "has committed it (docs/spark.md §3)"
                 )
-            staging = checkpoint.rstrip("/") + "/" + STAGING_UNDER_CHECKPOINT
         parsed = cls(
             servers=o.servers(),
             queues=names,
             queue_pattern=pattern,
-            staging=staging,
-            checkpoint=checkpoint,
             max_items_per_trigger=o.optional_integer("maxItemsPerTrigger", 1),
             max_items_per_fetch=o.integer("maxItemsPerFetch", 200_000, 1),
-            lease_batch=o.integer("leaseBatch", 5_000, 1),
             fetch_wait_ms=o.integer("fetchWaitMs", 100),
-            max_fetch_ms=o.integer("maxFetchDurationMs", 5_000, 1),
-            lease_ms=o.integer("leaseMs", 30_000, 1),
+            lease_ms=o.optional_integer("leaseMs", 1),
             items_per_partition=o.optional_integer("itemsPerPartition", 1),
-            prefetch=o.flag("prefetch", True),
-            fail_on_data_loss=o.flag("failOnDataLoss", True),
             server_retry_ms=o.integer("serverRetryMs", 1_000, 1),
             max_unavailable_ms=o.integer("maxUnavailableMs", 60_000),
             connect_timeout_ms=o.integer("connectTimeoutMs", 2_000, 1),
             socket_timeout_ms=o.integer("socketTimeoutMs", 10_000, 1),
             tls=tls_options(o),
-            test_pause_after_stage=o.optional("testPauseAfterStage"),
             **dict(zip(("user", "password"), _login(o), strict=True)),
         )
         o.reject_unknown()
         return parsed
+
+    @property
+    def single_queue(self) -> str | None:
+        """The queue, when the source reads exactly one named queue (its offsets then hold a
+        plain count per server and its lease keys no queue name), else None."""
+        return self.queues[0] if self.queue_pattern is None and len(self.queues) == 1 else None
 
     def matches(self, queue: str) -> bool:
         """Whether ``queue`` is one this source reads."""
         if self.queue_pattern is not None:
             return re.fullmatch(self.queue_pattern, queue) is not None
         return queue in self.queues
-
-    def identity(self) -> dict[str, object]:
-        """What binds a staging directory to its query (the marker, docs/spark.md): the
-        queues read (servers may be added or removed between runs)."""
-        return {
-            "queues": sorted(self.queues),
-            "queuePattern": self.queue_pattern,
-        }
 
 
 @dataclass(frozen=True, slots=True)

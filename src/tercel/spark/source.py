@@ -7,19 +7,21 @@ Where each piece runs (pyspark >= 4.2's Python Data Source API):
   Python workers; the reader and writer objects they return are pickled to executors.
 - :class:`TercelStreamReader`'s ``initialOffset``, ``latestOffset``, ``partitions``,
   ``commit`` and ``prepareForTriggerAvailableNow`` run in one long-lived driver-side Python
-  process per query run: it leases from the servers, stages and acks (:mod:`.fetch`).
-- ``read`` runs on executors, on a pickled copy without any connection: it only reads the
-  staging log slice named by its partition (:mod:`.staging`).
+  process per query run: it only plans, taking each batch's keyed leases without payloads,
+  and acks them once Spark has committed the batch (:class:`.fetch.Planner`).
+- ``read`` runs on executors, on a pickled copy: it reads its slice of one keyed lease from
+  that server directly (:func:`.fetch.read_slice`).
 
-Delivery (docs/spark.md): effectively-once into a replayable sink; Spark offsets
-``{"seq": n}`` are positions in the staging log, and ``commit`` only deletes staged segments.
+Delivery (docs/spark.md §2): exactly once into a replayable, idempotent sink. An offset names
+a batch's keyed leases (:mod:`.offsets`); the servers hand out the same items for them until
+they are acked, so a batch replays identically after any crash.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -48,9 +50,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tercel.spark.fetch import Fetcher
+from tercel.spark.failpoints import failpoint
+from tercel.spark.fetch import Planner, Slice, read_slice, slices
+from tercel.spark.offsets import Offset
 from tercel.spark.options import SinkOptions, SourceOptions
-from tercel.spark.staging import Piece, StagingLog, read_slice
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +62,12 @@ SOURCE_SCHEMA = (
     "enqueued_at timestamp, fetched_at timestamp, expiry timestamp"
 )
 """The source's columns (fixed): Kafka-style ``value``; ``queue`` and ``server`` the item came
-from; ``seq`` its staging-log position (unique and increasing per query, like Kafka's
-``offset``); ``item_id`` the server's per-queue id, stable across redeliveries and restarts;
-``deliveries`` how often the server handed it out (> 1: redelivered); ``enqueued_at`` the
-server's add time; ``fetched_at`` when the driver leased it; ``expiry`` the item's own expiry
-(null: none)."""
+from; ``seq`` the batch number << 32 plus the row's position in its batch (unique and
+increasing per query, the same on a replay, like Kafka's ``offset``); ``item_id`` the
+server's per-queue id, stable across redeliveries and restarts; ``deliveries`` how often the
+server handed it out (> 1: redelivered); ``enqueued_at`` the server's add time;
+``fetched_at`` when the driver planned the batch; ``expiry`` the item's own expiry (null:
+none)."""
 
 SOURCE_STRUCT = StructType(
     [
@@ -81,43 +85,8 @@ SOURCE_STRUCT = StructType(
 """SOURCE_SCHEMA as a StructType (``StructType.fromDDL`` needs a JVM, which the Python
 worker that plans the source does not have)."""
 
-
-class StagedSlice(InputPartition):
-    """One task's share of a micro-batch: pieces of staged segment files (picklable)."""
-
-    def __init__(self, pieces: list[Piece]) -> None:
-        super().__init__([(p.path, p.lo, p.hi) for p in pieces])
-        self.pieces = pieces
-
-
-class Prefetch:
-    """The next batch's fetch, run in a thread of the driver-side source process while Spark
-    runs the current batch (that process is otherwise idle then). Its items are staged and
-    acked exactly like a fetch in ``latestOffset``; a crash during it is recovered the same
-    way; ``latestOffset`` joins it before it looks at the staging log."""
-
-    def __init__(self, fetcher: Fetcher, pos: int, want: int, budget: int | None) -> None:
-        self.result: tuple[int, bool] = (0, False)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(
-            target=self._run, args=(fetcher, pos, want, budget), name="tercel-prefetch"
-        )
-        self.thread.daemon = True
-        self.thread.start()
-
-    def _run(self, fetcher: Fetcher, pos: int, want: int, budget: int | None) -> None:
-        try:
-            end, drained = fetcher.fetch(pos, want, False, budget)
-            self.result = (end - pos, drained)
-        except BaseException as exc:  # re-raised by join, on the query's thread
-            self.error = exc
-
-    def join(self) -> tuple[int, bool]:
-        """(items fetched, whether the queues were drained); raises the fetch's error."""
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.result
+REMEMBERED_ACKS = 64
+"""Batches whose acks this process remembers (so ``commit`` does not ack them again)."""
 
 
 class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -128,44 +97,42 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.parallelism = max(1, parallelism)
         """Slices per batch when ``itemsPerPartition`` is not set (Spark's default
         parallelism, given by :func:`tercel.spark.register`)."""
-        self.staging = StagingLog(opts.staging)
-        self._fetcher: Fetcher | None = None
+        self._planner: Planner | None = None
+        self._initial: Offset | None = None
         self._budget: int | None = None
-        """Trigger.AvailableNow: items still to fetch (the queue depth when it started)."""
-        self._prefetch: Prefetch | None = None
+        """Trigger.AvailableNow: items still to take (the queue depth when it started)."""
+        self._available_now = False
+        self._first_plan = False
+        """Set by prepareForTriggerAvailableNow: the next batch may be one planned before a
+        restart, whose items the queue depth did not count (they are leased), so it is not
+        taken from the budget."""
+        self._planned: dict[int, Offset] = {}
+        """Batches this process planned (``partitions`` renews the others' leases first)."""
+        self._acked: list[int] = []
+        self._unacked: dict[int, Offset] = {}
+        """Committed batches whose ack failed (a server down): retried at every call."""
+        self.metrics = {"batches": 0, "items": 0, "plan_ms": 0.0, "ack_ms": 0.0}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {
-            "opts": self.opts,
-            "parallelism": self.parallelism,
-            "staging": self.staging,
-            "_fetcher": None,
-            "_budget": None,
-            "_prefetch": None,
-        }
+        return {"opts": self.opts, "parallelism": self.parallelism}
 
-    def _driver(self) -> Fetcher:
-        """The fetcher, created on first use in this process (recovering a crashed run)."""
-        if self._fetcher is None:
-            self.staging.ensure()
-            self.staging.bind(self.opts.identity(), self.opts.checkpoint)
-            fetcher = Fetcher(self.opts, self.staging)
-            recovered = fetcher.recover()
-            if recovered:
-                log.warning(
-                    "tercel source: recovered %d staged item(s) of a crashed run in %s "
-                    "(re-acked; %d suspect(s) will be dropped if redelivered)",
-                    recovered,
-                    self.staging.root,
-                    len(fetcher.suspects),
-                )
-            self._fetcher = fetcher
-        return self._fetcher
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["opts"], state["parallelism"])  # type: ignore[misc]
 
-    def initialOffset(self) -> dict[str, int]:
-        """Where a new query starts: the oldest staged position (so leftovers of an abandoned
-        run are not lost), else 0. Pure, because Spark calls it twice."""
-        return {"seq": self.staging.lowest_start()}
+    def _driver(self) -> Planner:
+        if self._planner is None:
+            self._planner = Planner(self.opts)
+        return self._planner
+
+    def _parse(self, raw: dict[str, Any]) -> Offset:
+        return Offset.parse(raw, self.opts.single_queue)
+
+    def initialOffset(self) -> dict[str, Any]:
+        """A new query's start: a fresh id, batch 0, nothing leased. Spark calls it twice, so
+        the id is drawn once per process."""
+        if self._initial is None:
+            self._initial = Offset.initial()
+        return self._initial.to_json(self.opts.single_queue)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxItemsPerTrigger`` when set; else everything available (the backlog, up to
@@ -175,100 +142,120 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.opts.max_items_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """Trigger.AvailableNow: fetch at most what the queue holds now, then stop."""
-        self._join_prefetch()
-        depth = self._driver().queue_depth()
-        self._budget = sum(n for per_server in depth.values() for n in per_server.values())
+        """Trigger.AvailableNow: take what the queues hold now (``items`` over the servers),
+        then stop, even if producers keep adding; or stop when a batch finds the queues
+        drained. The batches' sizes are not cut to that count (a restarted driver must ask
+        each key for what it asked before), so later items may fill the last batch or two."""
+        self._available_now = True
+        self._first_plan = True
+        depth = self._driver().depth()
+        if depth:  # else no server answered: go on until a batch finds the queues drained
+            self._budget = sum(n for per_server in depth.values() for n in per_server.values())
 
     def _want(self, limit: ReadLimit) -> int:
         if isinstance(limit, ReadMaxRows):
             return int(limit.max_rows)
-        if isinstance(limit, ReadAllAvailable) or self.opts.max_items_per_trigger is None:
-            return self.opts.max_items_per_fetch
-        return self.opts.max_items_per_trigger
+        return self.opts.max_items_per_fetch
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        """Plan the next batch: reuse what is staged beyond ``start`` (a prefetch, or an
-        attempt Spark never logged), lease and stage more up to the limit, then start
-        prefetching the next batch. ``start`` is durably committed by Spark, so older
-        segments go."""
-        first = int(start["seq"])
-        fetcher = self._driver()
-        self._join_prefetch()
-        self.staging.gc(first)
-        want = self._want(limit)
-        end = self.staging.end_from(first)
-        missing = want - (end - first)
-        drained = False
-        if missing > 0 and self._budget != 0:
-            new_end, drained = fetcher.fetch(end, missing, end == first, self._budget)
-            self._spend(new_end - end, drained)
-            end = new_end
-        batch_end = first + min(end - first, want)
-        if self.opts.prefetch and not drained and self._budget != 0 and batch_end > first:
-            staged_ahead = end - batch_end
-            if staged_ahead < want:
-                self._prefetch = Prefetch(fetcher, end, want - staged_ahead, self._budget)
-        return {"seq": batch_end}
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """Ack ``start``'s batch (Spark calls this only once the batch ending at ``start`` is
+        in its commit log; it calls ``commit`` one batch late and never for a run's last
+        batch), then take batch N = start.seq + 1's keyed leases without payloads, the limit
+        split over the servers. Nothing taken: ``start`` (no batch), unless a key was left out
+        (:meth:`.fetch.Planner.take`): then an empty batch moves the query past that key."""
+        begin = self._parse(start)
+        planner = self._driver()
+        self._ack(begin)
+        if self._budget == 0:
+            return start
+        started = time.monotonic()
+        plan = planner.take(begin.id, begin.seq + 1, self._want(limit))
+        self.metrics["plan_ms"] += (time.monotonic() - started) * 1000
+        end = Offset(begin.id, begin.seq + 1, plan.leases)
+        if self._available_now:
+            if plan.drained:
+                self._budget = 0
+            elif self._budget is not None and not self._first_plan:
+                self._budget = max(0, self._budget - end.total)
+            self._first_plan = False
+        if not end.total and not plan.skipped:
+            return start
+        self._planned[end.seq] = end
+        self.metrics["batches"] += 1
+        self.metrics["items"] += end.total
+        failpoint("source.planned")
+        return end.to_json(self.opts.single_queue)
 
-    def _spend(self, fetched: int, drained: bool) -> None:
-        if self._budget is not None:
-            self._budget = 0 if drained else max(0, self._budget - fetched)
-
-    def _join_prefetch(self) -> None:
-        """Wait for the prefetch in flight (re-raising its error) and account for it."""
-        if self._prefetch is not None:
-            prefetch, self._prefetch = self._prefetch, None
-            fetched, drained = prefetch.join()
-            self._spend(fetched, drained)
+    def _ack(self, offset: Offset) -> None:
+        """Ack ``offset``'s batch, unless this process already did; retry failed acks."""
+        todo = dict(self._unacked)
+        if offset.leases and offset.seq not in self._acked:
+            todo[offset.seq] = offset
+        if not todo:
+            return
+        started = time.monotonic()
+        planner = self._driver()
+        for seq, batch in sorted(todo.items()):
+            if planner.ack(batch):
+                self._unacked.pop(seq, None)
+                self._acked = [*self._acked[-REMEMBERED_ACKS + 1 :], seq]
+                self._planned.pop(seq, None)
+            else:
+                self._unacked[seq] = batch
+        self.metrics["ack_ms"] += (time.monotonic() - started) * 1000
 
     def reportLatestOffset(self) -> dict[str, Any]:
         """Shown as the source's ``latestOffset`` in the query progress: the lag (items still
-        queued, per server and queue, and in all) and the connector's own counters."""
-        fetcher = self._driver()
-        depth = fetcher.queue_depth()
+        queued, per server and queue, and in all) and this process's counters."""
+        depth = self._driver().depth()
         return {
             "lag": sum(n for per_server in depth.values() for n in per_server.values()),
             "queued": depth,
-            "staged_end": self.staging.end_from(self.staging.lowest_start()),
-            "metrics": fetcher.metrics.report(len(fetcher.suspects)),
+            "metrics": {
+                **{k: round(v, 1) for k, v in self.metrics.items()},
+                "unacked": len(self._unacked),
+            },
         }
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        """Slices of the staged range: ``itemsPerPartition`` rows each, or by default as many
-        slices as Spark's default parallelism (of at least 1000 rows)."""
-        self._driver()
-        lo, hi = int(start["seq"]), int(end["seq"])
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """Slices of the batch's keyed leases: ``itemsPerPartition`` items each, or by default
+        as many slices as Spark's default parallelism (of at least 1000 items). A batch this
+        process did not plan (Spark replays a logged batch after a restart) has its leases
+        renewed first: one that ended fails the query with :class:`.fetch.LeaseEnded`."""
+        failpoint("source.partitions")
+        self._parse(start)
+        batch = self._parse(end)
+        if batch.seq not in self._planned:
+            self._driver().renew(batch)
         rows = self.opts.items_per_partition
         if rows is None:
-            rows = max(1000, -(-(hi - lo) // self.parallelism))
-        slices = self.staging.slices(lo, hi, rows, self.opts.fail_on_data_loss)
-        return [StagedSlice(pieces) for pieces in slices]
+            rows = max(1000, -(-batch.total // self.parallelism))
+        return slices(batch, rows, round(time.time() * 1_000_000), self.opts.single_queue)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Executors: the staged rows of one slice as Arrow record batches."""
-        assert isinstance(partition, StagedSlice)
-        yield from read_slice(partition.pieces, self.opts.fail_on_data_loss)
+        """Executors: the slice's items, from its server, as Arrow record batches."""
+        assert isinstance(partition, Slice)
+        yield from read_slice(self.opts, partition)
 
-    def commit(self, end: dict[str, int]) -> None:
-        """Spark has committed everything before ``end``: delete those segments. Never acks
-        (acks happen right after staging; Spark does not commit the last batch of a run)."""
-        self.staging.gc(int(end["seq"]))
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark has committed everything up to ``end``: ack its keys (usually done already
+        by the ``latestOffset`` that planned the next batch)."""
+        batch = self._parse(end)
+        failpoint("source.commit.before")
+        self._ack(batch)
+        failpoint("source.commit.after")
 
     def stop(self) -> None:
-        if self._prefetch is not None:
-            self._prefetch.thread.join()
-            self._prefetch = None
-        if self._fetcher is not None:
-            self._fetcher.close()
-            self._fetcher = None
+        if self._planner is not None:
+            self._planner.close()
+            self._planner = None
 
 
 class TercelDataSource(DataSource):
     """``format("tercel")``: stream items out of tercel queues, or write DataFrames into them.
 
-    Source options: ``servers`` (``h1:p,h2:p``), one of ``queue``/``queues``/``queuePattern``,
-    and ``stagingLocation`` (or ``checkpointLocation``) are required; docs/spark.md lists the
+    Source options: ``servers`` (``h1:p,h2:p``) and one of ``queue``/``queues``/``queuePattern``
+    are required; docs/spark.md lists the
     others; an unknown option is an error naming the closest valid one. Sink options:
     ``servers``, ``queue``.
     """
