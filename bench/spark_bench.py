@@ -7,6 +7,7 @@ tree's connector, then the old one, after a warm-up of each.
 
     .venv/bin/python bench/spark_bench.py [--items 400000] [--size 200] [--rounds 2]
         [--old-commit 1f1f505 | --no-old] [--skip-writer] [--skip-source]
+        [--servers-src DIR]
 
 Two driver processes, each with its own SparkSession, take commands from this script: one
 runs this tree's ``src`` (and the file source), the other the old commit's ``src`` (``git
@@ -231,15 +232,25 @@ def old_source(work: Path, commit: str) -> Path:
     return dest / "src"
 
 
+SERVER_ENV: dict[str, str] = {}
+"""The servers' environment (``--servers-src``: their ``PYTHONPATH``)."""
+
+
 def run_tercel(driver: Driver, work: Path, n: int, size: int, options: dict[str, str]) -> Any:
-    with ServerProcess(work / "s1") as a, ServerProcess(work / "s2") as b:
+    with (
+        ServerProcess(work / "s1", env=SERVER_ENV) as a,
+        ServerProcess(work / "s2", env=SERVER_ENV) as b,
+    ):
         fill_queues([a, b], "events", n, size)
         addresses = f"{a.address},{b.address}"
         return driver.run(op="tercel", addresses=addresses, work=str(work), n=n, options=options)
 
 
 def run_sink(driver: Driver, work: Path, n: int, size: int, dedup: bool) -> dict[str, Any]:
-    with ServerProcess(work / "w1") as a, ServerProcess(work / "w2") as b:
+    with (
+        ServerProcess(work / "w1", env=SERVER_ENV) as a,
+        ServerProcess(work / "w2", env=SERVER_ENV) as b,
+    ):
         got = driver.run(
             op="sink", addresses=f"{a.address},{b.address}", n=n, size=size, dedup=dedup
         )
@@ -327,9 +338,17 @@ def main() -> None:
     parser.add_argument("--no-old", action="store_true", help="skip the old connector")
     parser.add_argument("--skip-writer", action="store_true")
     parser.add_argument("--skip-source", action="store_true")
+    parser.add_argument(
+        "--servers-src",
+        metavar="DIR",
+        help="run the servers from this src (e.g. a compiled copy); default: this tree's",
+    )
     args = parser.parse_args()
+    if args.servers_src:
+        SERVER_ENV["PYTHONPATH"] = str(Path(args.servers_src).resolve())
     work = Path(tempfile.mkdtemp(prefix="tercel-spark-bench-"))
     result: dict[str, Any] = {
+        "servers_src": args.servers_src or str(REPO / "src"),
         "items": args.items,
         "size": len(events(0, 1, args.size)[0]),
         "cores": os.cpu_count(),

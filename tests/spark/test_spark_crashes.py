@@ -227,7 +227,7 @@ def test_kill_twice_at_every_fail_point_then_a_server_loses_and_duplicates_nothi
 
         # The last run: no fail point; the victims' lanes first, a server killed mid-stream.
         final = Driver(
-            victims + lanes[: -len(victims)], scratch, None, restarts=40, retry_wait=1.0, parallel=4
+            victims + lanes[: -len(victims)], scratch, None, restarts=10, retry_wait=1.0, parallel=4
         )
         deadline = time.monotonic() + 300
         while True:
