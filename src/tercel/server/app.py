@@ -581,6 +581,7 @@ class Server:
         try:
             self.ctx.reservations.table.retry_returns()  # put off for want of a descriptor
             self.collection.flush_all_expired()
+            self._expire_keyed()
             for name in self.collection.delete_expired_queues():
                 log.info("deleted queue %s: empty and older than its max_queue_age", name)
         except Exception:
@@ -588,6 +589,12 @@ class Server:
         if not self.ctx.stopping:
             period = self.config.server.expiration_timer_frequency / 1000
             self._timers.append(self.loop.call_later(period, self._sweep))
+
+    def _expire_keyed(self) -> None:
+        """End the keyed leases that ran out: their items go back, their keys are ended."""
+        now = self.ctx.clock.now_ms()
+        for queue in self.collection:
+            queue.expire_keyed(now)
 
     def _reap_idle(self) -> None:
         timeout = self.config.server.client_timeout
