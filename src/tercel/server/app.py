@@ -581,7 +581,7 @@ class Server:
         try:
             self.ctx.reservations.table.retry_returns()  # put off for want of a descriptor
             self.collection.flush_all_expired()
-            self._expire_keyed()
+            self.collection.expire_keyed(self.ctx.clock.now_ms())  # keyed leases that ran out
             for name in self.collection.delete_expired_queues():
                 log.info("deleted queue %s: empty and older than its max_queue_age", name)
         except Exception:
@@ -589,12 +589,6 @@ class Server:
         if not self.ctx.stopping:
             period = self.config.server.expiration_timer_frequency / 1000
             self._timers.append(self.loop.call_later(period, self._sweep))
-
-    def _expire_keyed(self) -> None:
-        """End the keyed leases that ran out: their items go back, their keys are ended."""
-        now = self.ctx.clock.now_ms()
-        for queue in self.collection:
-            queue.expire_keyed(now)
 
     def _reap_idle(self) -> None:
         timeout = self.config.server.client_timeout

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from tercel.core.queue import READ_PEEK, PersistentQueue, QItem
+from tercel.core.queue import READ_PEEK, KeyedLease, PersistentQueue, QItem
 from tercel.core.reservations import Reservation, ReservationTable
 from tercel.errors import BadKey, OpenReadError, TercelError, TooManyLeases
 from tercel.protocol import memcache as mc
@@ -40,6 +40,7 @@ from tercel.server.connection import Operation
 from tercel.server.context import ANY, READS
 from tercel.server.kestrel import ops
 from tercel.server.kestrel.connection import KestrelConnection
+from tercel.steps import Steps, finish
 
 log = logging.getLogger(__name__)
 
@@ -233,43 +234,86 @@ def _slice_reply(
     out += (mk.keyed_binary if binary else mk.keyed_items)(start, items)
 
 
-def _keyed_taken(conn: KestrelConnection, cmd: LeaseKey, deadline: int) -> bool:
-    """Take (or take again) ``cmd.key`` and reply; when nothing was ready and ``deadline``
-    (epoch ms) is ahead, wait for an item and try again (True: parked)."""
-    ctx = conn.ctx
-    q = ops.keyed_source(ctx, cmd.queue, cmd.key)
-    now = ctx.clock.now_ms()
-    lease = None if q is None else q.take_keyed(cmd.key, cmd.max_items, cmd.lease_ms, now)
-    if lease is None:
-        if q is not None and deadline > now:
+class _KeyedTake:
+    """A keyed take in progress: the core takes a large lease in steps (``take_keyed_steps``,
+    a chunk of payload bytes each), one per loop pass, so that other connections are served
+    meanwhile; the connection stays parked until the lease is taken (the commands behind it
+    wait). When nothing was ready and ``deadline`` (epoch ms) is ahead, it waits for an item
+    and takes again."""
 
-            def woken(xid: int, item: QItem | None) -> None:
-                _woken(conn, cmd, item, deadline)
+    __slots__ = ("cmd", "conn", "deadline", "queue", "steps")
 
-            pending = conn.session.wait(cmd.queue, READ_PEEK, woken)
+    def __init__(self, conn: KestrelConnection, cmd: LeaseKey, deadline: int) -> None:
+        self.conn = conn
+        self.cmd = cmd
+        self.deadline = deadline
+        self.queue: PersistentQueue | None = None
+        self.steps: Steps[KeyedLease | None] | None = None
+
+    def start(self) -> bool:
+        """Begin (or, after a wait, begin again); True when parked."""
+        cmd = self.cmd
+        ctx = self.conn.ctx
+        q = self.queue = ops.keyed_source(ctx, cmd.queue, cmd.key)
+        if q is None:  # an alias: nothing to take
+            self.conn.out.append(_keyed_empty(cmd))
+            return False
+        now = ctx.clock.now_ms()
+        self.steps = q.take_keyed_steps(cmd.key, cmd.max_items, cmd.lease_ms, now)
+        return self.step()
+
+    def step(self) -> bool:
+        """One step of the take; at the end the reply (or a wait). True when parked."""
+        assert self.steps is not None
+        try:
+            next(self.steps)
+        except StopIteration as stop:
+            self.steps = None
+            return self._taken(stop.value)
+        conn = self.conn
+        conn.park_untimed(self.cmd, self, b"")
+        conn.continue_soon(self.step, self._abandon)
+        return True
+
+    def _abandon(self) -> None:
+        """The client left mid-take: take the rest all the same (the key is busy until then;
+        a later take of the key gets the whole lease)."""
+        if self.steps is not None:
+            try:
+                finish(self.steps)
+            except TercelError:
+                log.exception("keyed take of %s stopped after its client left", self.cmd.key)
+
+    def _taken(self, lease: KeyedLease | None) -> bool:
+        conn, cmd, q = self.conn, self.cmd, self.queue
+        assert q is not None
+        if lease is not None:
+            if cmd.nodata:
+                conn.out.append(mk.keyed(lease.count, lease.size, lease.expires_at))
+            else:
+                _slice_reply(conn.out, q, cmd.key, (0, lease.count), cmd.columns)
+            return False
+        now = conn.ctx.clock.now_ms()
+        if self.deadline > now:
+            pending = conn.session.wait(cmd.queue, READ_PEEK, self._woken)
             if pending is not None:
-                conn.park(cmd, pending, deadline - now, _keyed_empty(cmd))
+                conn.park(cmd, pending, self.deadline - now, _keyed_empty(cmd))
                 return True
         conn.out.append(_keyed_empty(cmd))
-    elif cmd.nodata:
-        conn.out.append(mk.keyed(lease.count, lease.size, lease.expires_at))
-    else:
-        assert q is not None
-        _slice_reply(conn.out, q, cmd.key, (0, lease.count), cmd.columns)
-    return False
+        return False
 
-
-def _woken(conn: KestrelConnection, cmd: LeaseKey, item: QItem | None, deadline: int) -> None:
-    """A waiting keyed take saw an item arrive (or its time ran out): on the next loop pass,
-    take again (another reader may have had the item: then it waits again)."""
-    if conn.settle_parked(item):
-        conn.continue_soon(lambda: _keyed_taken(conn, cmd, deadline))
+    def _woken(self, xid: int, item: QItem | None) -> None:
+        """An item arrived (or the time ran out): take again on the next loop pass (another
+        reader may have had the item: then it waits again)."""
+        if self.conn.settle_parked(item):
+            self.conn.continue_soon(self.start)
 
 
 def handle_lease_key(conn: KestrelConnection, cmd: LeaseKey) -> None:
     """``lease <q> <max_items> <wait_ms> <lease_ms> [binary] key=<k> [nodata]``: the keyed
     lease ``k``, taken now (waiting up to ``wait_ms`` while nothing is ready) or again."""
-    _keyed_taken(conn, cmd, conn.ctx.clock.now_ms() + cmd.wait_ms if cmd.wait_ms else 0)
+    deadline = conn.ctx.clock.now_ms() + cmd.wait_ms if cmd.wait_ms else 0
+    _KeyedTake(conn, cmd, deadline).start()
 
 
 def handle_lease_slice(conn: KestrelConnection, cmd: LeaseSlice) -> None:
