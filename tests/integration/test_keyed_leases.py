@@ -364,3 +364,28 @@ def test_async_client(server: ServerProcess, qname: str) -> None:
             assert await c.get(qname) == b"a0"
 
     asyncio.run(run())
+
+
+def test_too_many_keys_is_a_server_error_and_takes_nothing(data_dir: Path) -> None:
+    with ServerProcess(data_dir, "[queues]\nmax_lease_keys = 2\n") as srv:
+        conn = track(Raw(srv.connect()))
+        put(conn, "tm", b"t0", b"t1", b"t2", b"t3")
+        keyed_take(conn, "tm", "a", 1)
+        keyed_take(conn, "tm", "b", 1)
+        conn.call(b"lease tm 1 0 0 key=c\r\n", b"SERVER_ERROR too many lease keys\r\n")
+        assert items_of(conn, "tm") == 2
+        conn.call(b"ack tm key=a\r\n", b"ACKED 1\r\n")
+        assert [x[3] for x in keyed_take(conn, "tm", "c", 1)] == [b"t2"]  # "a" is forgotten
+
+
+def test_a_large_lease_is_taken_in_steps_and_read_back_whole(data_dir: Path) -> None:
+    big = [bytes([65 + i]) * (3 << 20) for i in range(4)]  # 12 MiB: several 4 MiB steps
+    with ServerProcess(data_dir) as srv, Client(srv.address, timeout=60) as c:
+        c.put_many("big", big)
+        lease = c.lease_key(srv.address, "big", "big.1", 10)
+        assert (lease.count, lease.size) == (4, 12 << 20)
+        got = c.lease_slice(srv.address, "big", "big.1", 1, 4)
+        assert bytes(got.data) == b"".join(big[1:])
+        assert list(got.offsets) == [0, 3 << 20, 6 << 20, 9 << 20]
+        assert c.release_key(srv.address, "big", "big.1") == 4
+        assert c.get("big") == big[0]

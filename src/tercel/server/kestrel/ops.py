@@ -398,7 +398,7 @@ def keyed_queue(ctx: ServerContext, name: str, key: str) -> PersistentQueue:
     _owner_check(ctx, name, key)
     q = None if ctx.collection.is_alias(name) else ctx.collection.queue(name)
     if q is None:
-        raise BadKey(f"no lease key {key} on queue {name}: the queue does not exist")
+        raise BadKey(f"no lease key {key} in queue {name}")
     return q
 
 
