@@ -143,6 +143,10 @@ class QueueConfig:
     dead_letter_queue: str | None = None
     """Where an item goes instead of a delivery beyond max_deliveries; None: it is dropped."""
     max_open_leases: int = 10_000
+    key_lease_ms: int = 86_400_000
+    """A keyed lease's lifetime when the take names none (0: keyed leases never run out)."""
+    max_lease_keys: int = 100_000
+    """Lease keys a queue holds at once, live and remembered (docs/configuration.md)."""
 
     def describe(self) -> list[tuple[str, str]]:
         """``(key, value)`` pairs in declaration order, formatted the way the config file
@@ -181,6 +185,8 @@ _QUEUE_PARSERS: dict[str, Any] = {
     "max_deliveries": _parse_count,
     "dead_letter_queue": _parse_queue_ref,
     "max_open_leases": _parse_count,
+    "key_lease_ms": parse_duration,
+    "max_lease_keys": _parse_count,
 }
 
 

@@ -243,11 +243,11 @@ def test_bad_magic_is_corrupt(tmp_path: Path, name: str) -> None:
 
 
 def test_unsupported_version_is_corrupt(tmp_path: Path) -> None:
-    data = write(tmp_path / "q", add(1), header=b"TRCL\x04\x00\x00\x00")
+    data = write(tmp_path / "q", add(1), header=b"TRCL\x05\x00\x00\x00")
     with pytest.raises(JournalCorrupt) as info:
         replay(tmp_path)
     assert (info.value.path, info.value.offset) == (str(tmp_path / "q"), 4)
-    assert "version 4" in str(info.value)
+    assert "version 5" in str(info.value)
     assert (tmp_path / "q").read_bytes() == data
 
 

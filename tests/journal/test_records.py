@@ -53,10 +53,11 @@ def raw(body: bytes) -> bytes:
 
 
 def test_file_header() -> None:
-    assert rec.FILE_HEADER == b"TRCL\x03\x00\x00\x00"
+    assert rec.FILE_HEADER == b"TRCL\x04\x00\x00\x00"
     assert rec.header_version(b"TRCL\x01\x00\x00\x00") == 1
     assert rec.header_version(b"TRCL\x03\x00\x00\x00") == 3
-    assert rec.header_version(b"TRCL\x04\x00\x00\x00") is None
+    assert rec.header_version(b"TRCL\x04\x00\x00\x00") == 4
+    assert rec.header_version(b"TRCL\x05\x00\x00\x00") is None
     assert rec.HEADER_SIZE == 8
 
 

@@ -1,4 +1,4 @@
-"""The record format, version 2: pure encode and decode, no files.
+"""The record format, version 4: pure encode and decode, no files.
 
 Every file starts with an 8-byte header (``b"TRCL"``, the format version, three zero bytes).
 Every record is ``u32 length | u32 crc32 | body`` (little-endian), where ``length`` counts the
@@ -25,13 +25,14 @@ Bytes = bytes | bytearray | memoryview | mmap.mmap
 """Anything replay can read records from."""
 
 MAGIC: Final = b"TRCL"
-VERSION: Final = 3
+VERSION: Final = 4
 """Version 2 has version 1's records; what is new is that a file may end in zero bytes
 (space written ahead of the records so an ``fdatasync`` need not commit a new file size):
 a record prefix of eight zero bytes ends the records, and only zeros may follow it. Version 3
 adds RETURN (an open read's item back to its place by item id; ABORT puts it at the head) and
-the beanstalkd job log's opcodes (``joblog.py``)."""
-VERSIONS: Final = (1, 2, VERSION)
+the beanstalkd job log's opcodes (``joblog.py``). Version 4 adds the keyed leases' records
+(opcodes 11-14) and their lease files (docs/journal_format.md §18)."""
+VERSIONS: Final = (1, 2, 3, VERSION)
 """Versions replay reads. Files of an older version are read, never appended to."""
 
 
@@ -62,6 +63,10 @@ OP_SNAPSHOT: Final = 7
 OP_RESUME: Final = 8
 OP_DELIVERED: Final = 9
 OP_RETURN: Final = 10
+OP_KEY_TAKE: Final = 11
+OP_KEY_LIVE: Final = 12
+OP_KEY_END: Final = 13
+OP_KEY_RENEW: Final = 14
 OP_NAMES: Final = {
     OP_ADD: "ADD",
     OP_REMOVE: "REMOVE",
@@ -73,7 +78,21 @@ OP_NAMES: Final = {
     OP_SNAPSHOT: "SNAPSHOT",
     OP_RESUME: "RESUME",
     OP_DELIVERED: "DELIVERED",
+    OP_KEY_TAKE: "KEY_TAKE",
+    OP_KEY_LIVE: "KEY_LIVE",
+    OP_KEY_END: "KEY_END",
+    OP_KEY_RENEW: "KEY_RENEW",
 }
+
+KEY_ACKED: Final = 1
+"""KEY_END's ``how``: every item of the keyed lease confirmed."""
+KEY_RELEASED: Final = 2
+"""KEY_END's ``how``: the items went back to their places (release)."""
+KEY_EXPIRED: Final = 3
+"""KEY_END's ``how``: the items went back to their places (the lease ran out)."""
+KEY_HOW: Final = {KEY_ACKED: "acked", KEY_RELEASED: "released", KEY_EXPIRED: "expired"}
+MAX_KEY: Final = 200
+"""A lease key's longest form (``tercel.names.MAX_KEY_BYTES``)."""
 
 MAX_PAYLOAD: Final = 64 * 1024 * 1024
 """No item can be larger (the codecs refuse bigger ones), so no honest record is either."""
@@ -85,6 +104,17 @@ _pack_add: Final = _ADD.pack
 _XID = struct.Struct("<BI")  # op, xid
 _SNAPSHOT = struct.Struct("<BQI")  # op, next item id, last xid
 _RESUME = struct.Struct("<BQQQQ")  # op, cursor file seq, cursor offset, snapshot seq, offset
+# op, lease file number, items, payload bytes, max_items, created_at, expires_at; then the key
+_KEY_TAKE = struct.Struct("<BQQQQqq")
+_KEY_END = struct.Struct("<BB")  # op, how; then the key
+_KEY_RENEW = struct.Struct("<Bq")  # op, expires_at; then the key
+KEY_LENGTHS: Final[dict[int, int]] = {
+    OP_KEY_TAKE: _KEY_TAKE.size,
+    OP_KEY_LIVE: _KEY_TAKE.size,
+    OP_KEY_END: _KEY_END.size,
+    OP_KEY_RENEW: _KEY_RENEW.size,
+}
+"""The fixed part of each keyed-lease record (a key of 1-200 bytes follows it)."""
 PREFIX: Final[struct.Struct] = _PREFIX
 ADD_FIELDS: Final[struct.Struct] = _ADD
 PREFIX_SIZE: Final[int] = _PREFIX.size
@@ -106,6 +136,20 @@ class RecordSink(Protocol):
     def on_flush(self) -> None: ...
     def on_snapshot(self, next_id: int, xid: int) -> None: ...
     def on_delivered(self, count: int) -> None: ...
+    def on_key_take(
+        self,
+        key: str,
+        *,
+        n: int,
+        count: int,
+        size: int,
+        max_items: int,
+        created_at: int,
+        expires_at: int,
+        from_head: bool,
+    ) -> None: ...
+    def on_key_end(self, key: str, how: int) -> None: ...
+    def on_key_renew(self, key: str, expires_at: int) -> None: ...
 
 
 Position = tuple[int, int]
@@ -173,6 +217,41 @@ def decode_resume(buf: Bytes, pos: int) -> tuple[Position, Position]:
     return (cs, co), (ts, to)
 
 
+def encode_key_take(
+    buf: bytearray,
+    key: str,
+    *,
+    n: int,
+    count: int,
+    size: int,
+    max_items: int,
+    created_at: int,
+    expires_at: int,
+    live: bool = False,
+) -> None:
+    """Append a KEY_TAKE record (``count`` items from the head into lease file ``n`` of
+    ``key``), or with ``live`` its snapshot form KEY_LIVE (the lease as it is; nothing taken)."""
+    op = OP_KEY_LIVE if live else OP_KEY_TAKE
+    fields = _KEY_TAKE.pack(op, n, count, size, max_items, created_at, expires_at)
+    buf += _record(fields + key.encode("ascii"))
+
+
+def encode_key_end(buf: bytearray, key: str, how: int) -> None:
+    """Append a KEY_END record: ``key`` ended (``how``: :data:`KEY_ACKED`, ...)."""
+    buf += _record(_KEY_END.pack(OP_KEY_END, how) + key.encode("ascii"))
+
+
+def encode_key_renew(buf: bytearray, key: str, expires_at: int) -> None:
+    """Append a KEY_RENEW record: ``key``'s lease now runs out at ``expires_at``."""
+    buf += _record(_KEY_RENEW.pack(OP_KEY_RENEW, expires_at) + key.encode("ascii"))
+
+
+def _key_fields(buf: Bytes, start: int, stop: int, op: int) -> tuple[tuple[int, ...], str]:
+    fixed = KEY_LENGTHS[op]
+    unpack = _KEY_TAKE if fixed == _KEY_TAKE.size else _KEY_END if op == OP_KEY_END else _KEY_RENEW
+    return unpack.unpack_from(buf, start), bytes(buf[start + fixed : stop]).decode("ascii")
+
+
 def record_op(buf: Bytes, pos: int) -> int:
     """The opcode of the (checked) record at ``pos``."""
     return buf[pos + PREFIX_SIZE]
@@ -235,6 +314,9 @@ def check_record(buf: Bytes, pos: int) -> int:
     elif op in FIXED_LENGTHS:
         if length != FIXED_LENGTHS[op]:
             raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
+    elif op in KEY_LENGTHS:
+        if not KEY_LENGTHS[op] < length <= KEY_LENGTHS[op] + MAX_KEY:
+            raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
     else:
         raise BadRecord(pos, f"unknown opcode {op}")
     return int(stop)
@@ -258,6 +340,8 @@ def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
         pass  # positions only: the journal's replay acts on it, not the sink
     elif op == OP_DELIVERED:
         sink.on_delivered(_XID.unpack_from(buf, start)[1])
+    elif op in KEY_LENGTHS:
+        _apply_key(buf, start, stop, op, sink)
     else:
         xid = _XID.unpack_from(buf, start)[1]
         if op == OP_OPEN:
@@ -268,6 +352,26 @@ def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
             sink.on_return(xid)
         else:
             sink.on_abort(xid)
+
+
+def _apply_key(buf: Bytes, start: int, stop: int, op: int, sink: RecordSink) -> None:
+    fields, key = _key_fields(buf, start, stop, op)
+    if op == OP_KEY_END:
+        sink.on_key_end(key, fields[1])
+    elif op == OP_KEY_RENEW:
+        sink.on_key_renew(key, fields[1])
+    else:
+        _, n, count, size, max_items, created_at, expires_at = fields
+        sink.on_key_take(
+            key,
+            n=n,
+            count=count,
+            size=size,
+            max_items=max_items,
+            created_at=created_at,
+            expires_at=expires_at,
+            from_head=op != OP_KEY_LIVE,
+        )
 
 
 def scan(
@@ -334,6 +438,15 @@ def describe_record(buf: Bytes, pos: int, stop: int) -> dict[str, object]:
         out["cursor"], out["taken"] = decode_resume(buf, pos)
     elif op == OP_DELIVERED:
         out["count"] = _XID.unpack_from(buf, start)[1]
+    elif op in KEY_LENGTHS:
+        fields, out["key"] = _key_fields(buf, start, stop, op)
+        if op == OP_KEY_END:
+            out["how"] = KEY_HOW.get(fields[1], str(fields[1]))
+        elif op == OP_KEY_RENEW:
+            out["expires_at"] = fields[1]
+        else:
+            names = ("lease_file", "count", "size", "max_items", "created_at", "expires_at")
+            out.update(zip(names, fields[1:], strict=True))
     return out
 
 

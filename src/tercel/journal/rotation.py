@@ -31,7 +31,7 @@ from tercel.journal import records as rec
 from tercel.journal.base import fsync_dir, log, run_inline
 from tercel.journal.checkpointing import CheckpointingJournal
 from tercel.journal.files import OUT_OF_DESCRIPTORS, FileOps
-from tercel.journal.snapshot import ItemLike, write_snapshot
+from tercel.journal.snapshot import ItemLike, KeyState, write_snapshot
 
 PRESYNC = 256 << 10
 """Rotation fdatasyncs the file it closes before renaming it (an older file never has an
@@ -165,6 +165,8 @@ class RotatingJournal(CheckpointingJournal):
         open_items: Sequence[tuple[int, ItemLike]],
         items: Iterable[ItemLike],
         cursor: rec.Position | None,
+        *,
+        keyed: Sequence[KeyState] = (),
     ) -> bool:
         """Replace the older files by one snapshot of the queue's state; True if started.
 
@@ -172,8 +174,10 @@ class RotatingJournal(CheckpointingJournal):
         ``open_items`` (xid, item) and ``items`` (in memory, head first), and, when
         ``cursor`` is given (read-behind), that the ADD records from ``cursor`` to the
         rotation point are items still on disk. Files before ``cursor``'s file are replaced;
-        without a cursor every older file is. Items and open reads are read from the
-        objects given, on a worker thread: the caller passes copies of its containers.
+        without a cursor every older file is. ``keyed``: the keyed leases live and the keys
+        remembered (:data:`~tercel.journal.snapshot.KeyState`). Items and open reads are read
+        from the objects given, on a worker thread: the caller passes copies of its
+        containers.
         """
         if self.compacting or self.syncing or self._failed is not None or self.closed:
             return False
@@ -199,6 +203,7 @@ class RotatingJournal(CheckpointingJournal):
                     items=items,
                     cursor=cursor,
                     taken=taken,
+                    keyed=keyed,
                 )
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -317,10 +322,15 @@ class RotatingJournal(CheckpointingJournal):
         with contextlib.suppress(FileNotFoundError):
             ops.unlink(self.checkpoint_path)
         gone: list[str] = []
-        for seq in [*sorted(self._older), self._seq]:  # no directory listing: it knows them
-            temp = f"{self.path}~~gone.{seq}"
+        moves = [
+            (self._path(s), f"{self.path}~~gone.{s}") for s in [*sorted(self._older), self._seq]
+        ]
+        for n in sorted(self._leases or ()):  # the keyed leases' files go with the queue
+            moves.append((f"{self.path}.key.{n}", f"{self.path}~~gone.key.{n}"))
+        self._leases = None
+        for path, temp in moves:  # no directory listing: it knows them
             try:
-                ops.rename(self._path(seq), temp)
+                ops.rename(path, temp)
             except FileNotFoundError:
                 continue
             gone.append(temp)
