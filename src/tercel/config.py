@@ -152,6 +152,10 @@ class QueueConfig:
     max_dedup_keys: int = 1_000_000
     """Dedup keys a queue holds at most; a keyed put beyond them (every key still younger than
     the window) is refused with ``SERVER_ERROR``, nothing stored (~200 bytes per key)."""
+    key_lease_ms: int = 86_400_000
+    """A keyed lease's lifetime when the take names none (0: keyed leases never run out)."""
+    max_lease_keys: int = 100_000
+    """Lease keys a queue holds at once, live and remembered (docs/configuration.md)."""
 
     def describe(self) -> list[tuple[str, str]]:
         """``(key, value)`` pairs in declaration order, formatted the way the config file
@@ -193,6 +197,8 @@ _QUEUE_PARSERS: dict[str, Any] = {
     # dedup keys
     "dedup_window_ms": parse_duration,
     "max_dedup_keys": _parse_count,
+    "key_lease_ms": parse_duration,
+    "max_lease_keys": _parse_count,
 }
 
 

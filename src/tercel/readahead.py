@@ -44,13 +44,13 @@ asyncio.threads asyncio.unix_events asyncio.base_subprocess asyncio.selector_eve
 tercel.server tercel.server.app tercel.storage tercel.clock librt librt.time tercel.core
 tercel.core.log
 tercel.steps tercel.core.queue tercel.core.queue_paging tercel.core.items tercel.core.queue_state
-tercel.core.dedup tercel.core.queue_replay tercel.core.queue_upkeep mypy_extensions
-tercel.core.source tercel.journal
+tercel.core.dedup tercel.core.queue_replay tercel.core.queue_upkeep tercel.core.keyed
+tercel.core.keyed_state array mypy_extensions tercel.core.source tercel.journal
 tercel.journal.journal tercel.journal.records mmap zlib_ng zlib_ng._version zlib_ng.zlib_ng
 gzip zlib _compression tercel.journal.base tercel.journal.checkpoint tercel.journal.append
 tercel.journal.files resource tercel.journal.checkpointing tercel.journal.reader
 tercel.journal.readbehind tercel.journal.replay tercel.journal.rotation tercel.journal.snapshot
-tercel.journal.tail tercel.journal.memory
+tercel.journal.tail tercel.journal.memory tercel.journal.leases
 tercel.core.collection tercel.core.stats tercel.server.admin_rules tercel.server.commit
 concurrent.futures.thread queue _queue tercel.server.aio tercel.server.metrics
 tercel.server.context tercel.server.auth fnmatch tercel.logtext tercel.server.deadlines
@@ -58,7 +58,8 @@ tercel.core.reservations tercel.server.status
 tercel.server.frontend tercel.server.connection tercel.server.tls tercel.server.loop uvloop
 uvloop.includes
 uvloop.loop uvloop._noop uvloop._version tercel.server.memcache tercel.server.memcache.connection
-tercel.protocol tercel.protocol.memcache tercel.protocol.commands tercel.server.stats
+tercel.protocol tercel.protocol.memcache tercel.protocol.commands
+tercel.protocol.memcache_keyed tercel.server.stats
 tercel.server.kestrel tercel.server.kestrel.ops tercel.server.kestrel.connection tercel.session
 tercel.server.memcache.leases tercel.server.figures tercel.server.kestrel_figures
 """

@@ -57,3 +57,25 @@ class Recorder:
 
     def on_delivered(self, count: int) -> None:
         self.events.append(("delivered", count))
+
+    def on_key_take(
+        self,
+        key: str,
+        *,
+        n: int,
+        count: int,
+        size: int,
+        max_items: int,
+        created_at: int,
+        expires_at: int,
+        from_head: bool,
+    ) -> None:
+        self.events.append(
+            ("key_take", key, n, count, size, max_items, created_at, expires_at, from_head)
+        )
+
+    def on_key_end(self, key: str, how: int) -> None:
+        self.events.append(("key_end", key, how))
+
+    def on_key_renew(self, key: str, expires_at: int) -> None:
+        self.events.append(("key_renew", key, expires_at))

@@ -291,7 +291,7 @@ def test_stats_lines(raw: Raw, qname: str) -> None:
         "items", "bytes", "total_items", "logsize", "expired_items", "mem_items", "mem_bytes",
         "age", "discarded", "waiters", "open_transactions", "transactions",
         "canceled_transactions", "total_flushes", "journal_rewrites", "journal_rotations",
-        "open_leases", "dead_lettered",
+        "open_leases", "dead_lettered", "keyed_leases", "keyed_items", "keyed_oldest_age",
     ]  # fmt: skip
     assert f"STAT queue_{qname}_items 1\r\n".encode() in lines
     assert f"STAT queue_{qname}_bytes 3\r\n".encode() in lines

@@ -148,7 +148,8 @@ def test_an_old_checkpoint_is_refused(
     lines = log.read_text().splitlines()
     lines[-1] = json.dumps({"seq": 5})  # the staging design's offset
     log.write_text("\n".join(lines))
-    (work / "ck" / "commits" / "0").unlink()  # so Spark replays batch 0
+    for stale in ("offsets/.0.crc", "commits/0", "commits/.0.crc"):  # Spark replays batch 0
+        (work / "ck" / stale).unlink()
     produce(servers[0], qname, 1)
     query = to_parquet(source(spark, [servers[0].address], qname), work, available_now=True)
     with pytest.raises(Exception, match="staging connector"):

@@ -33,9 +33,22 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerPro
         yield [a, b]
 
 
+_readers: list[TercelStreamReader] = []
+
+
+@pytest.fixture(autouse=True)
+def stop_readers() -> Iterator[None]:
+    """Each driver-side reader a test made is stopped after it (its connections closed)."""
+    yield
+    while _readers:
+        _readers.pop().stop()
+
+
 def reader(addresses: list[str], parallelism: int = 2, **opts: object) -> TercelStreamReader:
     given = {"servers": ",".join(addresses), **{k: str(v) for k, v in opts.items()}}
-    return TercelStreamReader(SourceOptions.parse(given), parallelism)
+    made = TercelStreamReader(SourceOptions.parse(given), parallelism)
+    _readers.append(made)
+    return made
 
 
 def produce(server: ServerProcess, queue: str, n: int, size: int = 0) -> list[bytes]:

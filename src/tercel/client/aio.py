@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from tercel.client import _base as b
+from tercel.client import _keyed as k
 from tercel.client._base import Leased, Op, ServerState, Stored
 from tercel.client.tls import Secured
 from tercel.errors import ClientTimeout, NotStored, TransportError
@@ -351,6 +352,39 @@ class AsyncClient(b.ClientBase[_Connection]):
 
     async def renew(self, items: Iterable[Leased], lease_time: float | None) -> int:
         return await self._lease_end("renew", items, lease_time)
+
+    # ---- keyed leases (documented on tercel.client.Client) --------------------------------
+
+    async def lease_key(
+        self,
+        server: str,
+        queue: str,
+        key: str,
+        max_items: int,
+        *,
+        lease_time: float | None = None,
+        wait: float = 0.0,
+    ) -> k.KeyedLease:
+        op = k.lease_key_op(queue, key, max_items, lease_time, wait)
+        return await self._run(op, self.cluster.server(server))
+
+    async def lease_slice(
+        self, server: str, queue: str, key: str, start: int, stop: int
+    ) -> LeaseColumns:
+        op = k.lease_slice_op(queue, key, start, stop)
+        return await self._run(op, self.cluster.server(server))
+
+    async def ack_key(self, server: str, queue: str, key: str) -> int:
+        return await self._run(k.ack_key_op(queue, key), self.cluster.server(server))
+
+    async def release_key(self, server: str, queue: str, key: str) -> int:
+        return await self._run(k.release_key_op(queue, key), self.cluster.server(server))
+
+    async def renew_key(
+        self, server: str, queue: str, key: str, lease_time: float | None = None
+    ) -> float:
+        op = k.renew_key_op(queue, key, lease_time)
+        return await self._run(op, self.cluster.server(server))
 
     async def delete(self, queue: str) -> None:
         await self._each(b.delete_op(queue))

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from tercel.client import _base as b
+from tercel.client import _keyed as k
 from tercel.client._base import Leased, Op, ServerState, Stored
 from tercel.client.tls import Secured
 from tercel.errors import ClientTimeout, NotStored, TransportError
@@ -388,6 +389,51 @@ class Client(b.ClientBase[_Connection]):
     def renew(self, items: Iterable[Leased], lease_time: float | None) -> int:
         """Extend leases to ``lease_time`` s from now; how many were still leased."""
         return self._lease_end("renew", items, lease_time)
+
+    # ---- keyed leases (docs/protocol.md section 11, "Keyed leases") ----------------------
+
+    def lease_key(
+        self,
+        server: str,
+        queue: str,
+        key: str,
+        max_items: int,
+        *,
+        lease_time: float | None = None,
+        wait: float = 0.0,
+    ) -> k.KeyedLease:
+        """Take up to ``max_items`` from ``queue`` on ``server`` under ``key``, or, when the key
+        was taken before (from any connection, before any restart), the same lease again:
+        its count, bytes and expiry, no payload (read them with :meth:`lease_slice`).
+        ``count`` 0: nothing was ready within ``wait`` s, no key was created. ``lease_time``
+        None: the queue's ``key_lease_ms``. Raises ServerReplyError: a key the rules refuse,
+        of another queue, taken with another ``max_items``, or ended (acked, released,
+        expired: ``lease key K was acked``...)."""
+        op = k.lease_key_op(queue, key, max_items, lease_time, wait)
+        return self._run(op, self.cluster.server(server))
+
+    def lease_slice(self, server: str, queue: str, key: str, start: int, stop: int) -> LeaseColumns:
+        """Items ``start..stop-1`` of the keyed lease ``key`` with their payloads, as columns
+        (one binary reply); takes nothing. Their lease ids are ``key-<place in hex>``: end
+        them with the key (:meth:`ack_key`), never one by one. Raises ServerReplyError for a
+        slice past the end, an unknown or ended key."""
+        return self._run(k.lease_slice_op(queue, key, start, stop), self.cluster.server(server))
+
+    def ack_key(self, server: str, queue: str, key: str) -> int:
+        """Confirm every item of the keyed lease for good; the count (0: acked before)."""
+        return self._run(k.ack_key_op(queue, key), self.cluster.server(server))
+
+    def release_key(self, server: str, queue: str, key: str) -> int:
+        """Put every item of the keyed lease back at its place in the queue; the count. The
+        key is ended: a later take of it raises."""
+        return self._run(k.release_key_op(queue, key), self.cluster.server(server))
+
+    def renew_key(
+        self, server: str, queue: str, key: str, lease_time: float | None = None
+    ) -> float:
+        """Make the keyed lease run out ``lease_time`` s from now (None: the queue's
+        ``key_lease_ms``); the new ``expires_at`` (epoch seconds, 0.0: never)."""
+        return self._run(k.renew_key_op(queue, key, lease_time), self.cluster.server(server))
 
     def delete(self, queue: str) -> None:
         """Delete ``queue`` (and its journal) on every server."""

@@ -73,6 +73,9 @@ class QueueCollection:
         """Set by the owner while it runs :meth:`replay_slice` until no queue is left: a
         command that reaches a pending queue may then wait for it (:meth:`pending_reached`,
         :meth:`pending_any`)."""
+        self._lease_keys: dict[str, str] = {}
+        """Lease key -> the queue holding it, live or remembered (keys are unique per server;
+        each queue fills in its own as it replays, and keeps them up to date)."""
         # One bound method each for every queue, not one per queue (100,000 queues: 14 MB).
         self._on_expired: Callable[[PersistentQueue, QItem], None] = self._expired
         self._on_dead_letter: Callable[[PersistentQueue, QItem], bool] = self._dead_letter
@@ -164,6 +167,7 @@ class QueueCollection:
             log_ = self._open_log(name, cfg)
         q = PersistentQueue(name, cfg, log_, self.clock, self._on_expired)
         q.on_dead_letter = self._on_dead_letter
+        q.key_owners = self._lease_keys
         return _Replay(q, q.replay_steps())
 
     def _register(self, q: PersistentQueue, report: object) -> PersistentQueue:
@@ -576,6 +580,25 @@ class QueueCollection:
                 self.stats.queue_expires += 1
                 gone.append(q.name)
         return gone
+
+    # ---- keyed leases ---------------------------------------------------------------------
+
+    def lease_key_queue(self, key: str) -> str | None:
+        """The queue that holds lease key ``key`` (live or remembered), or None. Queues not
+        replayed yet (:attr:`pending`) are not known until they are."""
+        return self._lease_keys.get(key)
+
+    def expire_keyed(self, now: int) -> int:
+        """Release the keyed leases that ran out in every queue (``expires_at`` <= ``now``,
+        wall-clock ms); the items put back. The server's sweep calls it."""
+        total = 0
+        for q in [q for q in self._queues.values() if q.has_keys]:
+            if q.has_keys:
+                try:
+                    total += q.expire_keyed(now)
+                except JournalError as exc:  # that queue's journal failed; the others go on
+                    log.error("keyed lease expiry of %s stopped: %s", q.name, exc)
+        return total
 
     # ---- configuration and shutdown -------------------------------------------------------
 

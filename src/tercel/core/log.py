@@ -8,8 +8,9 @@ write method appends one record; it raises (a :class:`~tercel.errors.JournalWrit
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from tercel.steps import Steps
 
@@ -30,6 +31,30 @@ class ReplaySink(Protocol):
         """A dedup key put at ``put_time`` stored item ``item_id`` (ADD_KEYED, after its
         ``on_add``; DEDUP_KEY, a snapshot's remembered key)."""
         ...
+
+    def on_key_take(
+        self,
+        key: str,
+        *,
+        n: int,
+        count: int,
+        size: int,
+        max_items: int,
+        created_at: int,
+        expires_at: int,
+        from_head: bool,
+    ) -> None: ...
+    def on_key_end(self, key: str, how: int) -> None: ...
+    def on_key_renew(self, key: str, expires_at: int) -> None: ...
+
+
+Columns: TypeAlias = "tuple[array[int], array[int], array[int], array[int], bytearray, array[int]]"
+"""A run of a keyed lease's items as columns: ``(item_ids, deliveries, add_ms, expiry_ms,
+data, offsets)`` (``offsets``: where each payload starts in ``data``, and the last ends)."""
+
+KeyState = tuple[str, int, int, int, int, int, int, int]
+"""A keyed lease for a snapshot: ``(key, lease file n, count, size, max_items, created_at,
+expires_at, how)``; ``how`` 0 for a live lease, else how a remembered key ended."""
 
 
 Position = tuple[int, int]
@@ -154,6 +179,7 @@ class QueueLog(Protocol):
         cursor: Position | None,
         *,
         dedup_keys: Sequence[tuple[str, int, int]] = (),
+        keyed: Sequence[KeyState] = (),
     ) -> bool:
         """Replace history by a snapshot of this state; True when started (see the journal).
         ``dedup_keys``: ``(key, item_id, put time)`` of the dedup keys held, oldest first."""
@@ -182,3 +208,41 @@ class QueueLog(Protocol):
 
     def close(self) -> None: ...
     def erase(self) -> None: ...
+
+    # ---- keyed leases (docs/journal_format.md §18) ------------------------------------------
+
+    def key_take(
+        self,
+        key: str,
+        *,
+        n: int,
+        count: int,
+        size: int,
+        max_items: int,
+        created_at: int,
+        expires_at: int,
+    ) -> None:
+        """Record ``count`` head items moving into lease file ``n`` of ``key``."""
+        ...
+
+    def key_end(self, key: str, how: int) -> None: ...
+    def key_renew(self, key: str, expires_at: int) -> None: ...
+
+    def lease_write(self, n: int, at: int, items: Sequence[Any], sync: bool) -> list[int]:
+        """Write items into lease file ``n`` from offset ``at`` (0: new); where each ends."""
+        ...
+
+    def lease_index(self, n: int, count: int) -> array[int]:
+        """Where each of the first ``count`` items of lease file ``n`` starts, and the end."""
+        ...
+
+    def lease_columns(self, n: int, start: int, stop: int) -> Columns:
+        """The items of lease file ``n`` between offsets ``start`` and ``stop``."""
+        ...
+
+    def lease_remove(self, n: int) -> None: ...
+    def lease_files(self) -> list[int]: ...
+
+    def durable(self, position: Position, synced: bool) -> bool:
+        """True when every record before ``position`` was written (and fsynced)."""
+        ...

@@ -33,6 +33,7 @@ from typing import Final
 
 from tercel.clock import MAX_TIME_MS, Clock
 from tercel.config import QueueConfig
+from tercel.core import keyed
 from tercel.core import queue_paging as paging
 from tercel.core import queue_replay as replaying
 from tercel.core import queue_upkeep as upkeep
@@ -52,6 +53,9 @@ from tercel.core.queue_state import (
 from tercel.core.source import ReservationSource
 from tercel.errors import ItemTooLarge, JournalError
 from tercel.steps import Steps, finish
+
+KeyedLease = keyed.KeyedLease
+KeyedSlice = keyed.KeyedSlice
 
 __all__ = ["READ_GET", "READ_OPEN", "READ_PEEK", "XID_LIMIT", "PersistentQueue", "QItem", "Waiter"]
 """QItem lives in :mod:`tercel.core.items`, the rest in :mod:`tercel.core.queue_state`; the rest
@@ -434,6 +438,80 @@ class PersistentQueue(QueueState, ReservationSource):
     def _requeue_first(self, waiter: Waiter) -> None:
         # Only expired items were left: the waiter keeps its place at the front of the line.
         self._waiters = {waiter: None, **self._waiters}
+
+    # ---- keyed leases (cold: bodies in tercel.core.keyed) -------------------------------------
+
+    def take_keyed(self, key: str, max_items: int, lease_ms: int, now: int) -> KeyedLease | None:
+        """Take keyed lease ``key``: the first take moves up to ``max_items`` items from the
+        head into it (deliveries counted, ``max_deliveries`` and dead letters as for leases,
+        journaled before this returns); None when nothing was ready (no key made). A later
+        take of the key returns the same lease and takes nothing. ``lease_ms`` 0: the queue's
+        ``key_lease_ms``. Raises :class:`~tercel.errors.BadKey` (a bad key, another
+        max_items, a key of another queue), :class:`~tercel.errors.LeaseKeyEnded`,
+        :class:`~tercel.errors.TooManyKeys`, and the log's errors (nothing taken then, or
+        what earlier chunks took stays under the key)."""
+        return finish(self.take_keyed_steps(key, max_items, lease_ms, now))
+
+    def take_keyed_steps(
+        self, key: str, max_items: int, lease_ms: int, now: int
+    ) -> Steps[KeyedLease | None]:
+        """:meth:`take_keyed` in steps of :data:`~tercel.core.keyed_state.CHUNK` bytes
+        (:mod:`tercel.steps`): the queue serves others between two; meanwhile the key is busy
+        (calls on it raise :class:`~tercel.errors.UnavailableError`)."""
+        return keyed.take_steps(
+            self,
+            key,
+            max_items,
+            lease_ms,
+            now,
+            expire_head=self.flush_expired,
+            dead_letter=self._dead_letter,
+        )
+
+    def keyed(self, key: str) -> KeyedLease | None:
+        """Live keyed lease ``key`` (a view), None for a key this queue does not know; raises
+        :class:`~tercel.errors.LeaseKeyEnded` for one that ended."""
+        return keyed.find(self, key)
+
+    def keyed_slice(self, key: str, start: int, stop: int) -> KeyedSlice:
+        """Items ``start .. stop - 1`` of live keyed lease ``key`` in lease order, read back
+        from its lease file. Raises BadKey (``0 <= start <= stop <= count`` broken, unknown
+        key), LeaseKeyEnded, the log's JournalError."""
+        return keyed.read_slice(self, key, start, stop)
+
+    def ack_keyed(self, key: str) -> int:
+        """Confirm every item of keyed lease ``key``: how many; 0 if it was acked already.
+        Raises LeaseKeyEnded (released, expired), BadKey (unknown)."""
+        return keyed.ack(self, key)
+
+    def release_keyed(self, key: str) -> int:
+        """Put every item of keyed lease ``key`` back at its place with its delivery count:
+        how many; 0 if it was released or expired already. Raises LeaseKeyEnded (acked),
+        BadKey (unknown)."""
+        return keyed.release(self, key, keyed.RELEASED, self._serve_now)
+
+    def renew_keyed(self, key: str, lease_ms: int, now: int) -> int:
+        """Keyed lease ``key`` runs out ``lease_ms`` (0: ``key_lease_ms``) after ``now``: the
+        new ``expires_at`` (0: never)."""
+        return keyed.renew(self, key, lease_ms, now)
+
+    def expire_keyed(self, now: int) -> int:
+        """Release the keyed leases whose ``expires_at`` has passed (the server's sweep):
+        the items put back."""
+        return keyed.expire(self, now, self._serve_now)
+
+    def keyed_figures(self) -> tuple[int, int, int]:
+        """(keyed leases open, items under them, the oldest one's created_at or 0)."""
+        return keyed.figures(self)
+
+    @property
+    def has_keys(self) -> bool:
+        """True when the queue holds keyed leases or remembers ended keys."""
+        return self._keyed is not None
+
+    def _serve_now(self) -> None:
+        if self._waiters:
+            self._serve_waiters(self.clock.now_ms())
 
     # ---- replay, log upkeep, whole-queue changes (cold: bodies in their own modules) ---------
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Final
 
+from tercel.core import keyed
 from tercel.core.items import QItem
+from tercel.core.keyed_state import Lease
 from tercel.core.log import Position
 from tercel.core.queue_paging import drop_disk_items, refill
 from tercel.core.queue_state import QueueState, cap, own_dedup, own_open_reads
@@ -38,6 +40,7 @@ def replay_steps(q: QueueState) -> Steps[object]:
         item = q._open.pop(xid)
         q._items.put_back(item)
         q.mem_bytes += len(item.data)
+    keyed.replay_done(q)
     if not q._items:  # the head in memory; the rest of the window comes with removes
         refill(q)
     return report
@@ -179,9 +182,39 @@ class Replayer:
         self.snapshot_seq = q.log.replay_position[0]
         if q._dedup is not None:  # the snapshot's DEDUP_KEY records follow: every key held
             q._dedup.clear()
+        keyed.replay_snapshot(q)
 
     def on_dedup_key(self, key: str, item_id: int, put_time: int) -> None:
         """A key put at ``put_time``: kept unless the window has passed (measured now)."""
         q = self.q
         if q.config.dedup_window_ms > 0:
             own_dedup(q).restore(key, item_id, put_time, q.clock.now_ms())
+
+    def on_key_take(
+        self,
+        key: str,
+        *,
+        n: int,
+        count: int,
+        size: int,
+        max_items: int,
+        created_at: int,
+        expires_at: int,
+        from_head: bool,
+    ) -> None:
+        """KEY_TAKE (``from_head``: its items leave the head) or KEY_LIVE (a snapshot's)."""
+        keyed.replay_take(
+            self.q,
+            key,
+            Lease(key, n=n, max_items=max_items, created_at=created_at, expires_at=expires_at),
+            count=count,
+            size=size,
+            pop=self._pop if from_head else None,
+        )
+
+    def on_key_end(self, key: str, how: int) -> None:
+        in_snapshot = self.q.log.replay_position[0] == self.snapshot_seq
+        keyed.replay_end(self.q, key, how, in_snapshot)
+
+    def on_key_renew(self, key: str, expires_at: int) -> None:
+        keyed.replay_renew(self.q, key, expires_at)

@@ -26,6 +26,7 @@ from tercel.clock import MAX_TIME_MS, Clock
 from tercel.config import QueueConfig
 from tercel.core.dedup import DedupKeys
 from tercel.core.items import Items, QItem
+from tercel.core.keyed_state import KeyedState
 from tercel.core.log import ItemReader, Position, QueueLog
 
 XID_LIMIT: Final = 2**32
@@ -90,6 +91,10 @@ class QueueState:
         self._cursor: Position | None = None  # where the first disk item's record starts
         self._reader: ItemReader | None = None
         self._compact_floor = 0
+        self._keyed: KeyedState | None = None  # keyed leases (core/keyed.py), from the first
+        self.key_owners: dict[str, str] | None = None
+        """The server's lease keys -> the queue that holds each (the collection's, shared:
+        a key is unique per server); None for a queue on its own."""
         self._ops = 0  # adds and removals, for MAINTAIN_EVERY
         self._xid = 0
         self._next_id = 1

@@ -16,6 +16,7 @@ import logging
 from typing import Final
 
 from tercel.config import QueueConfig
+from tercel.core import keyed
 from tercel.core.items import QItem
 from tercel.core.log import Position
 from tercel.core.queue_paging import drop_disk_items, read_position
@@ -83,8 +84,8 @@ def checkpoint(q: QueueState) -> bool:
     full replay.
     True when the log kept one. Costs a pass over the items in memory."""
     log = q.log
-    if q._open or not log.pages:
-        return False
+    if q._open or not log.pages or q._keyed is not None:
+        return False  # (replay from a checkpoint would skip the keyed leases' records)
     if q._dedup is not None:  # a checkpoint's replay skips the records before it: their keys
         q._dedup.expire(q.clock.now_ms())
         if len(q._dedup):
@@ -123,8 +124,17 @@ def compact_at(q: QueueState, cursor: Position | None) -> bool:
     open_items = [(xid, _frozen(item)) for xid, item in q._open.items()]
     items = [_frozen(item) for item in q._items]
     keys = q._dedup.live() if q._dedup is not None else []
-    if not q.log.compact(q._next_id, q._xid, open_items, items, cursor, dedup_keys=keys):
+    ks = q._keyed
+    compactions = q.log.compactions
+    if ks is None:
+        if not q.log.compact(q._next_id, q._xid, open_items, items, cursor, dedup_keys=keys):
+            return False
+    elif not q.log.compact(
+        q._next_id, q._xid, open_items, items, cursor, dedup_keys=keys, keyed=ks.snapshot()
+    ):
         return False
+    else:
+        keyed.compaction_started(q, compactions)
     if cursor is None:
         # Do not compact again until the log has grown by another max_journal_size
         # beyond what this one kept (Kestrel issue #114: rewrite storms when many reads
@@ -181,6 +191,7 @@ def close(q: QueueState) -> None:
         q._reader.close()
         q._reader = None
     q.log.close()
+    keyed.closed(q)
 
 
 def erase(q: QueueState) -> None:
@@ -190,4 +201,5 @@ def erase(q: QueueState) -> None:
     q._open.clear()
     q.mem_bytes = 0
     drop_disk_items(q)
+    keyed.erase(q)
     q.log.erase()

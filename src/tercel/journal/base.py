@@ -131,6 +131,7 @@ class JournalBase(AppendLog):
         self._size_before_cache: tuple[tuple[int, int, int], int] = ((0, 0, 0), 0)
         self._close_after_sync = False  # close and rotation wait for a worker's sync
         self._erased = False
+        self._leases: set[int] | None = None  # the lease files (keyed leases) that exist
         self._marks: list[int] = []  # see MARK_EVERY, in journal order, each mark's
         # item id, seq and offset one after another (no tuple per mark: 64 bytes per queue)
         self._mark_seq = 0  # the file of the last mark

@@ -142,6 +142,8 @@ class QueueFiles:
     """``<name>`` exists."""
     temps: list[str] = field(default_factory=list)
     """Names of ``<name>~~<anything>`` (left over from a compaction)."""
+    leases: list[int] = field(default_factory=list)
+    """Numbers of the lease files ``<name>.key.<n>`` (keyed leases)."""
 
 
 def scan_dir(names: list[str]) -> dict[str, QueueFiles]:
@@ -161,6 +163,8 @@ def scan_dir(names: list[str]) -> dict[str, QueueFiles]:
             out.setdefault(base, QueueFiles()).current = True
         elif suffix.isdigit():
             out.setdefault(base, QueueFiles()).older.append(int(suffix))
+        elif suffix.startswith("key.") and suffix[4:].isdigit():
+            out.setdefault(base, QueueFiles()).leases.append(int(suffix[4:]))
     for files in out.values():
         files.older.sort()
     return out
@@ -236,9 +240,11 @@ class DataDir:
         queue's replay removes its own temporaries; a deleted queue is never replayed).
         Returns how many were removed. For the data dir's owner only (a server at start)."""
         removed = 0
-        for files in self._list().values():
+        for name, files in self._list().items():
             if files.current or files.older:
                 continue
+            files.temps += [f"{name}.key.{n}" for n in files.leases]  # (no queue: no lease)
+            files.leases.clear()
             for entry in files.temps:
                 try:
                     self.ops.unlink(os.path.join(self.path, entry))

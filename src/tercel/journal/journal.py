@@ -39,9 +39,13 @@ on worker threads and touch only their own file descriptors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from array import array
+from collections.abc import Callable, Sequence
 from typing import cast
 
+from tercel.errors import JournalError, JournalOutOfDescriptors, JournalWriteError
+from tercel.journal import leases
 from tercel.journal import records as rec
 from tercel.journal.base import (
     MARK_EVERY,
@@ -53,7 +57,7 @@ from tercel.journal.base import (
     run_inline,
 )
 from tercel.journal.checkpointing import CHECKPOINT_EVERY
-from tercel.journal.files import DataDir
+from tercel.journal.files import OUT_OF_DESCRIPTORS, DataDir
 from tercel.journal.readbehind import AddReader
 from tercel.journal.replay import Pager, ReplayingJournal, ReplayReport, Truncation
 from tercel.journal.rotation import PRESYNC
@@ -176,3 +180,105 @@ class FileJournal(ReplayingJournal):
     def reader(self, position: rec.Position) -> AddReader:
         """A reader of the ADD records from ``position`` on (see :class:`AddReader`)."""
         return AddReader(self, position)
+
+    # ---- keyed leases: the records and the lease files (docs/journal_format.md §18) ---------
+
+    def key_take(
+        self,
+        key: str,
+        *,
+        n: int,
+        count: int,
+        size: int,
+        max_items: int,
+        created_at: int,
+        expires_at: int,
+    ) -> None:
+        """Journal ``count`` items leaving the head for lease file ``n`` of ``key``."""
+        buf = bytearray()
+        rec.encode_key_take(
+            buf,
+            key,
+            n=n,
+            count=count,
+            size=size,
+            max_items=max_items,
+            created_at=created_at,
+            expires_at=expires_at,
+        )
+        self._append(bytes(buf))
+
+    def key_end(self, key: str, how: int) -> None:
+        """Journal keyed lease ``key`` ending (``how``: acked, released or expired)."""
+        buf = bytearray()
+        rec.encode_key_end(buf, key, how)
+        self._append(bytes(buf))
+
+    def key_renew(self, key: str, expires_at: int) -> None:
+        """Journal keyed lease ``key``'s new end of life."""
+        buf = bytearray()
+        rec.encode_key_renew(buf, key, expires_at)
+        self._append(bytes(buf))
+
+    def lease_path(self, n: int) -> str:
+        """Lease file ``n``: ``<data_dir>/<name>.key.<n>``."""
+        return self.path + leases.lease_suffix(n)
+
+    def lease_write(self, n: int, at: int, items: Sequence[ItemLike], sync: bool) -> list[int]:
+        """Write ``items`` into lease file ``n`` from offset ``at`` (0: a new file) and, with
+        ``sync``, fdatasync it (and, a new file, the directory): before the record that
+        names them is written. Returns where each item's records end. Raises
+        :class:`JournalWriteError` (nothing is recorded; the file is an orphan, or its tail is
+        written over by the next write)."""
+        path = self.lease_path(n)
+        try:
+            ends, created = self._dir.retrying(
+                lambda: leases.write_items(self._ops, path, at, items, sync)
+            )
+            if created:
+                if self._leases is None:
+                    self._leases = set()
+                self._leases.add(n)
+                if sync:
+                    self._dir.sync()
+        except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:
+                raise JournalOutOfDescriptors(path, at) from exc
+            raise JournalWriteError(f"write failed: {exc.strerror or exc}", path, at) from exc
+        return ends
+
+    def lease_index(self, n: int, count: int) -> array[int]:
+        """Where each of the first ``count`` items of lease file ``n`` starts, and where the
+        last ends. Raises :class:`JournalError`."""
+        path = self.lease_path(n)
+        try:
+            return self._dir.retrying(lambda: leases.index_file(self._ops, path, count))
+        except OSError as exc:
+            raise JournalError(f"read failed: {exc.strerror or exc}", path, 0) from exc
+
+    def lease_columns(self, n: int, start: int, stop: int) -> leases.Columns:
+        """The items of lease file ``n`` whose records lie between ``start`` and ``stop``.
+        Raises :class:`JournalError`."""
+        path = self.lease_path(n)
+        try:
+            return self._dir.retrying(lambda: leases.read_columns(self._ops, path, start, stop))
+        except OSError as exc:
+            raise JournalError(f"read failed: {exc.strerror or exc}", path, start) from exc
+
+    def lease_remove(self, n: int) -> None:
+        """Unlink lease file ``n`` (nothing names it any more)."""
+        if self._leases is not None:
+            self._leases.discard(n)
+        with contextlib.suppress(FileNotFoundError):
+            self._ops.unlink(self.lease_path(n))
+
+    def lease_files(self) -> list[int]:
+        """The numbers of the lease files that exist (found at replay, or written since)."""
+        return sorted(self._leases or ())
+
+    def durable(self, position: rec.Position, synced: bool) -> bool:
+        """True when every record before ``position`` was written (``synced``: and fsynced)."""
+        seq, offset = position
+        if seq != self._seq:
+            return seq < self._seq  # an older file was fsynced before its rename
+        return offset <= (self._synced_at if synced else self._written)

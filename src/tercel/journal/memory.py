@@ -8,8 +8,14 @@ with ``journal = false``: it records nothing and replays nothing.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
+
+from tercel.errors import JournalCorrupt
+from tercel.journal import leases
 from tercel.journal import records as rec
 from tercel.journal.replay import ReplayReport
+from tercel.journal.snapshot import ItemLike
 from tercel.steps import Steps
 
 
@@ -25,6 +31,8 @@ class MemoryJournal:
         self.replay_position: rec.Position = (1, 0)
         self.rotations = 0
         self.compactions = 0
+        self.leases: dict[int, bytearray] = {}
+        """The lease files (keyed leases), in RAM: number -> bytes."""
 
     def replay(self, sink: rec.RecordSink, pager: object = None) -> ReplayReport:
         """Apply every record so far to ``sink`` (one by one: ``pager`` is not used)."""
@@ -104,6 +112,69 @@ class MemoryJournal:
     def erase(self) -> None:
         """Forget every record."""
         del self.data[rec.HEADER_SIZE :]
+        self.leases.clear()
+
+    # ---- keyed leases (as FileJournal's) ----------------------------------------------------
+
+    def key_take(
+        self,
+        key: str,
+        *,
+        n: int,
+        count: int,
+        size: int,
+        max_items: int,
+        created_at: int,
+        expires_at: int,
+    ) -> None:
+        rec.encode_key_take(
+            self.data,
+            key,
+            n=n,
+            count=count,
+            size=size,
+            max_items=max_items,
+            created_at=created_at,
+            expires_at=expires_at,
+        )
+
+    def key_end(self, key: str, how: int) -> None:
+        rec.encode_key_end(self.data, key, how)
+
+    def key_renew(self, key: str, expires_at: int) -> None:
+        rec.encode_key_renew(self.data, key, expires_at)
+
+    def lease_write(self, n: int, at: int, items: Sequence[ItemLike], sync: bool) -> list[int]:
+        buf = self.leases.setdefault(n, bytearray())
+        if at == 0:
+            buf[:] = rec.FILE_HEADER
+            at = rec.HEADER_SIZE
+        body, ends = leases.encode_items(items, at)
+        buf[at:] = body
+        return ends
+
+    def lease_index(self, n: int, count: int) -> array[int]:
+        out = array("q", [rec.HEADER_SIZE])
+        buf = self.leases.get(n, bytearray())
+        try:
+            leases.index_buffer(memoryview(buf)[rec.HEADER_SIZE :], rec.HEADER_SIZE, count, out)
+        except rec.BadRecord as bad:
+            raise JournalCorrupt(bad.reason, f"lease {n}", bad.offset) from None
+        if len(out) <= count:
+            raise JournalCorrupt(f"lease holds {len(out) - 1} of {count} items", f"lease {n}", 0)
+        return out
+
+    def lease_columns(self, n: int, start: int, stop: int) -> leases.Columns:
+        return leases.decode_columns(self.leases[n], start, stop)
+
+    def lease_remove(self, n: int) -> None:
+        self.leases.pop(n, None)
+
+    def lease_files(self) -> list[int]:
+        return sorted(self.leases)
+
+    def durable(self, position: rec.Position, synced: bool) -> bool:
+        return True
 
 
 class MemoryAddReader:
@@ -173,6 +244,15 @@ class NullJournal(MemoryJournal):
         pass
 
     def abort(self, xid: int) -> None:
+        pass
+
+    def key_take(self, key: str, **fields: int) -> None:
+        pass  # (the lease's items stay in RAM, in :attr:`leases`, until the queue ends)
+
+    def key_end(self, key: str, how: int) -> None:
+        pass
+
+    def key_renew(self, key: str, expires_at: int) -> None:
         pass
 
     @property

@@ -30,8 +30,9 @@ VERSION: Final = 4
 (space written ahead of the records so an ``fdatasync`` need not commit a new file size):
 a record prefix of eight zero bytes ends the records, and only zeros may follow it. Version 3
 adds RETURN (an open read's item back to its place by item id; ABORT puts it at the head) and
-the beanstalkd job log's opcodes (``joblog.py``). Version 4 adds the dedup keys' ADD_KEYED
-and DEDUP_KEY (and the job log's keyed PUT)."""
+the beanstalkd job log's opcodes (``joblog.py``). Version 4 adds the keyed leases' records
+(opcodes 11-14) and their lease files (docs/journal_format.md §18), and the dedup keys'
+ADD_KEYED and DEDUP_KEY (and the job log's keyed PUT)."""
 VERSIONS: Final = (1, 2, 3, VERSION)
 """Versions replay reads. Files of an older version are read, never appended to."""
 
@@ -68,6 +69,10 @@ OP_ADD_KEYED: Final = 20
 """An ADD and its dedup key in one record: a torn write never stores an item without its key."""
 OP_DEDUP_KEY: Final = 21
 """A remembered dedup key, as a compaction's snapshot writes it (its item may be gone)."""
+OP_KEY_TAKE: Final = 11
+OP_KEY_LIVE: Final = 12
+OP_KEY_END: Final = 13
+OP_KEY_RENEW: Final = 14
 OP_NAMES: Final = {
     OP_ADD: "ADD",
     OP_REMOVE: "REMOVE",
@@ -81,7 +86,21 @@ OP_NAMES: Final = {
     OP_DELIVERED: "DELIVERED",
     OP_ADD_KEYED: "ADD_KEYED",
     OP_DEDUP_KEY: "DEDUP_KEY",
+    OP_KEY_TAKE: "KEY_TAKE",
+    OP_KEY_LIVE: "KEY_LIVE",
+    OP_KEY_END: "KEY_END",
+    OP_KEY_RENEW: "KEY_RENEW",
 }
+
+KEY_ACKED: Final = 1
+"""KEY_END's ``how``: every item of the keyed lease confirmed."""
+KEY_RELEASED: Final = 2
+"""KEY_END's ``how``: the items went back to their places (release)."""
+KEY_EXPIRED: Final = 3
+"""KEY_END's ``how``: the items went back to their places (the lease ran out)."""
+KEY_HOW: Final = {KEY_ACKED: "acked", KEY_RELEASED: "released", KEY_EXPIRED: "expired"}
+MAX_KEY: Final = 200
+"""A lease key's longest form (``tercel.names.MAX_KEY_BYTES``)."""
 
 MAX_PAYLOAD: Final = 64 * 1024 * 1024
 """No item can be larger (the codecs refuse bigger ones), so no honest record is either."""
@@ -93,6 +112,17 @@ _pack_add: Final = _ADD.pack
 _XID = struct.Struct("<BI")  # op, xid
 _SNAPSHOT = struct.Struct("<BQI")  # op, next item id, last xid
 _RESUME = struct.Struct("<BQQQQ")  # op, cursor file seq, cursor offset, snapshot seq, offset
+# op, lease file number, items, payload bytes, max_items, created_at, expires_at; then the key
+_KEY_TAKE = struct.Struct("<BQQQQqq")
+_KEY_END = struct.Struct("<BB")  # op, how; then the key
+_KEY_RENEW = struct.Struct("<Bq")  # op, expires_at; then the key
+KEY_LENGTHS: Final[dict[int, int]] = {
+    OP_KEY_TAKE: _KEY_TAKE.size,
+    OP_KEY_LIVE: _KEY_TAKE.size,
+    OP_KEY_END: _KEY_END.size,
+    OP_KEY_RENEW: _KEY_RENEW.size,
+}
+"""The fixed part of each keyed-lease record (a key of 1-200 bytes follows it)."""
 PREFIX: Final[struct.Struct] = _PREFIX
 ADD_FIELDS: Final[struct.Struct] = _ADD
 PREFIX_SIZE: Final[int] = _PREFIX.size
@@ -115,6 +145,20 @@ class RecordSink(Protocol):
     def on_snapshot(self, next_id: int, xid: int) -> None: ...
     def on_delivered(self, count: int) -> None: ...
     def on_dedup_key(self, key: str, item_id: int, put_time: int) -> None: ...
+    def on_key_take(
+        self,
+        key: str,
+        *,
+        n: int,
+        count: int,
+        size: int,
+        max_items: int,
+        created_at: int,
+        expires_at: int,
+        from_head: bool,
+    ) -> None: ...
+    def on_key_end(self, key: str, how: int) -> None: ...
+    def on_key_renew(self, key: str, expires_at: int) -> None: ...
 
 
 Position = tuple[int, int]
@@ -186,8 +230,8 @@ def decode_resume(buf: Bytes, pos: int) -> tuple[Position, Position]:
 
 _KEYED = struct.Struct("<BQqqB")  # op, item id, add time ms, expiry ms, key length
 _DEDUP_KEY = struct.Struct("<BQq")  # op, item id, put time ms; the key follows
-MAX_KEY: Final = 255
-"""The longest key a record can hold (the key rule allows 200 bytes)."""
+MAX_DEDUP_KEY: Final = 255
+"""The longest dedup key a record can hold (the key rule allows 200 bytes)."""
 
 
 def encode_add_keyed(
@@ -232,7 +276,7 @@ def _dedup_key(buf: Bytes, start: int, stop: int) -> tuple[str, int, int]:
 def _check_keyed(buf: Bytes, start: int, length: int, op: int) -> str | None:
     """Why the ADD_KEYED or DEDUP_KEY body at ``start`` does not fit its opcode, or None."""
     if op == OP_DEDUP_KEY:
-        if not _DEDUP_KEY.size < length <= _DEDUP_KEY.size + MAX_KEY:
+        if not _DEDUP_KEY.size < length <= _DEDUP_KEY.size + MAX_DEDUP_KEY:
             return "DEDUP_KEY record has the wrong length"
         return None
     if length < _KEYED.size or length < _KEYED.size + buf[start + _KEYED.size - 1]:
@@ -240,6 +284,41 @@ def _check_keyed(buf: Bytes, start: int, length: int, op: int) -> str | None:
     if buf[start + _KEYED.size - 1] == 0:
         return "ADD_KEYED record has an empty key"
     return None
+
+
+def encode_key_take(
+    buf: bytearray,
+    key: str,
+    *,
+    n: int,
+    count: int,
+    size: int,
+    max_items: int,
+    created_at: int,
+    expires_at: int,
+    live: bool = False,
+) -> None:
+    """Append a KEY_TAKE record (``count`` items from the head into lease file ``n`` of
+    ``key``), or with ``live`` its snapshot form KEY_LIVE (the lease as it is; nothing taken)."""
+    op = OP_KEY_LIVE if live else OP_KEY_TAKE
+    fields = _KEY_TAKE.pack(op, n, count, size, max_items, created_at, expires_at)
+    buf += _record(fields + key.encode("ascii"))
+
+
+def encode_key_end(buf: bytearray, key: str, how: int) -> None:
+    """Append a KEY_END record: ``key`` ended (``how``: :data:`KEY_ACKED`, ...)."""
+    buf += _record(_KEY_END.pack(OP_KEY_END, how) + key.encode("ascii"))
+
+
+def encode_key_renew(buf: bytearray, key: str, expires_at: int) -> None:
+    """Append a KEY_RENEW record: ``key``'s lease now runs out at ``expires_at``."""
+    buf += _record(_KEY_RENEW.pack(OP_KEY_RENEW, expires_at) + key.encode("ascii"))
+
+
+def _key_fields(buf: Bytes, start: int, stop: int, op: int) -> tuple[tuple[int, ...], str]:
+    fixed = KEY_LENGTHS[op]
+    unpack = _KEY_TAKE if fixed == _KEY_TAKE.size else _KEY_END if op == OP_KEY_END else _KEY_RENEW
+    return unpack.unpack_from(buf, start), bytes(buf[start + fixed : stop]).decode("ascii")
 
 
 def record_op(buf: Bytes, pos: int) -> int:
@@ -308,6 +387,9 @@ def check_record(buf: Bytes, pos: int) -> int:
     elif op in FIXED_LENGTHS:
         if length != FIXED_LENGTHS[op]:
             raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
+    elif op in KEY_LENGTHS:
+        if not KEY_LENGTHS[op] < length <= KEY_LENGTHS[op] + MAX_KEY:
+            raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
     else:
         raise BadRecord(pos, f"unknown opcode {op}")
     return int(stop)
@@ -337,6 +419,8 @@ def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
         sink.on_dedup_key(key, item_id, add_time)
     elif op == OP_DEDUP_KEY:
         sink.on_dedup_key(*_dedup_key(buf, start, stop))
+    elif op in KEY_LENGTHS:
+        _apply_key(buf, start, stop, op, sink)
     else:
         xid = _XID.unpack_from(buf, start)[1]
         if op == OP_OPEN:
@@ -347,6 +431,26 @@ def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
             sink.on_return(xid)
         else:
             sink.on_abort(xid)
+
+
+def _apply_key(buf: Bytes, start: int, stop: int, op: int, sink: RecordSink) -> None:
+    fields, key = _key_fields(buf, start, stop, op)
+    if op == OP_KEY_END:
+        sink.on_key_end(key, fields[1])
+    elif op == OP_KEY_RENEW:
+        sink.on_key_renew(key, fields[1])
+    else:
+        _, n, count, size, max_items, created_at, expires_at = fields
+        sink.on_key_take(
+            key,
+            n=n,
+            count=count,
+            size=size,
+            max_items=max_items,
+            created_at=created_at,
+            expires_at=expires_at,
+            from_head=op != OP_KEY_LIVE,
+        )
 
 
 def scan(
@@ -419,6 +523,15 @@ def describe_record(buf: Bytes, pos: int, stop: int) -> dict[str, object]:
         )
     elif op == OP_DEDUP_KEY:
         out["key"], out["item_id"], out["put_time"] = _dedup_key(buf, start, stop)
+    elif op in KEY_LENGTHS:
+        fields, out["key"] = _key_fields(buf, start, stop, op)
+        if op == OP_KEY_END:
+            out["how"] = KEY_HOW.get(fields[1], str(fields[1]))
+        elif op == OP_KEY_RENEW:
+            out["expires_at"] = fields[1]
+        else:
+            names = ("lease_file", "count", "size", "max_items", "created_at", "expires_at")
+            out.update(zip(names, fields[1:], strict=True))
     return out
 
 

@@ -145,7 +145,8 @@ class ReplayingJournal(RotatingJournal):
             return (yield from self._replay_listed(listed, sink, pager))
         except BaseException:
             older = [s for s in listed.older if os.path.exists(f"{self.path}.{s}")]
-            self._dir.give_back(self.name, QueueFiles(older, os.path.exists(self.path)))
+            again = QueueFiles(older, os.path.exists(self.path), leases=listed.leases)
+            self._dir.give_back(self.name, again)
             raise
 
     def _replay_listed(
@@ -153,6 +154,8 @@ class ReplayingJournal(RotatingJournal):
     ) -> Steps[ReplayReport]:
         for entry in listed.temps:
             self._ops.unlink(os.path.join(self.data_dir, entry))
+        if listed.leases:
+            self._leases = set(listed.leases)
         older = listed.older
         self._seq = (older[-1] + 1) if older else 1
         files = [(s, f"{self.path}.{s}") for s in older]

@@ -31,7 +31,7 @@ from tercel.journal import records as rec
 from tercel.journal.base import fsync_dir, log, run_inline
 from tercel.journal.checkpointing import CheckpointingJournal
 from tercel.journal.files import OUT_OF_DESCRIPTORS, FileOps
-from tercel.journal.snapshot import ItemLike, write_snapshot
+from tercel.journal.snapshot import ItemLike, KeyState, write_snapshot
 
 PRESYNC = 256 << 10
 """Rotation fdatasyncs the file it closes before renaming it (an older file never has an
@@ -167,6 +167,7 @@ class RotatingJournal(CheckpointingJournal):
         cursor: rec.Position | None,
         *,
         dedup_keys: Sequence[tuple[str, int, int]] = (),
+        keyed: Sequence[KeyState] = (),
     ) -> bool:
         """Replace the older files by one snapshot of the queue's state; True if started.
 
@@ -174,9 +175,11 @@ class RotatingJournal(CheckpointingJournal):
         ``open_items`` (xid, item) and ``items`` (in memory, head first), and, when
         ``cursor`` is given (read-behind), that the ADD records from ``cursor`` to the
         rotation point are items still on disk. Files before ``cursor``'s file are replaced;
-        without a cursor every older file is. Items and open reads are read from the
-        objects given, on a worker thread: the caller passes copies of its containers.
-        ``dedup_keys`` (a list the caller made) are the dedup keys held at this point.
+        without a cursor every older file is. ``keyed``: the keyed leases live and the keys
+        remembered (:data:`~tercel.journal.snapshot.KeyState`); ``dedup_keys`` (a list the
+        caller made) are the dedup keys held at this point. Items and open reads are read
+        from the objects given, on a worker thread: the caller passes copies of its
+        containers.
         """
         if self.compacting or self.syncing or self._failed is not None or self.closed:
             return False
@@ -203,6 +206,7 @@ class RotatingJournal(CheckpointingJournal):
                     cursor=cursor,
                     taken=taken,
                     dedup_keys=dedup_keys,
+                    keyed=keyed,
                 )
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -321,10 +325,15 @@ class RotatingJournal(CheckpointingJournal):
         with contextlib.suppress(FileNotFoundError):
             ops.unlink(self.checkpoint_path)
         gone: list[str] = []
-        for seq in [*sorted(self._older), self._seq]:  # no directory listing: it knows them
-            temp = f"{self.path}~~gone.{seq}"
+        moves = [
+            (self._path(s), f"{self.path}~~gone.{s}") for s in [*sorted(self._older), self._seq]
+        ]
+        for n in sorted(self._leases or ()):  # the keyed leases' files go with the queue
+            moves.append((f"{self.path}.key.{n}", f"{self.path}~~gone.key.{n}"))
+        self._leases = None
+        for path, temp in moves:  # no directory listing: it knows them
             try:
-                ops.rename(self._path(seq), temp)
+                ops.rename(path, temp)
             except FileNotFoundError:
                 continue
             gone.append(temp)

@@ -19,7 +19,12 @@ from tercel.journal import records as rec
 from tercel.journal.append import write_all
 from tercel.journal.files import FileOps, default_ops
 
-__all__ = ["ItemLike", "write_snapshot"]
+__all__ = ["ItemLike", "KeyState", "write_snapshot"]
+
+KeyState = tuple[str, int, int, int, int, int, int, int]
+"""A keyed lease as a snapshot writes it: ``(key, lease file n, count, size, max_items,
+created_at, expires_at, how)``, ``how`` 0 for a live lease (KEY_LIVE), else a key that ended
+that way and is remembered (KEY_END; the other fields 0)."""
 
 
 class ItemLike(Protocol):
@@ -43,19 +48,36 @@ def write_snapshot(
     cursor: rec.Position | None,
     taken: rec.Position,
     dedup_keys: Sequence[tuple[str, int, int]] = (),
+    keyed: Sequence[KeyState] = (),
 ) -> None:
     """Write the snapshot of a queue to ``path`` (created or truncated) and fsync it:
     counters ``next_id`` and ``xid``, the ``open_items`` as ``(xid, item)``, the ``items``
     head first, and, when ``cursor`` is given, a RESUME record saying that the ADD records
-    from ``cursor`` to ``taken`` are items still on disk. ``dedup_keys`` ``(key, item_id,
-    put time)`` follow the SNAPSHOT record as DEDUP_KEY records. Raises the OSError of a
-    failed write or fsync (the caller removes the file)."""
+    from ``cursor`` to ``taken`` are items still on disk; the ``keyed`` leases and remembered
+    keys right after the SNAPSHOT record, in the order given, then the ``dedup_keys``
+    ``(key, item_id, put time)`` as DEDUP_KEY records. Raises the OSError of a failed write or
+    fsync (the caller removes the file)."""
     if ops is None:
         ops = default_ops()
     fd = ops.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         buf = bytearray(rec.FILE_HEADER)
         rec.encode_snapshot(buf, next_id, xid)
+        for key, n, count, size, max_items, created_at, expires_at, how in keyed:
+            if how:
+                rec.encode_key_end(buf, key, how)
+            else:
+                rec.encode_key_take(
+                    buf,
+                    key,
+                    n=n,
+                    count=count,
+                    size=size,
+                    max_items=max_items,
+                    created_at=created_at,
+                    expires_at=expires_at,
+                    live=True,
+                )
         for key, key_id, put_time in dedup_keys:
             rec.encode_dedup_key(buf, key.encode("ascii"), key_id, put_time)
         for open_xid, item in open_items:

@@ -182,6 +182,64 @@ class KeyedSet:
     noreply: bool = False
 
 
+# ---- keyed leases (docs/protocol.md section 11, "Keyed leases") -------------------------------
+
+
+@dataclass(slots=True)
+class LeaseKey:
+    """``lease <queue> <max_items> <wait_ms> <lease_ms> [binary] key=<key> [nodata]``: take up
+    to ``max_items`` under ``key``, or (the key taken before) get the same items again."""
+
+    queue: str
+    key: str
+    max_items: int
+    wait_ms: int
+    lease_ms: int
+    """0: the queue's ``key_lease_ms``."""
+    columns: bool = False
+    """``binary``: the items as one ``LEASEDB`` block."""
+    nodata: bool = False
+    """``nodata``: one ``KEYED <count> <bytes> <expires_ms>`` line, no item and no payload."""
+
+
+@dataclass(slots=True)
+class LeaseSlice:
+    """``lease <queue> slice <start> <stop> [binary] key=<key>``: items ``start..stop-1`` of
+    the keyed lease ``key`` (never takes anything)."""
+
+    queue: str
+    key: str
+    start: int
+    stop: int
+    columns: bool = False
+
+
+@dataclass(slots=True)
+class AckKey:
+    """``ack <queue> key=<key>``: confirm every item of the keyed lease for good."""
+
+    queue: str
+    key: str
+
+
+@dataclass(slots=True)
+class ReleaseKey:
+    """``release <queue> key=<key>``: return every item of the keyed lease to its place."""
+
+    queue: str
+    key: str
+
+
+@dataclass(slots=True)
+class RenewKey:
+    """``renew <queue> <lease_ms> key=<key>``: the keyed lease expires ``lease_ms`` from now
+    (0: the queue's ``key_lease_ms``)."""
+
+    queue: str
+    lease_ms: int
+    key: str
+
+
 Command = (
     Get
     | Set
@@ -200,4 +258,9 @@ Command = (
     | Renew
     | Monitor
     | Confirm
+    | LeaseKey
+    | LeaseSlice
+    | AckKey
+    | ReleaseKey
+    | RenewKey
 )

@@ -27,6 +27,7 @@ from tercel.protocol.commands import (
     GET_CLASS,
     SET_CLASS,
     Ack,
+    AckKey,
     Command,
     Confirm,
     Delete,
@@ -39,12 +40,15 @@ from tercel.protocol.commands import (
     Lease,
     Monitor,
     Release,
+    ReleaseKey,
     Renew,
+    RenewKey,
     Set,
     Simple,
     Status,
     Unknown,
 )
+from tercel.protocol.memcache_keyed import KEY_WORD, key_only, keyed_lease
 
 MAX_LINE: Final = 8 * 1024
 MAX_VALUE: Final = 64 * 1024 * 1024
@@ -469,7 +473,10 @@ def _ids(tokens: list[bytes]) -> tuple[str, ...]:
 _LEASE_USAGE: Final = "lease <queue> <max_items> <wait_ms> <lease_ms> [binary]"
 
 
-def _lease(tokens: list[bytes]) -> Lease:
+def _lease(tokens: list[bytes]) -> Command:
+    for word in tokens[2:]:  # a lease line has a few words: a keyed one names its key
+        if word.startswith(KEY_WORD):
+            return keyed_lease(tokens, _queue, _count)
     _args(tokens, 4, _LEASE_USAGE)
     binary = len(tokens) == 6 and tokens[5] == b"binary"
     if len(tokens) > 5 and not binary:
@@ -483,18 +490,25 @@ def _lease(tokens: list[bytes]) -> Lease:
     )
 
 
-def _ack(tokens: list[bytes]) -> Ack:
+def _ack(tokens: list[bytes]) -> Command:
     _args(tokens, 1, "ack <queue> <lease_id>...")
+    if len(tokens) > 2 and tokens[2].startswith(KEY_WORD):
+        return AckKey(_queue(tokens[1]), key_only(tokens, 2, "ack <queue> key=<key>"))
     return Ack(_queue(tokens[1]), _ids(tokens[2:]))
 
 
-def _release(tokens: list[bytes]) -> Release:
+def _release(tokens: list[bytes]) -> Command:
     _args(tokens, 1, "release <queue> <lease_id>...")
+    if len(tokens) > 2 and tokens[2].startswith(KEY_WORD):
+        return ReleaseKey(_queue(tokens[1]), key_only(tokens, 2, "release <queue> key=<key>"))
     return Release(_queue(tokens[1]), _ids(tokens[2:]))
 
 
-def _renew(tokens: list[bytes]) -> Renew:
+def _renew(tokens: list[bytes]) -> Command:
     _args(tokens, 2, "renew <queue> <lease_ms> <lease_id>...")
+    if len(tokens) > 3 and tokens[3].startswith(KEY_WORD):
+        key = key_only(tokens, 3, "renew <queue> <lease_ms> key=<key>")
+        return RenewKey(_queue(tokens[1]), _count(tokens[2], "lease_ms"), key)
     return Renew(_queue(tokens[1]), _count(tokens[2], "lease_ms"), _ids(tokens[3:]))
 
 

@@ -22,6 +22,7 @@ from tercel.errors import BadReply, BadRequest
 from tercel.names import key_problem, name_problem, valid_name_bytes
 from tercel.protocol.commands import (
     Ack,
+    AckKey,
     Command,
     Confirm,
     Delete,
@@ -32,9 +33,13 @@ from tercel.protocol.commands import (
     Get,
     KeyedSet,
     Lease,
+    LeaseKey,
+    LeaseSlice,
     Monitor,
     Release,
+    ReleaseKey,
     Renew,
+    RenewKey,
     Set,
     Simple,
     Status,
@@ -191,6 +196,14 @@ def _name(queue: str | bytes) -> bytes:
     raise BadRequest(name_problem(raw.decode("utf-8", "replace")) or "bad queue name")
 
 
+def _key_word(key: str) -> bytes:
+    """``key=<key>``; BadRequest stating the rule when the server would refuse the key."""
+    problem = key_problem(key)
+    if problem is not None:
+        raise BadRequest(problem)
+    return b"key=" + key.encode("ascii")
+
+
 def _error(line: bytes) -> ErrorReply | None:
     kind, _, reason = line.partition(b" ")
     if kind in _ERRORS:
@@ -292,7 +305,36 @@ class MemcacheClientCodec:
                 ), self._values
             case Confirm():
                 return b"confirm %b %d\r\n" % (_name(cmd.queue), cmd.count), line
+            case LeaseKey() | LeaseSlice() | AckKey() | ReleaseKey() | RenewKey():
+                return self._encode_keyed(cmd)
         raise ValueError(f"the client codec cannot send {type(cmd).__name__}")
+
+    def _encode_keyed(
+        self, cmd: LeaseKey | LeaseSlice | AckKey | ReleaseKey | RenewKey
+    ) -> tuple[bytes, Callable[[], Reply | None]]:
+        """The ``key=`` forms (docs/protocol.md section 11, "Keyed leases"): a take answers
+        ``KEYED`` (``nodata``) or its items, a slice its items (``LEASEDB`` with ``binary``),
+        ack/release ``ACKED``/``RELEASED <n>``, renew ``KEYED``."""
+        name, key = _name(cmd.queue), _key_word(cmd.key)
+        match cmd:
+            case LeaseKey():
+                head = b"lease %b %d %d %d" % (name, cmd.max_items, cmd.wait_ms, cmd.lease_ms)
+                if cmd.nodata:
+                    return b"%b %b nodata\r\n" % (head, key), self._line_reply
+                if cmd.columns:
+                    return b"%b binary %b\r\n" % (head, key), self._lease_columns
+                return b"%b %b\r\n" % (head, key), self._lease
+            case LeaseSlice():
+                head = b"lease %b slice %d %d" % (name, cmd.start, cmd.stop)
+                if cmd.columns:
+                    return b"%b binary %b\r\n" % (head, key), self._lease_columns
+                return b"%b %b\r\n" % (head, key), self._lease
+            case AckKey():
+                return b"ack %b %b\r\n" % (name, key), self._line_reply
+            case ReleaseKey():
+                return b"release %b %b\r\n" % (name, key), self._line_reply
+            case RenewKey():
+                return b"renew %b %d %b\r\n" % (name, cmd.lease_ms, key), self._line_reply
 
     # ---- replies --------------------------------------------------------------------------
 

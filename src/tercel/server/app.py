@@ -581,6 +581,7 @@ class Server:
         try:
             self.ctx.reservations.table.retry_returns()  # put off for want of a descriptor
             self.collection.flush_all_expired()
+            self.collection.expire_keyed(self.ctx.clock.now_ms())  # keyed leases that ran out
             for name in self.collection.delete_expired_queues():
                 log.info("deleted queue %s: empty and older than its max_queue_age", name)
         except Exception:

@@ -284,6 +284,11 @@ class QueueSource:
         return self.queue
 
 
+def _oldest_age(created_at: int, now: int) -> int:
+    """Milliseconds since ``created_at`` (epoch ms; 0: none, the age is 0)."""
+    return max(0, now - created_at) if created_at else 0
+
+
 def _attr(name: str, kind: figures.Kind, help_text: str, **where: Any) -> Figure[QueueSource]:
     """A figure read from the queue's attribute of the same name."""
     return Figure(name, kind, help_text, lambda s: getattr(s.q, name), **where)
@@ -346,6 +351,28 @@ QUEUE: tuple[Figure[QueueSource], ...] = (
         dashboard="open_leases",
     ),
     _attr("dead_lettered", COUNTER, "Items moved to the dead-letter queue.", admin=None),
+    Figure(
+        "keyed_leases",
+        GAUGE,
+        "Keyed leases open now (taken, not acked, released or expired).",
+        lambda s: s.q.keyed_figures()[0],
+        dashboard="keyed_leases",
+    ),
+    Figure(
+        "keyed_items",
+        GAUGE,
+        "Items held under keyed leases now.",
+        lambda s: s.q.keyed_figures()[1],
+        dashboard="keyed_items",
+    ),
+    Figure(
+        "keyed_oldest_age",
+        GAUGE,
+        "Milliseconds since the oldest open keyed lease was taken; 0 when none is open.",
+        lambda s: _oldest_age(s.q.keyed_figures()[2], s.now),
+        "keyed_oldest_age_msec",
+        dashboard="keyed_oldest_age_ms",
+    ),
     Figure(
         "children",
         LABEL,
@@ -419,7 +446,8 @@ QUEUE: tuple[Figure[QueueSource], ...] = (
     ),
 )
 """One queue's figures: its ``stats`` lines are Kestrel's in Kestrel's order, then tercel's own
-(leases open now, items moved to the dead-letter queue); ``children`` follows for a fanout
+(leases open now, items moved to the dead-letter queue, keyed leases open, their items and the
+oldest one's age); ``children`` follows for a fanout
 parent, and ``replaying 1`` for a queue on disk not replayed yet."""
 
 

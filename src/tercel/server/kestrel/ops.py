@@ -21,6 +21,7 @@ from typing import Final
 from tercel.core.queue import READ_OPEN, PersistentQueue, QItem
 from tercel.core.reservations import Reservation
 from tercel.errors import (
+    BadKey,
     ConfigError,
     ItemTooLarge,
     JournalError,
@@ -388,3 +389,46 @@ def queue_info(ctx: ServerContext, name: str) -> tuple[bytes | None, int, int, i
         q.waiters,
         q.open_reads,
     )
+
+
+# ---- keyed leases (docs/protocol.md section 11, "Keyed leases") ---------------------------------
+# The core keeps them (``PersistentQueue.take_keyed``...); these add the server's rules: a key
+# belongs to one queue of the server, and an operation on a key names a queue that has it.
+
+KEYED_ID_PREFIX: Final = "key-"
+"""How the lease id of a keyed lease's item begins (``key-<place in hex>``)."""
+
+
+def _owner_check(ctx: ServerContext, name: str, key: str) -> None:
+    """BadKey when ``key`` (live or remembered) belongs to another queue than ``name``."""
+    owner = ctx.collection.lease_key_queue(key)
+    if owner is not None and owner != name:
+        raise BadKey(f"lease key {key} belongs to queue {owner}")
+
+
+def keyed_source(ctx: ServerContext, name: str, key: str) -> PersistentQueue | None:
+    """The queue a keyed take of ``key`` on ``name`` reads, created if missing as for a
+    lease; None for an alias (nothing to take). Raises BadKey for a key of another queue."""
+    _owner_check(ctx, name, key)
+    return source(ctx, name)
+
+
+def keyed_queue(ctx: ServerContext, name: str, key: str) -> PersistentQueue:
+    """The queue that holds ``key`` for a slice, ack, release or renew. Raises BadKey for a
+    key of another queue, or a queue that does not exist (it holds no key)."""
+    _owner_check(ctx, name, key)
+    q = None if ctx.collection.is_alias(name) else ctx.collection.queue(name)
+    if q is None:
+        raise BadKey(f"no lease key {key} in queue {name}")
+    return q
+
+
+def refuse_keyed_ids(ids: Sequence[str]) -> None:
+    """BadKey when one of ``ids`` (lease ids no lease of this server has) is an item of a
+    keyed lease: a keyed lease ends whole, by its key, never one item at a time."""
+    for text in ids:
+        if text.startswith(KEYED_ID_PREFIX):
+            raise BadKey(
+                f"lease id {text} is an item of a keyed lease: a keyed lease ends whole,"
+                " by its key (ack|release|renew <queue> ... key=<key>)"
+            )

@@ -1,5 +1,6 @@
-"""Memcache extensions: ``features``, leases (``lease ack release renew``) and Kestrel 2.x's
-``monitor``/``confirm``; the wire side of :mod:`tercel.core.reservations` (docs/protocol.md).
+"""Memcache extensions: ``features``, leases (``lease ack release renew``, with or without a
+key) and Kestrel 2.x's ``monitor``/``confirm``; the wire side of
+:mod:`tercel.core.reservations` and of the core's keyed leases (docs/protocol.md).
 
 The handlers follow :mod:`tercel.server.memcache`'s rules: they append replies to
 ``conn.out`` and raise the tree's errors, which the pump translates; the work is Kestrel's
@@ -16,17 +17,30 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from tercel.core.queue import PersistentQueue, QItem
+from tercel.core.queue import READ_PEEK, KeyedLease, PersistentQueue, QItem
 from tercel.core.reservations import Reservation, ReservationTable
-from tercel.errors import OpenReadError, TercelError, TooManyLeases
+from tercel.errors import BadKey, OpenReadError, TercelError, TooManyLeases
 from tercel.protocol import memcache as mc
-from tercel.protocol.commands import Ack, Confirm, Monitor, Release, Renew
+from tercel.protocol import memcache_keyed as mk
+from tercel.protocol.commands import (
+    Ack,
+    AckKey,
+    Confirm,
+    LeaseKey,
+    LeaseSlice,
+    Monitor,
+    Release,
+    ReleaseKey,
+    Renew,
+    RenewKey,
+)
 from tercel.protocol.commands import Lease as LeaseCmd
 from tercel.server.auth import TAKE
 from tercel.server.connection import Operation
 from tercel.server.context import ANY, READS
 from tercel.server.kestrel import ops
 from tercel.server.kestrel.connection import KestrelConnection
+from tercel.steps import Steps, finish
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +51,7 @@ FEATURES = [
     ("monitor", 1),
     ("lease-binary", 1),
     ("dedup", 1),
+    ("lease-key", 1),
 ]
 """What ``features`` announces: one ``FEATURE <name> <version>`` line each."""
 
@@ -165,7 +180,10 @@ def _finish_lease(
 def _named(conn: KestrelConnection, name: str, ids: tuple[str, ...]) -> list[Reservation]:
     """The open leases of queue ``name`` among lease ids ``ids`` (unknown ones left out)."""
     table = conn.ctx.reservations.table
-    return ops.reserved(conn.ctx, name, [table.parse_lease_id(i) for i in ids], False)
+    numbers = [table.parse_lease_id(i) for i in ids]
+    if -1 in numbers:  # not this table's: an item of a keyed lease is refused, not ignored
+        ops.refuse_keyed_ids([i for i, n in zip(ids, numbers, strict=True) if n == -1])
+    return ops.reserved(conn.ctx, name, numbers, False)
 
 
 def handle_ack(conn: KestrelConnection, cmd: Ack) -> None:
@@ -190,6 +208,140 @@ def handle_renew(conn: KestrelConnection, cmd: Renew) -> None:
 def features(conn: KestrelConnection, cmd: object) -> None:
     """``features`` -> ``FEATURE <name> <version>`` lines, ``END``."""
     conn.out.append(mc.features(FEATURES))
+
+
+# ---- keyed leases (docs/protocol.md section 11, "Keyed leases") ------------------------------
+
+
+def _keyed_empty(cmd: LeaseKey) -> bytes:
+    """The reply of a keyed take when nothing was ready (no key was created)."""
+    return mk.keyed(0, 0, 0) if cmd.nodata else mc.END
+
+
+def _slice_reply(
+    out: list[bytes], q: PersistentQueue, key: str, span: tuple[int, int], binary: bool
+) -> None:
+    """Items ``span`` (start, stop) of ``key`` with their payloads (read back from the
+    journal when not in memory): ``LEASED`` lines, or one ``LEASEDB`` block within its size
+    limit."""
+    start, stop = span
+    items = q.keyed_slice(key, start, stop)
+    size = mk.payload_bytes(items)
+    if binary and size > mc.LEASED_BINARY_MAX:
+        raise BadKey(
+            f"items {start}..{stop - 1} of lease key {key} hold {size} payload bytes, more than"
+            f" one binary reply carries ({mc.LEASED_BINARY_MAX}): read smaller slices"
+        )
+    out += (mk.keyed_binary if binary else mk.keyed_items)(start, items)
+
+
+class _KeyedTake:
+    """A keyed take in progress: the core takes a large lease in steps (``take_keyed_steps``,
+    a chunk of payload bytes each), one per loop pass, so that other connections are served
+    meanwhile; the connection stays parked until the lease is taken (the commands behind it
+    wait). When nothing was ready and ``deadline`` (epoch ms) is ahead, it waits for an item
+    and takes again."""
+
+    __slots__ = ("cmd", "conn", "deadline", "queue", "steps")
+
+    def __init__(self, conn: KestrelConnection, cmd: LeaseKey, deadline: int) -> None:
+        self.conn = conn
+        self.cmd = cmd
+        self.deadline = deadline
+        self.queue: PersistentQueue | None = None
+        self.steps: Steps[KeyedLease | None] | None = None
+
+    def start(self) -> bool:
+        """Begin (or, after a wait, begin again); True when parked."""
+        cmd = self.cmd
+        ctx = self.conn.ctx
+        q = self.queue = ops.keyed_source(ctx, cmd.queue, cmd.key)
+        if q is None:  # an alias: nothing to take
+            self.conn.out.append(_keyed_empty(cmd))
+            return False
+        now = ctx.clock.now_ms()
+        self.steps = q.take_keyed_steps(cmd.key, cmd.max_items, cmd.lease_ms, now)
+        return self.step()
+
+    def step(self) -> bool:
+        """One step of the take; at the end the reply (or a wait). True when parked."""
+        assert self.steps is not None
+        try:
+            next(self.steps)
+        except StopIteration as stop:
+            self.steps = None
+            return self._taken(stop.value)
+        conn = self.conn
+        conn.park_untimed(self.cmd, self, b"")
+        conn.continue_soon(self.step, self._abandon)
+        return True
+
+    def _abandon(self) -> None:
+        """The client left mid-take: take the rest all the same (the key is busy until then;
+        a later take of the key gets the whole lease)."""
+        if self.steps is not None:
+            try:
+                finish(self.steps)
+            except TercelError:
+                log.exception("keyed take of %s stopped after its client left", self.cmd.key)
+
+    def _taken(self, lease: KeyedLease | None) -> bool:
+        conn, cmd, q = self.conn, self.cmd, self.queue
+        assert q is not None
+        if lease is not None:
+            if cmd.nodata:
+                conn.out.append(mk.keyed(lease.count, lease.size, lease.expires_at))
+            else:
+                _slice_reply(conn.out, q, cmd.key, (0, lease.count), cmd.columns)
+            return False
+        now = conn.ctx.clock.now_ms()
+        if self.deadline > now:
+            pending = conn.session.wait(cmd.queue, READ_PEEK, self._woken)
+            if pending is not None:
+                conn.park(cmd, pending, self.deadline - now, _keyed_empty(cmd))
+                return True
+        conn.out.append(_keyed_empty(cmd))
+        return False
+
+    def _woken(self, xid: int, item: QItem | None) -> None:
+        """An item arrived (or the time ran out): take again on the next loop pass (another
+        reader may have had the item: then it waits again)."""
+        if self.conn.settle_parked(item):
+            self.conn.continue_soon(self.start)
+
+
+def handle_lease_key(conn: KestrelConnection, cmd: LeaseKey) -> None:
+    """``lease <q> <max_items> <wait_ms> <lease_ms> [binary] key=<k> [nodata]``: the keyed
+    lease ``k``, taken now (waiting up to ``wait_ms`` while nothing is ready) or again."""
+    deadline = conn.ctx.clock.now_ms() + cmd.wait_ms if cmd.wait_ms else 0
+    _KeyedTake(conn, cmd, deadline).start()
+
+
+def handle_lease_slice(conn: KestrelConnection, cmd: LeaseSlice) -> None:
+    """``lease <q> slice <start> <stop> [binary] key=<k>``: items of ``k``, nothing taken."""
+    q = ops.keyed_queue(conn.ctx, cmd.queue, cmd.key)
+    _slice_reply(conn.out, q, cmd.key, (cmd.start, cmd.stop), cmd.columns)
+
+
+def handle_ack_key(conn: KestrelConnection, cmd: AckKey) -> None:
+    """``ack <q> key=<k>`` -> ``ACKED <n>`` (0: acked before), once the records are written."""
+    n = ops.keyed_queue(conn.ctx, cmd.queue, cmd.key).ack_keyed(cmd.key)
+    conn.out.append(mc.counted(b"ACKED", n))
+
+
+def handle_release_key(conn: KestrelConnection, cmd: ReleaseKey) -> None:
+    """``release <q> key=<k>`` -> ``RELEASED <n>``: every item back at its place."""
+    n = ops.keyed_queue(conn.ctx, cmd.queue, cmd.key).release_keyed(cmd.key)
+    conn.out.append(mc.counted(b"RELEASED", n))
+
+
+def handle_renew_key(conn: KestrelConnection, cmd: RenewKey) -> None:
+    """``renew <q> <lease_ms> key=<k>`` -> ``KEYED <count> <bytes> <expires_ms>``."""
+    q = ops.keyed_queue(conn.ctx, cmd.queue, cmd.key)
+    expires = q.renew_keyed(cmd.key, cmd.lease_ms, conn.ctx.clock.now_ms())
+    lease = q.keyed(cmd.key)
+    count, size = (0, 0) if lease is None else (lease.count, lease.size)
+    conn.out.append(mk.keyed(count, size, expires))
 
 
 # ---- Kestrel 2.x: monitor and confirm -------------------------------------------------------
@@ -239,6 +391,11 @@ HANDLERS: Final[dict[type, Operation]] = {
     Ack: Operation("ack", handle_ack, ANY, TAKE),
     Release: Operation("release", handle_release, ANY, TAKE),
     Renew: Operation("renew", handle_renew, ANY, TAKE),
+    LeaseKey: Operation("lease_key", handle_lease_key, READS, TAKE),
+    LeaseSlice: Operation("lease_slice", handle_lease_slice, READS, TAKE),
+    AckKey: Operation("ack_key", handle_ack_key, ANY, TAKE),
+    ReleaseKey: Operation("release_key", handle_release_key, ANY, TAKE),
+    RenewKey: Operation("renew_key", handle_renew_key, ANY, TAKE),
     Monitor: Operation("monitor", handle_monitor, READS, TAKE),
     Confirm: Operation("confirm", handle_confirm, ANY, TAKE),
 }

@@ -135,7 +135,10 @@ function renderServer(s) {
 
 const COLUMNS = [
   ["items", fmtNum], ["bytes", fmtBytes], ["mem_bytes", fmtBytes], ["head_age_ms", fmtMs],
-  ["open_reads", fmtNum], ["open_leases", fmtNum], ["waiters", fmtNum],
+  ["open_reads", fmtNum], ["open_leases", fmtNum],
+  ["keyed_leases", fmtNum], ["keyed_items", fmtNum],
+  ["keyed_oldest_age_ms", (ms) => (ms ? fmtMs(ms) : "–")],
+  ["waiters", fmtNum],
   ["in_per_s", fmtRate], ["out_per_s", fmtRate],
 ];
 
