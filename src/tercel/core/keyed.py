@@ -152,8 +152,6 @@ def take_steps(
             head.deliveries += 1
             chunk.append(head)
             size += len(head.data)
-            if q.disk_items and low(q):
-                refill(q)
             if size >= CHUNK or len(chunk) >= CHUNK_ITEMS:
                 lease = _record(
                     q,
@@ -177,6 +175,8 @@ def take_steps(
                 q, ks, lease, chunk, size, key=key, max_items=max_items, now=now, lease_ms=lease_ms
             )
             chunk = []
+        if q.disk_items and low(q):  # (a take reads back only what it takes: no window)
+            refill(q)
     finally:
         if lease is not None:
             lease.busy = False
