@@ -536,7 +536,7 @@ class QueueCollection:
         gone = []
         for q in self:
             age = q.config.max_queue_age
-            idle = not (len(q) or q.open_reads or q.waiters)
+            idle = not (len(q) or q.open_reads or q.waiters or q.keyed_figures()[0])
             if age and now > q.create_time + age and idle and self.delete(q.name):
                 self.stats.queue_expires += 1
                 gone.append(q.name)

@@ -152,8 +152,6 @@ def take_steps(
             head.deliveries += 1
             chunk.append(head)
             size += len(head.data)
-            if q.disk_items and low(q):
-                refill(q)
             if size >= CHUNK or len(chunk) >= CHUNK_ITEMS:
                 lease = _record(
                     q,
@@ -177,11 +175,22 @@ def take_steps(
                 q, ks, lease, chunk, size, key=key, max_items=max_items, now=now, lease_ms=lease_ms
             )
             chunk = []
+        if q.disk_items and low(q):  # (a take reads back only what it takes: no window)
+            refill(q)
     finally:
         if lease is not None:
             lease.busy = False
         _unpop(q, chunk)  # a failed record: the items go back where they were
+        _drop_if_empty(q)
     return lease.view() if lease is not None else None
+
+
+def _drop_if_empty(q: QueueState) -> None:
+    """Forget a keyed state that holds nothing (a take that found nothing): a queue without
+    keyed leases keeps its checkpoints."""
+    ks = q._keyed
+    if ks is not None and not (ks or ks.unlink_after or ks.awaiting or ks.covering):
+        q._keyed = None
 
 
 def _unpop(q: QueueState, chunk: list[QItem]) -> None:
@@ -516,5 +525,4 @@ def replay_done(q: QueueState) -> None:
     if owners is not None:
         for key in [*ks.live, *ks.ended]:
             owners.setdefault(key, q.name)
-    if not ks:
-        q._keyed = None if not ks.awaiting else ks
+    _drop_if_empty(q)
