@@ -395,3 +395,22 @@ def test_the_collection_knows_every_key_and_expires_them(tmp_path: Path) -> None
     assert c.delete("a")
     assert c.lease_key_queue("k1") is None
     c.close()
+
+
+def test_items_larger_than_a_read_are_indexed_after_a_restart(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    big = [bytes([65 + i]) * (3 << 19) for i in range(3)]  # 1.5 MiB each
+    for data in big:
+        h.q.add(data, now=T0)
+    h.q.take_keyed("k", 3, 0, T0)
+    q = h.restart()
+    assert [r[2] for r in rows(q.keyed_slice("k", 0, 3))] == big
+    q.close()
+
+
+def test_lease_files_of_a_queue_without_files_are_removed_at_start(tmp_path: Path) -> None:
+    (tmp_path / "gone.key.3").write_bytes(b"TRCL\x04\x00\x00\x00")
+    (tmp_path / "kept").write_bytes(b"TRCL\x04\x00\x00\x00")
+    (tmp_path / "kept.key.1").write_bytes(b"TRCL\x04\x00\x00\x00")
+    assert DataDir(str(tmp_path)).remove_orphans() == 1
+    assert sorted(os.listdir(tmp_path)) == ["kept", "kept.key.1"]
