@@ -414,3 +414,20 @@ def test_lease_files_of_a_queue_without_files_are_removed_at_start(tmp_path: Pat
     (tmp_path / "kept.key.1").write_bytes(b"TRCL\x04\x00\x00\x00")
     assert DataDir(str(tmp_path)).remove_orphans() == 1
     assert sorted(os.listdir(tmp_path)) == ["kept", "kept.key.1"]
+
+
+def test_expired_heads_are_dropped_not_taken(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    h.q.add(b"old", expiry=T0 + 10, now=T0)
+    h.q.add(b"new", now=T0)
+    lease = h.q.take_keyed("k", 5, 0, T0 + 20)
+    assert lease is not None and lease.count == 1
+    assert h.q.expired_items == 1
+    q = h.restart()
+    assert bytes(q.keyed_slice("k", 0, 1).data) == b"new"
+    assert len(q) == 0
+    q.close()
+    h = Harness("memory", tmp_path, max_expire_sweep=0)  # nothing may expire: taken
+    h.q.add(b"old", expiry=T0 + 10, now=T0)
+    lease = h.q.take_keyed("k", 5, 0, T0 + 20)
+    assert lease is not None and lease.count == 1
