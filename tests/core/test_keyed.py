@@ -431,3 +431,22 @@ def test_expired_heads_are_dropped_not_taken(tmp_path: Path) -> None:
     h.q.add(b"old", expiry=T0 + 10, now=T0)
     lease = h.q.take_keyed("k", 5, 0, T0 + 20)
     assert lease is not None and lease.count == 1
+
+
+def test_the_sweep_releases_keyed_leases_that_ran_out(tmp_path: Path) -> None:
+    def open_log(name: str, config: QueueConfig) -> FileJournal:
+        return FileJournal(str(tmp_path), name)
+
+    clock = ManualClock(T0)
+    c = QueueCollection(parse_config({}), open_log, clock)
+    q = c.get_or_create("a")
+    c.add("a", b"x", None, T0)
+    q.take_keyed("k", 1, 60_000, T0)
+    c.flush_all_expired()
+    assert q.keyed("k") is not None
+    clock.advance(60_000)
+    c.flush_all_expired()
+    with pytest.raises(LeaseKeyEnded, match="expired"):
+        q.keyed("k")
+    assert len(q) == 1
+    c.close()
