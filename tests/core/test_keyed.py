@@ -19,6 +19,7 @@ from tercel.core.keyed import KeyedSlice
 from tercel.core.queue import PersistentQueue
 from tercel.errors import (
     BadKey,
+    JournalCorrupt,
     JournalWriteError,
     LeaseKeyEnded,
     TooManyKeys,
@@ -450,3 +451,20 @@ def test_the_sweep_releases_keyed_leases_that_ran_out(tmp_path: Path) -> None:
         q.keyed("k")
     assert len(q) == 1
     c.close()
+
+
+def test_a_damaged_lease_file_is_reported_with_its_path_and_offset(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    h.fill(3)
+    h.q.take_keyed("k", 3, 0, T0)
+    h.q.close()
+    path = tmp_path / "q.key.1"
+    raw = bytearray(path.read_bytes())
+    raw[8 + 54 + 33 + 2] ^= 0xFF  # the second item (54 bytes of records each): its payload
+    path.write_bytes(bytes(raw))
+    q = h.build()
+    assert len(q.keyed_slice("k", 0, 1)) == 1
+    with pytest.raises(JournalCorrupt) as info:
+        q.keyed_slice("k", 1, 2)
+    assert (info.value.path, info.value.offset) == (str(path), 8 + 54)
+    q.close()
