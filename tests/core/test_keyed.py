@@ -19,6 +19,7 @@ from tercel.core.keyed import KeyedSlice
 from tercel.core.queue import PersistentQueue
 from tercel.errors import (
     BadKey,
+    JournalCorrupt,
     JournalWriteError,
     LeaseKeyEnded,
     TooManyKeys,
@@ -395,3 +396,75 @@ def test_the_collection_knows_every_key_and_expires_them(tmp_path: Path) -> None
     assert c.delete("a")
     assert c.lease_key_queue("k1") is None
     c.close()
+
+
+def test_items_larger_than_a_read_are_indexed_after_a_restart(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    big = [bytes([65 + i]) * (3 << 19) for i in range(3)]  # 1.5 MiB each
+    for data in big:
+        h.q.add(data, now=T0)
+    h.q.take_keyed("k", 3, 0, T0)
+    q = h.restart()
+    assert [r[2] for r in rows(q.keyed_slice("k", 0, 3))] == big
+    q.close()
+
+
+def test_lease_files_of_a_queue_without_files_are_removed_at_start(tmp_path: Path) -> None:
+    (tmp_path / "gone.key.3").write_bytes(b"TRCL\x04\x00\x00\x00")
+    (tmp_path / "kept").write_bytes(b"TRCL\x04\x00\x00\x00")
+    (tmp_path / "kept.key.1").write_bytes(b"TRCL\x04\x00\x00\x00")
+    assert DataDir(str(tmp_path)).remove_orphans() == 1
+    assert sorted(os.listdir(tmp_path)) == ["kept", "kept.key.1"]
+
+
+def test_expired_heads_are_dropped_not_taken(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    h.q.add(b"old", expiry=T0 + 10, now=T0)
+    h.q.add(b"new", now=T0)
+    lease = h.q.take_keyed("k", 5, 0, T0 + 20)
+    assert lease is not None and lease.count == 1
+    assert h.q.expired_items == 1
+    q = h.restart()
+    assert bytes(q.keyed_slice("k", 0, 1).data) == b"new"
+    assert len(q) == 0
+    q.close()
+    h = Harness("memory", tmp_path, max_expire_sweep=0)  # nothing may expire: taken
+    h.q.add(b"old", expiry=T0 + 10, now=T0)
+    lease = h.q.take_keyed("k", 5, 0, T0 + 20)
+    assert lease is not None and lease.count == 1
+
+
+def test_the_sweep_releases_keyed_leases_that_ran_out(tmp_path: Path) -> None:
+    def open_log(name: str, config: QueueConfig) -> FileJournal:
+        return FileJournal(str(tmp_path), name)
+
+    clock = ManualClock(T0)
+    c = QueueCollection(parse_config({}), open_log, clock)
+    q = c.get_or_create("a")
+    c.add("a", b"x", None, T0)
+    q.take_keyed("k", 1, 60_000, T0)
+    c.flush_all_expired()
+    assert q.keyed("k") is not None
+    clock.advance(60_000)
+    c.flush_all_expired()
+    with pytest.raises(LeaseKeyEnded, match="expired"):
+        q.keyed("k")
+    assert len(q) == 1
+    c.close()
+
+
+def test_a_damaged_lease_file_is_reported_with_its_path_and_offset(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    h.fill(3)
+    h.q.take_keyed("k", 3, 0, T0)
+    h.q.close()
+    path = tmp_path / "q.key.1"
+    raw = bytearray(path.read_bytes())
+    raw[8 + 54 + 33 + 2] ^= 0xFF  # the second item (54 bytes of records each): its payload
+    path.write_bytes(bytes(raw))
+    q = h.build()
+    assert len(q.keyed_slice("k", 0, 1)) == 1
+    with pytest.raises(JournalCorrupt) as info:
+        q.keyed_slice("k", 1, 2)
+    assert (info.value.path, info.value.offset) == (str(path), 8 + 54)
+    q.close()

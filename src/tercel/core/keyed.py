@@ -8,7 +8,7 @@ again (they live in the lease file). Nothing of the payloads stays in memory: a 
 the index of its items' records (8 bytes an item) and reads slices back with ``pread``.
 
 - **ack**: a KEY_END record; the lease file is unlinked once the record is durable
-  (:meth:`KeyedState.tidy`; a crash before: replay removes the file, no longer named).
+  (:func:`tidy`; a crash before: replay removes the file, which nothing names any more).
 - **release, expiry**: the items are read back and go back to their places by item id with
   their delivery counts, after a KEY_END record; the file is kept until a compaction that
   began after it has switched in (replay of the KEY_END reads the items from it again).
@@ -113,11 +113,14 @@ def take_steps(
     lease_ms = lease_ms or cfg.key_lease_ms
     limit = cfg.max_deliveries
     ks = state(q)
+    if len(ks.live) >= cfg.max_lease_keys:
+        _drop_if_empty(q)
+        raise TooManyKeys("too many lease keys")  # (before anything is taken)
     lease: Lease | None = None
     chunk: list[QItem] = []
     size = 0
-    refused = -1  # the id of a head the dead-letter queue refused: taken all the same
-    try:
+    refused = kept = -1  # heads the dead-letter queue refused, or that could not expire:
+    try:  # each is taken all the same
         while (lease.count if lease is not None else 0) + len(chunk) < max_items:
             items = q._items
             if not items:
@@ -126,7 +129,7 @@ def take_steps(
                 refill(q)
                 continue
             head = items.first()
-            expired = head.expiry and head.expiry < now
+            expired = head.expiry and head.expiry < now and head.id != kept
             due = limit and head.deliveries >= limit and head.id != refused
             if expired or due:
                 if chunk:  # what was taken is recorded before the head's own record
@@ -142,9 +145,10 @@ def take_steps(
                         lease_ms=lease_ms,
                     )
                     chunk, size = [], 0
-                if expired and expire_head(now):
-                    continue
-                if due and not dead_letter(head):
+                if expired:
+                    if not expire_head(now):  # (max_expire_sweep 0)
+                        kept = head.id
+                elif not dead_letter(head):
                     refused = head.id
                 continue
             items.popleft()
