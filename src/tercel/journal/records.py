@@ -340,7 +340,7 @@ def apply_record(buf: Bytes, pos: int, stop: int, sink: RecordSink) -> None:
         pass  # positions only: the journal's replay acts on it, not the sink
     elif op == OP_DELIVERED:
         sink.on_delivered(_XID.unpack_from(buf, start)[1])
-    elif op in KEY_LENGTHS:
+    elif op >= OP_KEY_TAKE:  # (a checked record: 11-14)
         _apply_key(buf, start, stop, op, sink)
     else:
         xid = _XID.unpack_from(buf, start)[1]
