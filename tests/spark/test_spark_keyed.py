@@ -259,7 +259,10 @@ def test_several_queues_by_pattern_with_queue_and_expiry_columns(
         (f"{qname}_y", b"y1"),
         (f"{qname}_y", b"y2"),
     }
-    assert [r["expiry"] is not None for r in rows if r["value"].startswith(b"y")] == [True, False]
+    assert {r["value"]: r["expiry"] is not None for r in rows if r["value"][:1] == b"y"} == {
+        b"y1": True,
+        b"y2": False,
+    }
     source.latestOffset(end, ReadAllAvailable())
     assert queued(a, f"{qname}_x") == queued(b, f"{qname}_y") == 0
     assert queued(b, f"other_{qname}") == 1
