@@ -4,6 +4,7 @@ acked or released (docs/journal_format.md §18)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +13,22 @@ from typing import Any
 import pytest
 
 from tercel.clock import ManualClock
-from tercel.config import QueueConfig
+from tercel.config import QueueConfig, parse_config
+from tercel.core.collection import QueueCollection
 from tercel.core.keyed import KeyedSlice
 from tercel.core.queue import PersistentQueue
-from tercel.errors import BadKey, LeaseKeyEnded, TooManyKeys
-from tercel.journal import FileJournal, MemoryJournal
+from tercel.errors import (
+    BadKey,
+    JournalCorrupt,
+    JournalWriteError,
+    LeaseKeyEnded,
+    TooManyKeys,
+    UnavailableError,
+)
+from tercel.journal import FileJournal, MemoryJournal, list_queue_names
+from tercel.journal.faults import FaultyFiles
+from tercel.journal.files import DataDir
+from tercel.steps import finish
 
 T0 = 1_700_000_000_000
 
@@ -274,3 +286,185 @@ def test_delete_removes_lease_files_and_keys(tmp_path: Path) -> None:
     h.q.erase()
     assert h.owners == {}
     assert not [e for e in os.listdir(tmp_path) if e.startswith("q.key")]
+
+
+def test_rotation_keeps_live_keys(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    h.fill(20)
+    h.q.take_keyed("a", 3, 0, T0)
+    assert h.q.log.rotate()
+    h.q.take_keyed("b", 3, 0, T0)
+    assert h.q.log.rotate()
+    h.q.ack_keyed("a")
+    expect = rows(h.q.keyed_slice("b", 0, 3))
+    q = h.restart()
+    assert rows(q.keyed_slice("b", 0, 3)) == expect
+    assert [r[0] for r in expect] == [4, 5, 6]
+    with pytest.raises(LeaseKeyEnded):
+        q.keyed("a")
+    assert len(q) == 14
+    q.close()
+
+
+def test_read_behind_compaction_keeps_keys_and_released_items(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path, max_memory_size=2048, max_journal_size=4096)
+    h.fill(200, size=64)
+    assert h.q.disk_items
+    h.q.take_keyed("live", 10, 0, T0)  # items 1-10
+    h.q.take_keyed("back", 5, 0, T0)  # items 11-15
+    for _ in range(60):
+        h.q.remove(T0)  # items 16-75
+    h.q.release_keyed("back")  # 11-15 back at the head
+    expect = rows(h.q.keyed_slice("live", 0, 10))
+    assert h.q.compact()
+    h.q.expire_keyed(T0)
+    q = h.restart()
+    assert rows(q.keyed_slice("live", 0, 10)) == expect
+    got = []
+    while (item := q.remove(T0)) is not None:
+        got.append((item.id, item.deliveries))
+    assert got[:5] == [(i, 2) for i in range(11, 16)]  # (a remove counts a delivery too)
+    assert [i for i, _ in got[5:]] == list(range(76, 201))
+    q.close()
+    assert h.lease_files() == ["q.key.1"]
+
+
+def test_a_take_in_steps_keeps_its_key_busy(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    for i in range(3000):
+        h.q.add(b"%04d" % i + b"x" * 2044, now=T0)  # 6 MB: two chunks
+    steps = h.q.take_keyed_steps("k", 2500, 0, T0)
+    next(steps)  # the first chunk is recorded
+    with pytest.raises(UnavailableError, match="being taken"):
+        h.q.take_keyed("k", 2500, 0, T0)
+    with pytest.raises(UnavailableError):
+        h.q.ack_keyed("k")
+    assert h.q.add(b"meanwhile", now=T0)  # the queue serves others between steps
+    lease = finish(steps)
+    assert lease is not None and lease.count == 2500
+    q = h.restart()
+    assert [r[0] for r in rows(q.keyed_slice("k", 2040, 2050))] == list(range(2041, 2051))
+    assert len(q) == 501
+    q.close()
+
+
+def test_a_failed_lease_file_write_changes_nothing(tmp_path: Path) -> None:
+    faults = FaultyFiles()
+    faults.fail("pwrite", errno.ENOSPC, path=".key.", times=1)
+    log = FileJournal(str(tmp_path), "q", directory=DataDir(str(tmp_path), ops=faults))
+    q = PersistentQueue("q", QueueConfig(), log, ManualClock(T0))
+    q.replay()
+    for i in range(5):
+        q.add(b"%d" % i, now=T0)
+    with pytest.raises(JournalWriteError):
+        q.take_keyed("k", 3, 0, T0)
+    assert q.keyed("k") is None
+    assert [(i.id, i.deliveries) for i in q.items_in_memory()] == [(n, 0) for n in range(1, 6)]
+    lease = q.take_keyed("k", 3, 0, T0)
+    assert lease is not None and lease.count == 3
+    q.close()
+    q = PersistentQueue("q", QueueConfig(), FileJournal(str(tmp_path), "q"), ManualClock(T0))
+    q.replay()
+    assert [r[0] for r in rows(q.keyed_slice("k", 0, 3))] == [1, 2, 3]
+    q.close()
+
+
+def test_the_collection_knows_every_key_and_expires_them(tmp_path: Path) -> None:
+    def open_log(name: str, config: QueueConfig) -> FileJournal:
+        return FileJournal(str(tmp_path), name)
+
+    config = parse_config({"queues": {"key_lease_ms": 1000}})
+    clock = ManualClock(T0)
+    c = QueueCollection(config, open_log, clock)
+    a = c.get_or_create("a")
+    for i in range(4):
+        c.add("a", b"%d" % i, None, T0)
+    a.take_keyed("k1", 2, 0, T0)
+    assert c.lease_key_queue("k1") == "a"
+    b = c.get_or_create("b")
+    with pytest.raises(BadKey, match="belongs to queue a"):
+        b.take_keyed("k1", 2, 0, T0)
+    assert c.expire_keyed(T0 + 999) == 0
+    c.close()
+    c = QueueCollection(config, open_log, clock)
+    c.load(list_queue_names(str(tmp_path)))
+    assert c.lease_key_queue("k1") == "a"
+    assert c.expire_keyed(T0 + 1000) == 2
+    assert c.lease_key_queue("k1") == "a"  # remembered: still a's
+    with pytest.raises(LeaseKeyEnded, match="expired"):
+        c.get_or_create("a").take_keyed("k1", 2, 0, T0)
+    assert c.delete("a")
+    assert c.lease_key_queue("k1") is None
+    c.close()
+
+
+def test_items_larger_than_a_read_are_indexed_after_a_restart(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    big = [bytes([65 + i]) * (3 << 19) for i in range(3)]  # 1.5 MiB each
+    for data in big:
+        h.q.add(data, now=T0)
+    h.q.take_keyed("k", 3, 0, T0)
+    q = h.restart()
+    assert [r[2] for r in rows(q.keyed_slice("k", 0, 3))] == big
+    q.close()
+
+
+def test_lease_files_of_a_queue_without_files_are_removed_at_start(tmp_path: Path) -> None:
+    (tmp_path / "gone.key.3").write_bytes(b"TRCL\x04\x00\x00\x00")
+    (tmp_path / "kept").write_bytes(b"TRCL\x04\x00\x00\x00")
+    (tmp_path / "kept.key.1").write_bytes(b"TRCL\x04\x00\x00\x00")
+    assert DataDir(str(tmp_path)).remove_orphans() == 1
+    assert sorted(os.listdir(tmp_path)) == ["kept", "kept.key.1"]
+
+
+def test_expired_heads_are_dropped_not_taken(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    h.q.add(b"old", expiry=T0 + 10, now=T0)
+    h.q.add(b"new", now=T0)
+    lease = h.q.take_keyed("k", 5, 0, T0 + 20)
+    assert lease is not None and lease.count == 1
+    assert h.q.expired_items == 1
+    q = h.restart()
+    assert bytes(q.keyed_slice("k", 0, 1).data) == b"new"
+    assert len(q) == 0
+    q.close()
+    h = Harness("memory", tmp_path, max_expire_sweep=0)  # nothing may expire: taken
+    h.q.add(b"old", expiry=T0 + 10, now=T0)
+    lease = h.q.take_keyed("k", 5, 0, T0 + 20)
+    assert lease is not None and lease.count == 1
+
+
+def test_the_sweep_releases_keyed_leases_that_ran_out(tmp_path: Path) -> None:
+    def open_log(name: str, config: QueueConfig) -> FileJournal:
+        return FileJournal(str(tmp_path), name)
+
+    clock = ManualClock(T0)
+    c = QueueCollection(parse_config({}), open_log, clock)
+    q = c.get_or_create("a")
+    c.add("a", b"x", None, T0)
+    q.take_keyed("k", 1, 60_000, T0)
+    c.flush_all_expired()
+    assert q.keyed("k") is not None
+    clock.advance(60_000)
+    c.flush_all_expired()
+    with pytest.raises(LeaseKeyEnded, match="expired"):
+        q.keyed("k")
+    assert len(q) == 1
+    c.close()
+
+
+def test_a_damaged_lease_file_is_reported_with_its_path_and_offset(tmp_path: Path) -> None:
+    h = Harness("file", tmp_path)
+    h.fill(3)
+    h.q.take_keyed("k", 3, 0, T0)
+    h.q.close()
+    path = tmp_path / "q.key.1"
+    raw = bytearray(path.read_bytes())
+    raw[8 + 54 + 33 + 2] ^= 0xFF  # the second item (54 bytes of records each): its payload
+    path.write_bytes(bytes(raw))
+    q = h.build()
+    assert len(q.keyed_slice("k", 0, 1)) == 1
+    with pytest.raises(JournalCorrupt) as info:
+        q.keyed_slice("k", 1, 2)
+    assert (info.value.path, info.value.offset) == (str(path), 8 + 54)
+    q.close()

@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 import struct
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -389,3 +390,22 @@ def test_a_large_lease_is_taken_in_steps_and_read_back_whole(data_dir: Path) -> 
         assert list(got.offsets) == [0, 3 << 20, 6 << 20, 9 << 20]
         assert c.release_key(srv.address, "big", "big.1") == 4
         assert c.get("big") == big[0]
+
+
+def test_client_lease_key_waits_for_an_item(server: ServerProcess, raw: Raw, qname: str) -> None:
+    got: list[KeyedLease] = []
+
+    def take() -> None:
+        with Client(server.address) as c:
+            got.append(c.lease_key(server.address, qname, f"{qname}.w", 3, wait=30))
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    for _ in range(10_000):  # until the take waits on the queue, polled over the wire
+        if stats(raw).get(f"queue_{qname}_waiters") == "1":
+            break
+    else:
+        raise AssertionError("the keyed take never waited")
+    put(raw, qname, b"w0")
+    taker.join(60)
+    assert [(x.count, x.size) for x in got] == [(1, 2)]

@@ -259,7 +259,10 @@ def test_several_queues_by_pattern_with_queue_and_expiry_columns(
         (f"{qname}_y", b"y1"),
         (f"{qname}_y", b"y2"),
     }
-    assert [r["expiry"] is not None for r in rows if r["value"].startswith(b"y")] == [True, False]
+    assert {r["value"]: r["expiry"] is not None for r in rows if r["value"][:1] == b"y"} == {
+        b"y1": True,
+        b"y2": False,
+    }
     source.latestOffset(end, ReadAllAvailable())
     assert queued(a, f"{qname}_x") == queued(b, f"{qname}_y") == 0
     assert queued(b, f"other_{qname}") == 1
@@ -296,3 +299,32 @@ def test_available_now_stops_at_what_was_queued(servers: list[ServerProcess], qn
     _, tables = run(source, end)
     got = values([first, *tables])
     assert got[:25] == produced and len(got) <= 45
+
+
+def test_an_ack_that_failed_is_retried_once_the_server_is_back(
+    tmp_path_factory: pytest.TempPathFactory, qname: str
+) -> None:
+    with (
+        ServerProcess(tmp_path_factory.mktemp("ka")) as a,
+        ServerProcess(tmp_path_factory.mktemp("kb")) as b,
+    ):
+        produce(a, qname, 3)
+        produce(b, qname, 3)
+        source = reader([a.address, b.address], queue=qname, serverRetryMs=50)
+        start = source.initialOffset()
+        end = source.latestOffset(start, ReadAllAvailable())
+        assert end["leases"] == {a.address: 3, b.address: 3}
+        assert len(values([read_batch(source, start, end)])) == 6
+        port = b.port
+        b.kill()
+        assert source.latestOffset(end, ReadAllAvailable()) == end  # b's ack failed
+        assert source.reportLatestOffset()["metrics"]["unacked"] == 1
+        b.extra_args = ("--memcache-port", str(port))  # the same address again
+        b.start()  # the keyed lease survived the restart, still unacked
+        deadline = time.monotonic() + 10
+        while source.reportLatestOffset()["metrics"]["unacked"]:  # b is set aside a while
+            assert time.monotonic() < deadline, "the ack was never retried"
+            assert source.latestOffset(end, ReadAllAvailable()) == end
+        assert queued(b, qname) == 0  # acked, not handed back
+        with Client(b.address) as c:
+            assert c.get(qname) is None

@@ -554,12 +554,16 @@ class QueueCollection:
         The same pass gives each queue's log its maintenance (:meth:`Queue.maintain_log`):
         a queue checks its log every few operations, and a check that came while a
         compaction was still running is otherwise not made again until the queue is used.
+        It also releases the keyed leases that ran out (:meth:`expire_keyed`; their items
+        are not counted here).
         """
         now = self.clock.now_ms()
         total = 0
         for q in self:
             try:
                 total += q.flush_expired(now)
+                if q.has_keys:
+                    q.expire_keyed(now)
                 q.maintain_log()
             except JournalError as exc:  # that queue's journal failed; the others go on
                 log.error("expiry of %s stopped: %s", q.name, exc)
@@ -575,7 +579,7 @@ class QueueCollection:
         gone = []
         for q in self:
             age = q.config.max_queue_age
-            idle = not (len(q) or q.open_reads or q.waiters)
+            idle = not (len(q) or q.open_reads or q.waiters or q.keyed_figures()[0])
             if age and now > q.create_time + age and idle and self.delete(q.name):
                 self.stats.queue_expires += 1
                 gone.append(q.name)

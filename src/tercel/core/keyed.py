@@ -8,7 +8,7 @@ again (they live in the lease file). Nothing of the payloads stays in memory: a 
 the index of its items' records (8 bytes an item) and reads slices back with ``pread``.
 
 - **ack**: a KEY_END record; the lease file is unlinked once the record is durable
-  (:meth:`KeyedState.tidy`; a crash before: replay removes the file, no longer named).
+  (:func:`tidy`; a crash before: replay removes the file, which nothing names any more).
 - **release, expiry**: the items are read back and go back to their places by item id with
   their delivery counts, after a KEY_END record; the file is kept until a compaction that
   began after it has switched in (replay of the KEY_END reads the items from it again).
@@ -113,11 +113,14 @@ def take_steps(
     lease_ms = lease_ms or cfg.key_lease_ms
     limit = cfg.max_deliveries
     ks = state(q)
+    if len(ks.live) >= cfg.max_lease_keys:
+        _drop_if_empty(q)
+        raise TooManyKeys("too many lease keys")  # (before anything is taken)
     lease: Lease | None = None
     chunk: list[QItem] = []
     size = 0
-    refused = -1  # the id of a head the dead-letter queue refused: taken all the same
-    try:
+    refused = kept = -1  # heads the dead-letter queue refused, or that could not expire:
+    try:  # each is taken all the same
         while (lease.count if lease is not None else 0) + len(chunk) < max_items:
             items = q._items
             if not items:
@@ -126,7 +129,7 @@ def take_steps(
                 refill(q)
                 continue
             head = items.first()
-            expired = head.expiry and head.expiry < now
+            expired = head.expiry and head.expiry < now and head.id != kept
             due = limit and head.deliveries >= limit and head.id != refused
             if expired or due:
                 if chunk:  # what was taken is recorded before the head's own record
@@ -142,9 +145,10 @@ def take_steps(
                         lease_ms=lease_ms,
                     )
                     chunk, size = [], 0
-                if expired and expire_head(now):
-                    continue
-                if due and not dead_letter(head):
+                if expired:
+                    if not expire_head(now):  # (max_expire_sweep 0)
+                        kept = head.id
+                elif not dead_letter(head):
                     refused = head.id
                 continue
             items.popleft()
@@ -152,8 +156,6 @@ def take_steps(
             head.deliveries += 1
             chunk.append(head)
             size += len(head.data)
-            if q.disk_items and low(q):
-                refill(q)
             if size >= CHUNK or len(chunk) >= CHUNK_ITEMS:
                 lease = _record(
                     q,
@@ -177,11 +179,22 @@ def take_steps(
                 q, ks, lease, chunk, size, key=key, max_items=max_items, now=now, lease_ms=lease_ms
             )
             chunk = []
+        if q.disk_items and low(q):  # (a take reads back only what it takes: no window)
+            refill(q)
     finally:
         if lease is not None:
             lease.busy = False
         _unpop(q, chunk)  # a failed record: the items go back where they were
+        _drop_if_empty(q)
     return lease.view() if lease is not None else None
+
+
+def _drop_if_empty(q: QueueState) -> None:
+    """Forget a keyed state that holds nothing (a take that found nothing): a queue without
+    keyed leases keeps its checkpoints."""
+    ks = q._keyed
+    if ks is not None and not (ks or ks.unlink_after or ks.awaiting or ks.covering):
+        q._keyed = None
 
 
 def _unpop(q: QueueState, chunk: list[QItem]) -> None:
@@ -516,5 +529,4 @@ def replay_done(q: QueueState) -> None:
     if owners is not None:
         for key in [*ks.live, *ks.ended]:
             owners.setdefault(key, q.name)
-    if not ks:
-        q._keyed = None if not ks.awaiting else ks
+    _drop_if_empty(q)

@@ -52,6 +52,7 @@ __all__ = [
     "COMPACTION_CRASHES",
     "CRASH_EXIT",
     "JOB_COMPACTION_CRASHES",
+    "KEYED_CRASHES",
     "PAGE",
     "TAILS",
     "Crashes",
@@ -280,6 +281,38 @@ COMPACTION_CRASHES: Crashes = _compaction_crashes("~~", "compact")
 JOB_COMPACTION_CRASHES: Crashes = _compaction_crashes(".tmp", "jobs_compact")
 """The crash windows of a beanstalkd job-log compaction (``snapshot.<n>.tmp`` renamed to
 ``snapshot.<n>``, ``journal/joblog.py``), in order."""
+
+
+def _keyed_crashes() -> Crashes:
+    """The crash windows of keyed leases, named after the step each ends the process at."""
+
+    def take_before_lease_file(f: FaultyFiles) -> None:
+        f.crash("open", path=".key.")  # a take: nothing written yet
+
+    def take_after_lease_file(f: FaultyFiles) -> None:
+        f.crash("pwrite", path=".key.", after=True)  # the items written, no record yet
+
+    def take_after_record(f: FaultyFiles) -> None:
+        f.crash("pwritev", after=True, armed_by=("pwrite", ".key."))  # KEY_TAKE written
+
+    def ack_before_unlink(f: FaultyFiles) -> None:
+        f.crash("unlink", path=".key.")  # KEY_END written, the lease file still there
+
+    def release_after_record(f: FaultyFiles) -> None:
+        f.crash("pwritev", after=True, armed_by=("pread", ".key."))  # items read, KEY_END
+
+    return {
+        "key_take_before_lease_file": take_before_lease_file,
+        "key_take_after_lease_file": take_after_lease_file,
+        "key_take_after_record": take_after_record,
+        "key_ack_before_unlink": ack_before_unlink,
+        "key_release_after_record": release_after_record,
+    }
+
+
+KEYED_CRASHES: Crashes = _keyed_crashes()
+"""The crash windows of keyed leases (docs/journal_format.md §18), as rules to add to a
+:class:`FaultyFiles`; each names the step it ends the process at."""
 
 
 # ---- power loss -------------------------------------------------------------------------------

@@ -277,8 +277,9 @@ class FileJournal(ReplayingJournal):
         return sorted(self._leases or ())
 
     def durable(self, position: rec.Position, synced: bool) -> bool:
-        """True when every record before ``position`` was written (``synced``: and fsynced)."""
+        """True when every record before ``position`` was written (``synced``: and fsynced,
+        if the owner fsyncs this journal at all)."""
         seq, offset = position
         if seq != self._seq:
             return seq < self._seq  # an older file was fsynced before its rename
-        return offset <= (self._synced_at if synced else self._written)
+        return offset <= (self._synced_at if synced and self._owner_syncs else self._written)

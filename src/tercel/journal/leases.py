@@ -14,9 +14,10 @@ Pure functions on bytes, and three on files through a :class:`~tercel.journal.fi
 from __future__ import annotations
 
 import os
+import struct
 from array import array
 from collections.abc import Sequence
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 from tercel.errors import JournalCorrupt
 from tercel.journal import records as rec
@@ -75,27 +76,36 @@ def write_items(
     return ends, created
 
 
+_HEAD = struct.Struct("<IIBQqq")  # an ADD's prefix and fields: its first 33 bytes
+_DELIVERED = struct.Struct("<IIBI")  # a DELIVERED record, whole: 13 bytes
+_DELIVERED_SIZE: Final = _DELIVERED.size
+_ITEM_MIN: Final = rec.ADD_HEAD_SIZE + _DELIVERED_SIZE
+"""The fewest bytes of one item's records (an empty payload)."""
+
+
 def index_buffer(buf: rec.Bytes, base: int, count: int, out: array[int]) -> int:
-    """Walk the records of ``buf`` (read from file offset ``base``) and append to ``out`` the
-    file offset where each item's records end (each item is an ADD and its DELIVERED), until
-    ``out`` has ``count`` + 1 entries or the complete records run out; returns the bytes of
-    ``buf`` used (up to the last whole item). Raises
-    :class:`~tercel.journal.records.BadRecord` (offset in ``buf``) at a bad record."""
+    """Walk the items of ``buf`` (read from file offset ``base``; each an ADD record and its
+    DELIVERED) and append to ``out`` the file offset where each one's records end, until
+    ``out`` has ``count`` + 1 entries or the whole items run out; returns the bytes of ``buf``
+    used. Checks the framing only (lengths and opcodes), not the checksums: a slice read
+    checks those (:func:`decode_columns`). Raises
+    :class:`~tercel.journal.records.BadRecord` (offset in ``buf``) at a record out of place."""
     end = len(buf)
-    pos = used = 0
-    while pos + rec.PREFIX_SIZE <= end and len(out) <= count:
-        length = int.from_bytes(buf[pos : pos + 4], "little")
-        if length == 0 or pos + rec.PREFIX_SIZE + length > end:
-            break  # zeros or a record cut by the end of the chunk: the next read has it
-        stop = rec.check_record(buf, pos)
-        op = rec.record_op(buf, pos)
-        if op == rec.OP_DELIVERED and pos != used:  # (an ADD came first)
-            out.append(base + stop)
-            used = stop
-        elif op != rec.OP_ADD or pos != used:
-            raise rec.BadRecord(pos, f"{rec.OP_NAMES[op]} record out of place in a lease file")
+    pos = 0
+    prefix = rec.PREFIX_SIZE
+    while pos + _ITEM_MIN <= end and len(out) <= count:
+        length = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16 | buf[pos + 3] << 24
+        if buf[pos + prefix] != rec.OP_ADD or not rec.ADD_FIELDS_SIZE <= length <= rec.MAX_BODY:
+            raise rec.BadRecord(pos, "a lease file's item does not start with an ADD record")
+        delivered = pos + prefix + length
+        stop = delivered + _DELIVERED_SIZE
+        if stop > end:
+            break  # cut by the end of the chunk: the next read has it
+        if buf[delivered] != 5 or buf[delivered + prefix] != rec.OP_DELIVERED:
+            raise rec.BadRecord(delivered, "a lease file's ADD record has no DELIVERED after it")
+        out.append(base + stop)
         pos = stop
-    return used
+    return pos
 
 
 def index_file(ops: FileOps, path: str, count: int) -> array[int]:
@@ -128,29 +138,42 @@ def index_file(ops: FileOps, path: str, count: int) -> array[int]:
 
 
 def decode_columns(buf: rec.Bytes, pos: int, stop: int) -> Columns:
-    """The items whose records lie between ``pos`` and ``stop`` of ``buf`` as columns."""
+    """The items whose records lie between ``pos`` and ``stop`` of ``buf`` as columns, each
+    record's checksum checked. Raises :class:`~tercel.journal.records.BadRecord`."""
     ids: array[int] = array("q")
     deliveries: array[int] = array("i")
     add_ms: array[int] = array("q")
     expiry_ms: array[int] = array("q")
     data = bytearray()
     offsets: array[int] = array("q", [0])
+    head = _HEAD.unpack_from
+    tail = _DELIVERED.unpack_from
+    crc32 = rec.crc32
+    prefix, fields = rec.PREFIX_SIZE, rec.ADD_HEAD_SIZE
+    view = memoryview(buf)
     while pos < stop:
-        end = rec.check_record(buf, pos)
-        op = rec.record_op(buf, pos)
-        if op == rec.OP_ADD:
-            item_id, add_time, expiry, payload = rec.decode_add(buf, pos, end)
-            ids.append(item_id)
-            deliveries.append(0)
-            add_ms.append(add_time)
-            expiry_ms.append(expiry)
-            data += payload
-            offsets.append(len(data))
-        elif op == rec.OP_DELIVERED and ids:
-            deliveries[-1] = int.from_bytes(buf[pos + rec.PREFIX_SIZE + 1 : end], "little")
-        else:
-            raise rec.BadRecord(pos, f"{rec.OP_NAMES[op]} record in a lease file")
-        pos = end
+        if pos + _ITEM_MIN > stop:
+            raise rec.BadRecord(pos, "a lease file's item runs past the end")
+        length, crc, op, item_id, add_time, expiry = head(buf, pos)
+        delivered = pos + prefix + length
+        if op != rec.OP_ADD or length < rec.ADD_FIELDS_SIZE or delivered + _DELIVERED_SIZE > stop:
+            raise rec.BadRecord(pos, "a lease file's item does not start with an ADD record")
+        if crc32(view[pos + prefix : delivered]) != crc:
+            raise rec.BadRecord(pos, "checksum mismatch")
+        dlen, dcrc, dop, count = tail(buf, delivered)
+        if (
+            dlen != 5
+            or dop != rec.OP_DELIVERED
+            or crc32(view[delivered + prefix : delivered + 13]) != dcrc
+        ):
+            raise rec.BadRecord(delivered, "a lease file's ADD record has no valid DELIVERED")
+        ids.append(item_id)
+        deliveries.append(count)
+        add_ms.append(add_time)
+        expiry_ms.append(expiry)
+        data += view[pos + fields : delivered]
+        offsets.append(len(data))
+        pos = delivered + _DELIVERED_SIZE
     return ids, deliveries, add_ms, expiry_ms, data, offsets
 
 

@@ -131,6 +131,13 @@ def keyed_items(start: int, items: Columns) -> list[bytes]:
     return out
 
 
+def _typed(code: str, values: Sequence[int]) -> array[int]:
+    """``values`` as an array of type ``code``: itself when it is one already (no copy)."""
+    if isinstance(values, array) and values.typecode == code:
+        return values
+    return array(code, values)
+
+
 def keyed_binary(start: int, items: Columns) -> list[bytes]:
     """Items ``start..`` of a keyed lease as one ``LEASEDB`` block (the layout of
     :func:`tercel.protocol.memcache.leased_binary`, prefix ``key``, lease numbers ``start +
@@ -142,14 +149,15 @@ def keyed_binary(start: int, items: Columns) -> list[bytes]:
     offsets = items.offsets
     base, end = offsets[0], offsets[n]
     columns = [
-        array("q", items.item_ids),
-        array("q", items.add_ms),
-        array("q", items.expiry_ms),
+        _typed("q", items.item_ids),
+        _typed("q", items.add_ms),
+        _typed("q", items.expiry_ms),
         array("q", range(start, start + n)),
-        array("i", items.deliveries),
-        array("i", [o - base for o in offsets]),
+        _typed("i", items.deliveries),
+        _typed("i", offsets) if base == 0 else array("i", [o - base for o in offsets]),
     ]
     if _BIG_ENDIAN:
+        columns = [array(c.typecode, c) for c in columns]  # copies: the caller's stay as they are
         for column in columns:
             column.byteswap()
     head = b"LEASEDB %d %b %d\r\n" % (n, KEYED_PREFIX, end - base)

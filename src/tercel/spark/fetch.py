@@ -138,15 +138,16 @@ class Planner:
         names = self.clients[server].queue_stats().get(server, {})
         return sorted(q for q in names if self.opts.matches(q))
 
-    def take(self, ident: str, seq: int, limit: int) -> Plan:
+    def take(self, ident: str, seq: int, limit: int, wait: bool = False) -> Plan:
         """Take batch ``seq``'s keyed leases, ``limit`` items at most: the limit split evenly
         over the configured servers, and each server's share over its queues (deterministic,
         so a restarted driver asks each key for what it asked before, and the server answers
-        with the same lease). A server that fails is left out of this batch. Raises
-        AllServersDown when no server has answered for ``maxUnavailableMs``."""
+        with the same lease). With ``wait``, each server's first queue may wait
+        ``fetchWaitMs`` for an item while it is empty. A server that fails is left out of this
+        batch. Raises AllServersDown when no server has answered for ``maxUnavailableMs``."""
         servers = list(self.opts.servers)
         shares = dict(zip(servers, split(limit, len(servers), seq), strict=True))
-        answers = self._each(lambda s: self._take_on(s, ident, seq, shares[s]), servers)
+        answers = self._each(lambda s: self._take_on(s, ident, seq, shares[s], wait), servers)
         self._health(sum(a is not None for a in answers))
         leases = {
             s: a.got for s, a in zip(servers, answers, strict=True) if a is not None and a.got
@@ -157,7 +158,9 @@ class Planner:
             skipped=any(a is not None and a.skipped for a in answers),
         )
 
-    def _take_on(self, server: str, ident: str, seq: int, share: int) -> Took | None:
+    def _take_on(
+        self, server: str, ident: str, seq: int, share: int, wait_first: bool
+    ) -> Took | None:
         """Batch ``seq``'s leases on one server (its queues in turn, only the first may
         wait); None when the server failed. A key the server refuses (``CLIENT_ERROR``: an
         attempt Spark never logged took it with other counts, or it ran out since) is left
@@ -167,7 +170,7 @@ class Planner:
         took = Took()
         try:
             queues = self.queues_on(server)
-            wait = self.opts.fetch_wait_ms / 1000
+            wait = self.opts.fetch_wait_ms / 1000 if wait_first else 0.0
             for queue, ask in zip(queues, split(share, len(queues), seq), strict=True):
                 if ask <= 0:
                     continue

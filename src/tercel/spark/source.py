@@ -111,6 +111,8 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._acked: list[int] = []
         self._unacked: dict[int, Offset] = {}
         """Committed batches whose ack failed (a server down): retried at every call."""
+        self._idle = False
+        """The last plan found nothing: the next one may wait ``fetchWaitMs`` for items."""
         self.metrics = {"batches": 0, "items": 0, "plan_ms": 0.0, "ack_ms": 0.0}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -166,10 +168,10 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = self._parse(start)
         planner = self._driver()
         self._ack(begin)
-        if self._budget == 0:
-            return start
+        if self._budget == 0 and not self._first_plan:  # (a batch planned before a restart
+            return start  # holds items the queue depth did not count: it is planned again)
         started = time.monotonic()
-        plan = planner.take(begin.id, begin.seq + 1, self._want(limit))
+        plan = planner.take(begin.id, begin.seq + 1, self._want(limit), wait=self._idle)
         self.metrics["plan_ms"] += (time.monotonic() - started) * 1000
         end = Offset(begin.id, begin.seq + 1, plan.leases)
         if self._available_now:
@@ -178,6 +180,7 @@ class TercelStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             elif self._budget is not None and not self._first_plan:
                 self._budget = max(0, self._budget - end.total)
             self._first_plan = False
+        self._idle = not end.total
         if not end.total and not plan.skipped:
             return start
         self._planned[end.seq] = end
