@@ -158,7 +158,7 @@ def task_keys(opts: SinkOptions, write_id: str | None) -> RowKeys | None:
         raise RuntimeError("tercel sink: write() outside a Spark task (no TaskContext)")
     if write_id is None:
         query, batch = ctx.getLocalProperty(QUERY_ID), ctx.getLocalProperty(BATCH_ID)
-        if not query or batch is None:
+        if (not query or batch is None) and opts.key_column is None:
             raise RuntimeError(
                 f"tercel sink: this streaming task has no {QUERY_ID}/{BATCH_ID} property to "
                 "make dedup keys from: set keyColumn, or dedup=false (at-least-once)"
