@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,82 @@ def note(what: str, value: object) -> None:
 # --- the driver side (``--driver``): one SparkSession, commands on stdin --------------------
 
 
+ROLES = (
+    ("source runner", "python_streaming_source_runner"),
+    ("sink commit runner", "python_streaming_sink_runner"),
+    ("python workers", "pyspark.daemon"),
+    ("python workers", "pyspark.worker"),
+)
+"""Python processes in a driver's tree, by a word of the command line (first match); the
+``java`` executable is the JVM, any other process ``other``."""
+
+
+def _tree(root: int) -> dict[int, tuple[str, int]]:
+    """Every live process of ``root``'s tree: pid -> (role, own CPU ticks so far)."""
+    procs: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    raw = f.read()
+            except OSError:
+                continue
+            fields = raw[raw.rindex(b")") + 2 :].split()
+            procs[int(name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[int, tuple[str, int]] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if pid == root:
+            role = "driver"
+        elif os.path.basename(argv[0]) == "java":
+            role = "jvm"
+        else:
+            role = next((r for r, word in ROLES if word in " ".join(argv)), "other")
+        out[pid] = (role, procs[pid][1])
+    return out
+
+
+class RoleSampler:
+    """CPU of a driver's process tree by role (:data:`ROLES`) over a run: the tree is read
+    every 100 ms from a thread, so a Python worker or runner that ends during the run still
+    counts for its role (up to its last sample; the rest is ``unattributed``)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.first = _tree(root)
+        self.last = dict(self.first)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.1):
+            self.last.update(_tree(self.root))
+
+    def stop(self, total_ticks: float) -> dict[str, float]:
+        """Seconds by role; ``total_ticks``: the tree's whole CPU over the run, in seconds."""
+        self.done.set()
+        self.thread.join()
+        self.last.update(_tree(self.root))
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for pid, (role, ticks) in self.last.items():
+            before = self.first.get(pid, (role, 0))[1]
+            out[role] = out.get(role, 0.0) + (ticks - before) / tick
+        out["unattributed"] = total_ticks - sum(out.values())
+        return out
+
+
 def _now() -> tuple[float, float]:
     """(wall clock, CPU seconds so far of this driver's process tree: its JVM, the source
     runner, the Python workers; the servers are not in it)."""
@@ -92,6 +169,7 @@ def _now() -> tuple[float, float]:
 
 
 def _into_parquet(df: Any, work: Path, n: int, spark: Any) -> dict[str, Any]:
+    sampler = RoleSampler(os.getpid())
     started = _now()
     query = (
         df.writeStream.format("parquet")
@@ -103,6 +181,7 @@ def _into_parquet(df: Any, work: Path, n: int, spark: Any) -> dict[str, Any]:
     query.awaitTermination()
     now = _now()
     elapsed, cpu = now[0] - started[0], now[1] - started[1]
+    roles = sampler.stop(cpu)
     assert query.exception() is None, query.exception()
     progress = [p for p in query.recentProgress if p["numInputRows"]]
     rows = sum(p["numInputRows"] for p in progress)
@@ -112,6 +191,7 @@ def _into_parquet(df: Any, work: Path, n: int, spark: Any) -> dict[str, Any]:
         "seconds": round(elapsed, 2),
         "items_per_s": round(n / elapsed),
         "cpu_us_per_item": round(cpu / n * 1e6, 2),
+        "cpu_us_per_item_by_role": {k: round(v / n * 1e6, 2) for k, v in sorted(roles.items())},
         "batches": len(progress),
         "load": round(os.getloadavg()[0], 2),
     }
