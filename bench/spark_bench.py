@@ -144,15 +144,20 @@ class RoleSampler:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    def _sample(self) -> None:
+        for pid, (role, ticks) in _tree(self.root).items():
+            seen = self.last.get(pid)  # a process keeps the role it was first seen with
+            self.last[pid] = (seen[0] if seen else role, ticks)  # (an exited one has no argv)
+
     def _run(self) -> None:
         while not self.done.wait(0.1):
-            self.last.update(_tree(self.root))
+            self._sample()
 
     def stop(self, total_ticks: float) -> dict[str, float]:
         """Seconds by role; ``total_ticks``: the tree's whole CPU over the run, in seconds."""
         self.done.set()
         self.thread.join()
-        self.last.update(_tree(self.root))
+        self._sample()
         tick = os.sysconf("SC_CLK_TCK")
         out: dict[str, float] = {}
         for pid, (role, ticks) in self.last.items():
@@ -316,6 +321,11 @@ SERVER_ENV: dict[str, str] = {}
 """The servers' environment (``--servers-src``: their ``PYTHONPATH``)."""
 
 
+def servers_cpu(servers: list[ServerProcess]) -> float:
+    """CPU seconds so far of the servers (not part of any driver's tree)."""
+    return sum(tree_and_kernel_seconds(s.proc.pid)[0] for s in servers if s.proc is not None)
+
+
 def run_tercel(driver: Driver, work: Path, n: int, size: int, options: dict[str, str]) -> Any:
     with (
         ServerProcess(work / "s1", env=SERVER_ENV) as a,
@@ -323,7 +333,10 @@ def run_tercel(driver: Driver, work: Path, n: int, size: int, options: dict[str,
     ):
         fill_queues([a, b], "events", n, size)
         addresses = f"{a.address},{b.address}"
-        return driver.run(op="tercel", addresses=addresses, work=str(work), n=n, options=options)
+        before = servers_cpu([a, b])
+        got = driver.run(op="tercel", addresses=addresses, work=str(work), n=n, options=options)
+        got["servers_cpu_us_per_item"] = round((servers_cpu([a, b]) - before) / n * 1e6, 2)
+        return got
 
 
 def run_sink(driver: Driver, work: Path, n: int, size: int, dedup: bool) -> dict[str, Any]:
@@ -331,9 +344,11 @@ def run_sink(driver: Driver, work: Path, n: int, size: int, dedup: bool) -> dict
         ServerProcess(work / "w1", env=SERVER_ENV) as a,
         ServerProcess(work / "w2", env=SERVER_ENV) as b,
     ):
+        before = servers_cpu([a, b])
         got = driver.run(
             op="sink", addresses=f"{a.address},{b.address}", n=n, size=size, dedup=dedup
         )
+        got["servers_cpu_us_per_row"] = round((servers_cpu([a, b]) - before) / n * 1e6, 2)
         with Client([a.address, b.address]) as c:
             stats = c.queue_stats().values()  # a small run may leave one server without "out"
             stored = sum(int(s["out"]["items"]) for s in stats if "out" in s)
