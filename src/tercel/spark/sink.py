@@ -22,18 +22,22 @@ the same keys), or for a batch write an id the driver draws once per write -- or
 again and the servers store each row once, as long as the re-run comes within the queues'
 dedup window and computes the same rows in the same partitions in the same order (true for
 a deterministic plan; otherwise use ``keyColumn``). Each key picks its server
-(``Client.server_for_key``): no failover, a dead server fails the task (Spark retries it or
-the query restarts). ``dedup=false`` puts without keys (at-least-once: a retry enqueues again),
-pipelined ``batchSize`` at a time to a random healthy server, failing over to another.
+(``Client.server_for_key``), and a task sends each server its share of a run at once (an
+:class:`~tercel.client.AsyncClient` on the task's own event loop): no failover, a dead server
+fails the task (Spark retries it or the query restarts). ``dedup=false`` puts without keys
+(at-least-once: a retry enqueues again), pipelined ``batchSize`` at a time to a random
+healthy server, failing over to another.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -51,7 +55,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tercel.client import Client
+from tercel.client import AsyncClient, Client
 from tercel.names import key_problem
 from tercel.spark import failpoints
 from tercel.spark.options import SinkOptions, login_kwargs
@@ -189,8 +193,45 @@ class _Run:
     keys: list[str] = field(default_factory=list)
 
 
+class Puts:
+    """How one task enqueues: :meth:`put` one run of rows (with their keys, or none)."""
+
+    def __init__(self, opts: SinkOptions, keyed: bool) -> None:
+        kwargs: dict[str, Any] = {
+            "timeout": opts.socket_timeout_ms / 1000,
+            "connect_timeout": opts.connect_timeout_ms / 1000,
+            "tls": opts.tls,
+            **login_kwargs(opts.user, opts.password),
+        }
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sync: Client | None = None
+        self._async: AsyncClient | None = None
+        if keyed:
+            # Keyed rows are spread over the servers by their keys: an AsyncClient on this
+            # task's own loop sends each server its share at once, not one after the other.
+            self._loop = asyncio.new_event_loop()
+            self._async = AsyncClient(list(opts.servers), **kwargs)
+        else:  # plain puts: a run to one healthy server, failing over to another
+            self._sync = Client(list(opts.servers), **kwargs)
+
+    def put(self, queue: str, values: list[bytes], expiry: float | None, keys: list[str]) -> None:
+        if self._async is not None and self._loop is not None:
+            self._loop.run_until_complete(self._async.put_many(queue, values, expiry, keys=keys))
+        elif self._sync is not None:
+            self._sync.put_many(queue, values, expiry)
+
+    def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+        if self._async is not None and self._loop is not None:
+            try:
+                self._loop.run_until_complete(self._async.close())
+            finally:
+                self._loop.close()
+
+
 def send_batch(
-    client: Client,
+    client: Puts,
     opts: SinkOptions,
     batch: pa.RecordBatch,
     out: WriteCounts,
@@ -236,13 +277,10 @@ def send_batch(
     _flush(client, run, out)
 
 
-def _flush(client: Client, run: _Run | None, out: WriteCounts) -> None:
+def _flush(client: Puts, run: _Run | None, out: WriteCounts) -> None:
     if run is None or not run.values:
         return
-    if run.keys:
-        client.put_many(run.queue, run.values, run.expiry, keys=run.keys)
-    else:
-        client.put_many(run.queue, run.values, run.expiry)
+    client.put(run.queue, run.values, run.expiry, run.keys)
     out.items[run.queue] = out.items.get(run.queue, 0) + len(run.values)
     out.bytes += sum(len(v) for v in run.values)
     failpoints.failpoint("sink.write")
@@ -254,13 +292,7 @@ def write_task(
     """One task's writes (executors); ``write_id`` as :func:`task_keys` takes it."""
     out = WriteCounts()
     keys = task_keys(opts, write_id)
-    client = Client(
-        list(opts.servers),
-        timeout=opts.socket_timeout_ms / 1000,
-        connect_timeout=opts.connect_timeout_ms / 1000,
-        tls=opts.tls,
-        **login_kwargs(opts.user, opts.password),
-    )
+    client = Puts(opts, keys is not None)
     try:
         for batch in batches:
             send_batch(client, opts, batch, out, keys)
