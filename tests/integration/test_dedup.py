@@ -13,10 +13,10 @@ import thriftpy2
 from thriftpy2.thrift import TApplicationException
 
 from support import Raw, drain, set_cmd, stats, text_connection, thrift_client
-from tercel.protocol.thrift import IDL_PATH
 from tercel.client import AsyncClient, Client, Stored
 from tercel.errors import BadRequest, NotStored
 from tercel.names import KEY_RULE
+from tercel.protocol.thrift import IDL_PATH
 from tercel.testing import ServerProcess
 
 
