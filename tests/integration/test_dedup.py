@@ -5,6 +5,8 @@ passes (docs/protocol.md, "Dedup keys")."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import thriftpy2
 from thriftpy2.thrift import TApplicationException
 
 from support import Raw, drain, set_cmd, stats, text_connection, thrift_client
+from tercel import exit_codes
 from tercel.client import AsyncClient, Client, Stored
 from tercel.errors import BadRequest, NotStored
 from tercel.names import KEY_RULE
@@ -211,3 +214,23 @@ def test_max_dedup_keys_full_refuses_and_stores_nothing(data_dir: Path) -> None:
         conn.call(keyed("q", "k1", b"x"), b"STORED 2 duplicate\r\n")  # known keys still answer
         conn.call(set_cmd("q", b"plain"), b"STORED\r\n")  # puts without a key go on
         assert drain(conn, "q") == [b"x", b"x", b"x", b"plain"]
+
+
+def test_cli_put_with_keys(data_dir: Path) -> None:
+    with ServerProcess(data_dir) as srv:
+
+        def tercel(*args: str) -> subprocess.CompletedProcess[bytes]:
+            cmd = [sys.executable, "-m", "tercel", "put", "--server", srv.address, *args]
+            return subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+
+        done = tercel("q", "a", "b", "--key", "k1", "--key", "k2")
+        assert (done.returncode, done.stdout) == (0, b"1\n2\n")
+        done = tercel("q", "again", "--key", "k2")
+        assert (done.returncode, done.stdout) == (0, b"2 duplicate\n")
+        done = tercel("q", "a", "b", "--key", "k3")
+        assert done.returncode == exit_codes.USAGE
+        assert b"one key per item" in done.stderr
+        done = tercel("q", "a", "--key", "a b")
+        assert done.returncode == exit_codes.USAGE
+        assert KEY_RULE.encode() in done.stderr
+        assert drain(Raw(srv.connect()), "q") == [b"a", b"b"]
