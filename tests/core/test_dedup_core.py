@@ -4,6 +4,7 @@ the window passing (a ManualClock), and the record codecs of both journals."""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,10 +16,12 @@ from tercel.clock import ManualClock
 from tercel.config import QueueConfig
 from tercel.core.dedup import DedupKeys
 from tercel.core.queue import PersistentQueue
-from tercel.errors import TooManyKeys
+from tercel.errors import JournalWriteError, TooManyKeys
 from tercel.journal import FileJournal, MemoryJournal
 from tercel.journal import jobrecords as jr
 from tercel.journal import records as rec
+from tercel.journal.faults import FaultyFiles
+from tercel.journal.files import DataDir
 
 T0 = 1_700_000_000_000
 
@@ -180,9 +183,12 @@ def test_read_behind_reads_keyed_items_back(tmp_path: Path) -> None:
     for i in range(50):
         assert h.q.add_keyed(f"k{i}", body + b"%d" % i) == i + 1
     assert h.q.disk_items > 0
-    assert drain(h.q) == [body + b"%d" % i for i in range(50)]
-    q = h.restart()
+    taken = [h.q.remove() for _ in range(10)]
+    assert [i.data for i in taken if i is not None] == [body + b"%d" % i for i in range(10)]
+    q = h.restart()  # replay counts the keyed items left on disk and reads them back
     assert q.add_keyed("k49", b"x") == -50
+    assert q.add_keyed("k0", b"x") == -1
+    assert drain(q) == [body + b"%d" % i for i in range(10, 50)]
     h.close()
 
 
@@ -213,6 +219,23 @@ def test_a_torn_add_keyed_keeps_neither_item_nor_key(tmp_path: Path) -> None:
     assert q.add_keyed("b", b"again") == 2  # stored now: the torn put was never acknowledged
     assert drain(q) == [b"first", b"again"]
     h.close()
+
+
+def test_after_a_write_failure_no_duplicate_is_answered(tmp_path: Path) -> None:
+    faults = FaultyFiles()  # the file seam: every write refused once armed
+    log = FileJournal(str(tmp_path), "q", directory=DataDir(str(tmp_path), ops=faults))
+    q = PersistentQueue("q", QueueConfig(), log, ManualClock(T0))
+    q.replay()
+    assert q.add_keyed("a", b"1") == 1
+    for op in ("pwrite", "pwritev"):
+        faults.fail(op, errno.EBADF)
+    with pytest.raises(JournalWriteError):
+        q.add_keyed("b", b"2")
+    assert (len(q), q.dedup_keys) == (1, 1)  # neither the item nor its key
+    with pytest.raises(JournalWriteError):  # "a" may not be on disk either: no answer
+        q.add_keyed("a", b"again")
+    faults.clear()
+    log.close()
 
 
 # ---- records -------------------------------------------------------------------------------
@@ -282,3 +305,24 @@ def test_job_log_put_keyed_and_dedup_key_records() -> None:
     assert jr.check_file(data) == (2, -1, "")
     torn = data[:-3]
     assert jr.check_file(torn)[1] == len(jr.HEADER) + len(head) + len(body)
+
+
+# ---- version 3 files -----------------------------------------------------------------------
+
+V3_FIXTURE = Path(__file__).parent.parent / "journal" / "fixtures" / "v3-basic.jrnl"
+"""Written by version 3 (commit 5813307, ``tercel.PersistentQueue``, then ``os._exit``): ADD
+one..four, REMOVE, OPEN 1, RETURN 1, OPEN 2 (open at the crash)."""
+
+
+def test_a_version_3_file_replays_and_keyed_puts_go_to_a_version_4_file(tmp_path: Path) -> None:
+    old = V3_FIXTURE.read_bytes()
+    assert old[:8] == b"TRCL\x03\x00\x00\x00"
+    (tmp_path / "q").write_bytes(old)
+    h = Harness("file", tmp_path)
+    assert (tmp_path / "q.1").read_bytes() == old  # read, never appended to
+    assert (tmp_path / "q").read_bytes()[:8] == rec.FILE_HEADER
+    assert h.q.add_keyed("k", b"five") == 5
+    q = h.restart()
+    assert q.add_keyed("k", b"again") == -5
+    assert drain(q) == [b"two", b"three", b"four", b"five"]
+    h.close()

@@ -50,7 +50,7 @@ from tercel.core.queue_state import (
     own_open_reads,
 )
 from tercel.core.source import ReservationSource
-from tercel.errors import ItemTooLarge, JournalError
+from tercel.errors import ItemTooLarge, JournalError, JournalWriteError
 from tercel.steps import Steps, finish
 
 __all__ = ["READ_GET", "READ_OPEN", "READ_PEEK", "XID_LIMIT", "PersistentQueue", "QItem", "Waiter"]
@@ -170,7 +170,8 @@ class PersistentQueue(QueueState, ReservationSource):
         The item and its key are one ADD_KEYED record. ``key`` must be valid
         (:func:`tercel.names.key_problem`: the caller checks). Raises as :meth:`add`, and
         :class:`~tercel.errors.TooManyKeys` when ``max_dedup_keys`` keys younger than the
-        window are held. ``maintain`` as for :meth:`add`. Not the hot path."""
+        window are held, and the log's error for a duplicate once the log failed (the
+        original may not be on disk). ``maintain`` as for :meth:`add`. Not the hot path."""
         if self.closed:
             return 0
         if now is None:
@@ -178,6 +179,8 @@ class PersistentQueue(QueueState, ReservationSource):
         keys = own_dedup(self)
         found = keys.find(key, now)
         if found >= 0:
+            if self.log.failed:  # the original's record may never have reached the file
+                raise JournalWriteError("journal write failed", self.name, 0)
             keys.duplicates += 1
             return -found
         if len(data) > self._max_item_size:

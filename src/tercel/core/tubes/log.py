@@ -65,6 +65,11 @@ class JobLog(Protocol):
     def delete(self, job_id: int) -> None: ...
 
     @property
+    def failed(self) -> bool:
+        """True once a write failed (every later append raises)."""
+        ...
+
+    @property
     def current_file(self) -> int:
         """The number of the file a record logged now lands in (0: not journaled)."""
         ...
@@ -131,6 +136,10 @@ class NativeJobLog:
         pass
 
     @property
+    def failed(self) -> bool:
+        return False
+
+    @property
     def size(self) -> int:
         return 0
 
@@ -190,6 +199,10 @@ class ProtocolLog(NativeJobLog):
 
     def delete(self, job_id: int) -> None:
         self.log.delete(job_id)
+
+    @property
+    def failed(self) -> bool:
+        return self.log.failed
 
     @property
     def size(self) -> int:

@@ -25,6 +25,7 @@ from tercel.core.tubes.model import (
 )
 from tercel.core.tubes.state import JOB_OVERHEAD, SAFETY_MARGIN_MS, TIMER_PAUSE, TIMER_WAIT
 from tercel.core.tubes.timers import JobTimers
+from tercel.errors import JournalWriteError
 
 
 class JobStore(JobTimers):
@@ -133,11 +134,14 @@ class JobStore(JobTimers):
         ``(job, its id)``, or ``(None, the id)`` of the job a ``put-key`` with ``key`` made
         within the window (nothing put, nothing logged). ``key`` must be valid (the caller
         checks :func:`tercel.names.key_problem`). Raises :class:`~tercel.errors.TooManyKeys`
-        when ``max_dedup_keys`` keys younger than the window are held."""
+        when ``max_dedup_keys`` keys younger than the window are held, and
+        :class:`~tercel.errors.JournalWriteError` for a duplicate once the log failed."""
         keys = self.dedup
         wall = self.clock.now_ms()
         found = keys.find(key, wall)
         if found >= 0:
+            if self.log.failed:  # the original's record may never have reached the file
+                raise JournalWriteError("job log write failed", "beanstalk", 0)
             keys.duplicates += 1
             return None, found
         keys.check_room("the beanstalkd job store")

@@ -99,6 +99,10 @@ class JournalLog(NativeJobLog):
         self.journal.delete(job_id)
 
     @property
+    def failed(self) -> bool:
+        return self.journal.failed
+
+    @property
     def size(self) -> int:
         return self.journal.size
 
