@@ -36,6 +36,7 @@ NATIVE_MODULES = [
     "tercel/session.py",
     "tercel/protocol/commands.py",
     "tercel/protocol/memcache.py",
+    "tercel/protocol/dedup.py",
     "tercel/core/items.py",
     "tercel/core/queue_state.py",
     "tercel/core/dedup.py",
