@@ -145,6 +145,14 @@ def test_keys_survive_a_restart_and_go_with_the_window(h: Harness) -> None:
     assert q.add_keyed("late", b"x") == -6
 
 
+def test_the_expiry_sweep_forgets_keys_past_the_window(h: Harness) -> None:
+    assert h.q.add_keyed("a", b"1") == 1
+    h.clock.advance(60_000)
+    assert h.q.dedup_keys == 1  # nothing looked yet
+    h.q.flush_expired()
+    assert h.q.dedup_keys == 0
+
+
 def test_max_dedup_keys_refuses_without_writing(tmp_path: Path) -> None:
     h = Harness("file", tmp_path, max_dedup_keys=2)
     q = h.q

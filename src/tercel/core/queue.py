@@ -462,10 +462,13 @@ class PersistentQueue(QueueState, ReservationSource):
         upkeep.flush(self)
 
     def flush_expired(self, now: int | None = None) -> int:
-        """Drop expired items from the head (at most ``max_expire_sweep``); the count."""
-        return self._discard_expired(
-            self.clock.now_ms() if now is None else now, self.config.max_expire_sweep
-        )
+        """Drop expired items from the head (at most ``max_expire_sweep``), and forget the
+        dedup keys past their window; the count of items."""
+        if now is None:
+            now = self.clock.now_ms()
+        if self._dedup is not None:
+            self._dedup.expire(now)
+        return self._discard_expired(now, self.config.max_expire_sweep)
 
     def maintain_log(self) -> None:
         """Rotate or compact the log, or keep a checkpoint, when the rules say so
