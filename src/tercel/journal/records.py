@@ -301,13 +301,13 @@ def check_record(buf: Bytes, pos: int) -> int:
     if op == OP_ADD:
         if length < ADD_FIELDS_SIZE:
             raise BadRecord(pos, "ADD record too short")
+    elif op in FIXED_LENGTHS:
+        if length != FIXED_LENGTHS[op]:
+            raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
     elif op in (OP_ADD_KEYED, OP_DEDUP_KEY):
         why = _check_keyed(buf, start, length, op)
         if why is not None:
             raise BadRecord(pos, why)
-    elif op in FIXED_LENGTHS:
-        if length != FIXED_LENGTHS[op]:
-            raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
     else:
         raise BadRecord(pos, f"unknown opcode {op}")
     return int(stop)
