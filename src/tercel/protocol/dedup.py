@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Final
 
 from tercel.errors import ProtocolError
-from tercel.names import key_problem
 from tercel.protocol.commands import KeyedSet
 
 KEY_WORD: Final = b"key="
@@ -17,19 +16,16 @@ SET_USAGE: Final = "usage: set <queue> <flags> <exptime> <bytes> key=<key> [nore
 
 
 def key_word(token: bytes) -> str:
-    """The key of a ``key=<K>`` word; ProtocolError naming the rule
-    (:data:`tercel.names.KEY_RULE`) when it breaks it."""
-    key = token[len(KEY_WORD) :].decode("latin-1")
-    why = key_problem(key)
-    if why is not None:
-        raise ProtocolError(why)
-    return key
+    """The key of a ``key=<K>`` word, as sent: the queues check it against the rule
+    (:func:`tercel.names.key_problem`, once per put: ``QueueCollection.add_keyed``) and
+    refuse it with ``BadKey`` naming the rule, after its payload was read."""
+    return token[len(KEY_WORD) :].decode("latin-1")
 
 
 def keyed_set(name: str, flags: int, exptime: int, tokens: list[bytes]) -> KeyedSet:
     """The keyed set of a memcache ``set`` line whose sixth word is ``key=<K>`` (``noreply``
-    may follow); its payload is filled in when it arrives. Raises ProtocolError for a bad key
-    or a word after it other than ``noreply``."""
+    may follow); its payload is filled in when it arrives. Raises ProtocolError for a word
+    after it other than ``noreply``."""
     key = key_word(tokens[5])
     if len(tokens) > 7 or (len(tokens) == 7 and tokens[6] != b"noreply"):
         raise ProtocolError(SET_USAGE)

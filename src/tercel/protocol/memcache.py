@@ -402,6 +402,13 @@ class MemcacheServerCodec:
                 self._pos = end + 2
                 name, flag, expiry, noreply = outcome
                 return _new_set(SET_CLASS, (name, flag, expiry, buf[start:end], noreply))
+        elif isinstance(outcome, KeyedSet):  # (a set's tuple never comes here)
+            start = self._pos
+            end = start + size
+            if _crlf_at(self._buf, end):
+                self._pos = end + 2
+                outcome.data = self._buf[start:end]
+                return outcome
         self._pending = (word, size, outcome)
         return self._payload()
 
