@@ -239,3 +239,16 @@ def test_cli_put_with_keys(data_dir: Path) -> None:
         assert done.returncode == exit_codes.USAGE
         assert KEY_RULE.encode() in done.stderr
         assert drain(Raw(srv.connect()), "q") == [b"a", b"b"]
+
+
+def test_fanout_children_get_the_item_and_aliases_refuse_keys(data_dir: Path) -> None:
+    config = '[aliases]\nboth = ["a", "b"]\n'
+    with ServerProcess(data_dir, config) as srv:
+        conn = Raw(srv.connect())
+        conn.call(set_cmd("p+c", b"first"), b"STORED\r\n")  # registers the child
+        conn.call(keyed("p", "k", b"x"), b"STORED 1\r\n")
+        conn.call(keyed("p", "k", b"x"), b"STORED 1 duplicate\r\n")
+        assert drain(conn, "p+c") == [b"first", b"x"]  # the child got it once
+        conn.send(keyed("both", "k", b"x"))
+        assert conn.read_line().startswith(b"CLIENT_ERROR alias both keeps no dedup keys")
+        assert drain(conn, "a") == drain(conn, "b") == []

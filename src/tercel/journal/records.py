@@ -196,9 +196,12 @@ def add_keyed_header(
     """The prefix and the fields (the key included) of the ADD_KEYED record of ``data`` put
     with the dedup key ``key`` (1-255 bytes); the payload follows them. Times are clamped as
     :func:`add_header` clamps them."""
-    add_time = min(max(add_time, _I64_MIN), _I64_MAX)
-    expiry = min(max(expiry, _I64_MIN), _I64_MAX)
-    fields = _KEYED.pack(OP_ADD_KEYED, item_id, add_time, expiry, len(key)) + key
+    try:
+        fields = _KEYED.pack(OP_ADD_KEYED, item_id, add_time, expiry, len(key)) + key
+    except struct.error:  # free when nothing is out of range
+        add_time = min(max(add_time, _I64_MIN), _I64_MAX)
+        expiry = min(max(expiry, _I64_MIN), _I64_MAX)
+        fields = _KEYED.pack(OP_ADD_KEYED, item_id, add_time, expiry, len(key)) + key
     return _PREFIX.pack(len(fields) + len(data), crc32(data, crc32(fields))), fields
 
 
