@@ -376,7 +376,11 @@ def keyed_put_op(
 def _stored_ids(replies: list[Reply], server: str) -> list[Stored]:
     out: list[Stored] = []
     for r in replies:
-        words = _line(r, server).split()
+        text = _line(r, server)
+        if text[:7] == "STORED " and text[7:].isdigit():  # the common reply: one split saved
+            out.append(Stored(int(text[7:]), False, server))
+            continue
+        words = text.split()
         if words == ["NOT_STORED"]:
             raise NotStored(
                 f"{len(replies) - len(out)} of {len(replies)} item(s) not stored from the"
@@ -404,6 +408,8 @@ def by_server(
     if len(keys) != len(items):
         raise ValueError(f"{len(keys)} keys for {len(items)} items: one key per item")
     servers = cluster.servers
+    if len(servers) == 1:
+        return {servers[0].address: list(zip(keys, items, strict=True))}
     out: dict[str, list[tuple[str, bytes]]] = {}
     for key, data in zip(keys, items, strict=True):
         address = servers[server_index(key, len(servers))].address
