@@ -265,10 +265,17 @@ class AsyncClient(b.ClientBase[_Connection]):
     ) -> int:
         if keys is not None:
             groups = b.by_server(self.cluster, list(items), list(keys))
-            counts = await asyncio.gather(
-                *(self._put_keyed_on(queue, a, batch, expiry) for a, batch in groups.items())
+            results = await asyncio.gather(
+                *(self._put_keyed_on(queue, a, batch, expiry) for a, batch in groups.items()),
+                return_exceptions=True,  # every server's pipeline ends before anything raises
             )
-            return sum(counts)
+            done = sum(r for r in results if isinstance(r, int))
+            for r in results:
+                if isinstance(r, BaseException):
+                    if isinstance(r, NotStored):
+                        r.stored += done
+                    raise r
+            return done
         items = list(items)
         done = 0
         for i in range(0, len(items), b.PUT_BATCH):
