@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tercel.client._base import Stored, keyed_put_op
-from tercel.errors import BadReply, BadRequest, ProtocolError
+from tercel.client._base import Stored, keyed_put_count_op, keyed_put_op
+from tercel.errors import BadReply, BadRequest, NotStored, ProtocolError
 from tercel.protocol import beanstalk as bp
 from tercel.protocol import kestrel_text as kt
 from tercel.protocol.commands import KeyedSet, Set
@@ -85,3 +85,15 @@ def test_client_codec_keyed_set_and_its_replies() -> None:
     ]
     with pytest.raises(BadReply, match="plain STORED"):
         op.finish([Line("STORED")], "s:1")  # a server without dedup keys ignored the key
+
+
+def test_put_many_counts_keyed_replies() -> None:
+    op = keyed_put_count_op("q", [("a", b"1"), ("b", b"2"), ("c", b"3")], None)
+    assert op.finish([Line("STORED 4"), Line("STORED 2 duplicate"), Line("STORED 5")], "s") == 3
+    with pytest.raises(NotStored) as info:
+        op.finish([Line("STORED 4"), Line("NOT_STORED"), Line("NOT_STORED")], "s")
+    assert info.value.stored == 1
+    with pytest.raises(BadReply, match="plain STORED"):
+        op.finish([Line("STORED")], "s")
+    with pytest.raises(BadReply):
+        op.finish([Line("STORED 4 twice")], "s")

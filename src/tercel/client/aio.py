@@ -293,9 +293,8 @@ class AsyncClient(b.ClientBase[_Connection]):
         done = 0
         for i in range(0, len(batch), b.PUT_BATCH):
             try:
-                op = b.keyed_put_op(queue, batch[i : i + b.PUT_BATCH], expiry)
-                got: list[Stored] = await self._run(op, server)
-                done += len(got)
+                op = b.keyed_put_count_op(queue, batch[i : i + b.PUT_BATCH], expiry)
+                done += await self._run(op, server)
             except NotStored as exc:
                 exc.stored += done
                 raise
