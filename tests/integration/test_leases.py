@@ -63,7 +63,7 @@ def test_features(raw: Raw) -> None:
     raw.call(
         b"features\r\n",
         b"FEATURE lease 1\r\nFEATURE item-id 1\r\nFEATURE dead-letter 1\r\nFEATURE monitor 1\r\n"
-        b"FEATURE lease-binary 1\r\nEND\r\n",
+        b"FEATURE lease-binary 1\r\nFEATURE dedup 1\r\nEND\r\n",
     )
 
 
