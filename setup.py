@@ -37,6 +37,7 @@ NATIVE_MODULES = [
     "tercel/protocol/commands.py",
     "tercel/protocol/memcache.py",
     "tercel/protocol/memcache_keyed.py",
+    "tercel/protocol/dedup.py",
     "tercel/core/items.py",
     "tercel/core/keyed_state.py",
     "tercel/core/queue_state.py",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tercel import exit_codes
 from tercel.errors import ClientError
-from tercel.names import name_problem
+from tercel.names import key_problem, name_problem
 
 if TYPE_CHECKING:  # imported when a verb runs: `tercel serve` starts without the client
     from tercel.client import Client, TLSOptions
@@ -48,6 +48,15 @@ def queue_name(text: str) -> str:
     """argparse's ``type`` for a queue argument: the name, or a usage error (exit 2) that
     states the rule (:func:`tercel.names.name_problem`)."""
     problem = name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def dedup_key(text: str) -> str:
+    """argparse's ``type`` for ``--key``: the key, or a usage error (exit 2) stating the rule
+    (:func:`tercel.names.key_problem`)."""
+    problem = key_problem(text)
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return text
@@ -107,6 +116,15 @@ def add_parsers(sub: Any) -> None:
         "--null",
         action="store_true",
         help="stdin holds items separated by NUL bytes, not lines (find -print0 style)",
+    )
+    put.add_argument(
+        "--key",
+        action="append",
+        type=dedup_key,
+        metavar="K",
+        help="a dedup key, one per item in order (repeatable): a put sent again with the same"
+        " key within the queue's dedup window stores nothing; prints '<item_id>' or"
+        " '<item_id> duplicate' per item",
     )
     get = sub.add_parser("get", parents=[common], help="take items from a queue")
     get.add_argument("queue", type=queue_name)
@@ -243,7 +261,20 @@ def put_items(args: argparse.Namespace) -> list[bytes]:
 
 
 def _put(client: Client, args: argparse.Namespace) -> int:
-    client.put_many(args.queue, put_items(args), args.expiry)
+    items = put_items(args)
+    if not args.key:
+        client.put_many(args.queue, items, args.expiry)
+        return exit_codes.OK
+    if len(args.key) != len(items):
+        print(
+            f"tercel put: {len(args.key)} --key for {len(items)} item(s): one key per item",
+            file=sys.stderr,
+        )
+        return exit_codes.USAGE
+    for key, data in zip(args.key, items, strict=True):
+        stored = client.put(args.queue, data, args.expiry, key=key)
+        assert stored is not None
+        print(f"{stored.item_id} duplicate" if stored.duplicate else stored.item_id, flush=True)
     return exit_codes.OK
 
 

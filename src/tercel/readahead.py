@@ -58,7 +58,7 @@ tercel.core.reservations tercel.server.status
 tercel.server.frontend tercel.server.connection tercel.server.tls tercel.server.loop uvloop
 uvloop.includes
 uvloop.loop uvloop._noop uvloop._version tercel.server.memcache tercel.server.memcache.connection
-tercel.protocol tercel.protocol.memcache tercel.protocol.commands
+tercel.protocol tercel.protocol.memcache tercel.protocol.commands tercel.protocol.dedup
 tercel.protocol.memcache_keyed tercel.server.stats
 tercel.server.kestrel tercel.server.kestrel.ops tercel.server.kestrel.connection tercel.session
 tercel.server.memcache.leases tercel.server.figures tercel.server.kestrel_figures

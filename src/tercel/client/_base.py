@@ -373,25 +373,61 @@ def keyed_put_op(
     return Op(cmds, _stored_ids)
 
 
+def keyed_put_count_op(
+    queue: str, items: Sequence[tuple[str, bytes]], expiry: float | None
+) -> Op[int]:
+    """:func:`keyed_put_op` for ``put_many``: the count acknowledged (stored and duplicates),
+    each reply checked as there, no :class:`Stored` made per item."""
+    exp = exptime(expiry, time.time())
+    cmds: list[Command] = [KeyedSet(queue, 0, exp, bytes(data), key) for key, data in items]
+    return Op(cmds, _stored_count)
+
+
+def _stored_count(replies: list[Reply], server: str) -> int:
+    n = 0
+    for r in replies:
+        text = _line(r, server)
+        rest = text[7:]
+        if text[:7] == "STORED " and (rest.isdigit() or rest.removesuffix(" duplicate").isdigit()):
+            n += 1
+            continue
+        if text == "NOT_STORED":
+            raise NotStored(_not_stored(len(replies), n), server, n)
+        raise BadReply(_unexpected(text), server)
+    return n
+
+
+def _not_stored(total: int, stored: int) -> str:
+    return (
+        f"{total - stored} of {total} item(s) not stored from the first refused on (queue full"
+        " or item too large)"
+    )
+
+
+def _unexpected(text: str) -> str:
+    return (
+        f"unexpected reply to a keyed set: {text[:80]!r} (a server without dedup keys answers"
+        " a plain STORED)"
+    )
+
+
 def _stored_ids(replies: list[Reply], server: str) -> list[Stored]:
     out: list[Stored] = []
     for r in replies:
-        words = _line(r, server).split()
+        text = _line(r, server)
+        if text[:7] == "STORED " and text[7:].isdigit():  # the common reply: one split saved
+            out.append(Stored(int(text[7:]), False, server))
+            continue
+        words = text.split()
         if words == ["NOT_STORED"]:
-            raise NotStored(
-                f"{len(replies) - len(out)} of {len(replies)} item(s) not stored from the"
-                " first refused on (queue full or item too large)",
-                server,
-                len(out),
-            )
-        if len(words) not in (2, 3) or words[0] != "STORED" or not words[1].isdigit():
-            raise BadReply(
-                f"unexpected reply to a keyed set: {' '.join(words)[:80]!r} (a server without"
-                " dedup keys answers a plain STORED)",
-                server,
-            )
-        if len(words) == 3 and words[2] != "duplicate":
-            raise BadReply(f"unexpected reply to a keyed set: {' '.join(words)[:80]!r}", server)
+            raise NotStored(_not_stored(len(replies), len(out)), server, len(out))
+        if (
+            len(words) not in (2, 3)
+            or words[0] != "STORED"
+            or not words[1].isdigit()
+            or (len(words) == 3 and words[2] != "duplicate")
+        ):
+            raise BadReply(_unexpected(text), server)
         out.append(Stored(int(words[1]), len(words) == 3, server))
     return out
 
@@ -404,6 +440,8 @@ def by_server(
     if len(keys) != len(items):
         raise ValueError(f"{len(keys)} keys for {len(items)} items: one key per item")
     servers = cluster.servers
+    if len(servers) == 1:
+        return {servers[0].address: list(zip(keys, items, strict=True))}
     out: dict[str, list[tuple[str, bytes]]] = {}
     for key, data in zip(keys, items, strict=True):
         address = servers[server_index(key, len(servers))].address

@@ -266,10 +266,17 @@ class AsyncClient(b.ClientBase[_Connection]):
     ) -> int:
         if keys is not None:
             groups = b.by_server(self.cluster, list(items), list(keys))
-            counts = await asyncio.gather(
-                *(self._put_keyed_on(queue, a, batch, expiry) for a, batch in groups.items())
+            results = await asyncio.gather(
+                *(self._put_keyed_on(queue, a, batch, expiry) for a, batch in groups.items()),
+                return_exceptions=True,  # every server's pipeline ends before anything raises
             )
-            return sum(counts)
+            done = sum(r for r in results if isinstance(r, int))
+            for r in results:
+                if isinstance(r, BaseException):
+                    if isinstance(r, NotStored):
+                        r.stored += done
+                    raise r
+            return done
         items = list(items)
         done = 0
         for i in range(0, len(items), b.PUT_BATCH):
@@ -287,9 +294,8 @@ class AsyncClient(b.ClientBase[_Connection]):
         done = 0
         for i in range(0, len(batch), b.PUT_BATCH):
             try:
-                op = b.keyed_put_op(queue, batch[i : i + b.PUT_BATCH], expiry)
-                got: list[Stored] = await self._run(op, server)
-                done += len(got)
+                op = b.keyed_put_count_op(queue, batch[i : i + b.PUT_BATCH], expiry)
+                done += await self._run(op, server)
             except NotStored as exc:
                 exc.stored += done
                 raise

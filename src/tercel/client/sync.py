@@ -311,9 +311,8 @@ class Client(b.ClientBase[_Connection]):
             server = self.cluster.server(address)
             for i in range(0, len(batch), b.PUT_BATCH):
                 try:
-                    done += len(
-                        self._run(b.keyed_put_op(queue, batch[i : i + b.PUT_BATCH], expiry), server)
-                    )
+                    op = b.keyed_put_count_op(queue, batch[i : i + b.PUT_BATCH], expiry)
+                    done += self._run(op, server)
                 except NotStored as exc:
                     exc.stored += done
                     raise

@@ -458,6 +458,12 @@ class QueueCollection:
         why = key_problem(key)
         if why is not None:
             raise BadKey(why)
+        q = self._plain.get(name)  # no alias, no fanout children, not fanout_only
+        if q is not None:
+            got = q.add_keyed(key, data, expiry, now, maintain)
+            if got > 0:
+                self.stats.total_items += 1
+            return got
         if name in self.config.aliases:
             raise BadKey(f"alias {name} keeps no dedup keys: put with a key to a queue")
         if self._pending_children:
@@ -467,10 +473,13 @@ class QueueCollection:
             q = self.get_or_create(name)
         if q.config.fanout_only and "+" not in name:
             raise BadKey(f"queue {name} is fanout_only and keeps no dedup keys")
+        children = self._children.get(name)
+        if not children and not q.config.fanout_only:
+            self._plain[name] = q  # as add's routing: the next put goes straight to it
         got = q.add_keyed(key, data, expiry, now, maintain)
         if got > 0:
             self.stats.total_items += 1
-            for child in list(self._children.get(name, ())):
+            for child in list(children or ()):
                 self._add_quietly(child, data, expiry, now, maintain)
         return got
 

@@ -147,6 +147,13 @@ class QueueLog(Protocol):
 
     pages: bool
     """True when items may be left in the log and read back later (read-behind)."""
+
+    @property
+    def failed(self) -> bool:
+        """True once a write failed: every later append raises (a keyed put's duplicate is
+        not answered then either: its original may not be on disk)."""
+        ...
+
     compacting: bool
     """True while a compaction runs; the queue starts no other."""
     replay_position: Position

@@ -51,7 +51,7 @@ from tercel.core.queue_state import (
     own_open_reads,
 )
 from tercel.core.source import ReservationSource
-from tercel.errors import ItemTooLarge, JournalError
+from tercel.errors import ItemTooLarge, JournalError, JournalWriteError
 from tercel.steps import Steps, finish
 
 KeyedLease = keyed.KeyedLease
@@ -174,7 +174,8 @@ class PersistentQueue(QueueState, ReservationSource):
         The item and its key are one ADD_KEYED record. ``key`` must be valid
         (:func:`tercel.names.key_problem`: the caller checks). Raises as :meth:`add`, and
         :class:`~tercel.errors.TooManyKeys` when ``max_dedup_keys`` keys younger than the
-        window are held. ``maintain`` as for :meth:`add`. Not the hot path."""
+        window are held, and the log's error for a duplicate once the log failed (the
+        original may not be on disk). ``maintain`` as for :meth:`add`. Not the hot path."""
         if self.closed:
             return 0
         if now is None:
@@ -182,6 +183,8 @@ class PersistentQueue(QueueState, ReservationSource):
         keys = own_dedup(self)
         found = keys.find(key, now)
         if found >= 0:
+            if self.log.failed:  # the original's record may never have reached the file
+                raise JournalWriteError("journal write failed", self.name, 0)
             keys.duplicates += 1
             return -found
         if len(data) > self._max_item_size:
@@ -537,10 +540,13 @@ class PersistentQueue(QueueState, ReservationSource):
         upkeep.flush(self)
 
     def flush_expired(self, now: int | None = None) -> int:
-        """Drop expired items from the head (at most ``max_expire_sweep``); the count."""
-        return self._discard_expired(
-            self.clock.now_ms() if now is None else now, self.config.max_expire_sweep
-        )
+        """Drop expired items from the head (at most ``max_expire_sweep``), and forget the
+        dedup keys past their window; the count of items."""
+        if now is None:
+            now = self.clock.now_ms()
+        if self._dedup is not None:
+            self._dedup.expire(now)
+        return self._discard_expired(now, self.config.max_expire_sweep)
 
     def maintain_log(self) -> None:
         """Rotate or compact the log, or keep a checkpoint, when the rules say so

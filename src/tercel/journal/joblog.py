@@ -40,7 +40,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from tercel.errors import JournalCorrupt
@@ -58,9 +58,11 @@ from tercel.journal.jobrecords import (
     LoggedJob,
     TornRecord,
     apply_records,
+    encode_dedup_key,
     encode_delete,
     encode_job,
     encode_job_fields,
+    encode_job_keyed,
     encode_state,
     frame,
     record_end,
@@ -119,6 +121,7 @@ class JobJournal(AppendLog):
         self.records_migrated = 0
         self.oldest_seq = 0
         self.put_off = 0
+        self._keys: dict[str, tuple[int, int]] | None = None  # replay's dedup keys
         self._retry_at = 0  # after a rotation put off: the size of the file to try again at
         """Rotations and compactions put off: no descriptor for the new file (EMFILE,
         ENFILE). The log goes on in its current file and tries again later."""
@@ -152,6 +155,8 @@ class JobJournal(AppendLog):
         snaps = _seqs(names, SNAP_PREFIX)
         covered = snaps[-1] if snaps else 0
         jobs: dict[int, LoggedJob] = {}
+        keys: dict[str, tuple[int, int]] = {}
+        self._keys = keys
         next_id = 1
         records = 0
         if snaps:
@@ -177,7 +182,8 @@ class JobJournal(AppendLog):
             os.path.getsize(os.path.join(d, f"{JOBS_PREFIX}{s}")) for s in seqs[:-1]
         ) + (os.path.getsize(os.path.join(d, f"{SNAP_PREFIX}{covered}")) if snaps else 0)
         self._open(self.seq)
-        return JobReplay(list(jobs.values()), next_id, torn, records, tails)
+        self._keys = None
+        return JobReplay(list(jobs.values()), next_id, torn, records, tails, keys or None)
 
     def _remove_covered(self, covered: int, old_snaps: list[int]) -> None:
         d = self.directory
@@ -233,7 +239,7 @@ class JobJournal(AppendLog):
         if version is None or version < FIRST_VERSION:
             raise JournalCorrupt(f"not a version {VERSION} job log (bad file header)", path, 0)
         try:
-            next_id, count, stop = apply_records(data, file, jobs, snapshot)
+            next_id, count, stop = apply_records(data, file, jobs, snapshot, self._keys)
         except TornRecord as torn:
             shape = tail_cut(data, torn.offset, record_end) if newest else None
             if shape is None:
@@ -242,7 +248,7 @@ class JobJournal(AppendLog):
             if shape:
                 why = f"{why}: {shape}, power loss in the unsynced tail"
             _, _, cut = self._cut(path, data, torn.offset, why, bool(shape))
-            next_id, count, _ = apply_records(data[: torn.offset], file, jobs, snapshot)
+            next_id, count, _ = apply_records(data[: torn.offset], file, jobs, snapshot, self._keys)
             return next_id, count, cut
         if stop < len(data) and newest:  # zeros written ahead: not a torn tail
             self._truncate(path, stop)
@@ -315,6 +321,27 @@ class JobJournal(AppendLog):
         number of the file it is written to."""
         parts = encode_job_fields(  # [prefix and fields, body]: the body is not copied
             job_id, state, pri, delay, deadline_ms, None, tube, ttr, created_ms, body
+        )
+        self._append_parts(parts, len(parts[0]) + len(parts[1]))
+        self.records_written += 1
+        return self.seq
+
+    def put_keyed(  # noqa: PLR0917 (as put, and the key)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+        key: str,
+    ) -> int:
+        """:meth:`put` of a ``put-key``: one PUT_KEYED record, the job and its dedup key."""
+        parts = encode_job_keyed(
+            job_id, state, pri, delay, deadline_ms, tube, ttr, created_ms, body, key
         )
         self._append_parts(parts, len(parts[0]) + len(parts[1]))
         self.records_written += 1
@@ -398,7 +425,12 @@ class JobJournal(AppendLog):
         """Never compact a log smaller than two files."""
         return 2 * self.max_file_size
 
-    def compact(self, next_id: int, jobs: Iterable[JobFields]) -> int | None:
+    def compact(
+        self,
+        next_id: int,
+        jobs: Iterable[JobFields],
+        keys: Sequence[tuple[str, int, int]] = (),
+    ) -> int | None:
         """Replace every file by one snapshot of ``jobs`` (the state now), crash-safely:
         rotate, write ``snapshot.<n>.tmp``, fsync, rename, fsync the directory, then delete
         the files it covers by name; ``n``. Runs on the caller's thread. Each crash window
@@ -406,7 +438,8 @@ class JobJournal(AppendLog):
 
         None, with nothing changed, when the log is closed or out of descriptors (the
         snapshot's file is opened before the rotation; a rotation put off puts the
-        compaction off): the caller tries again later."""
+        compaction off): the caller tries again later. ``keys`` ``(key, job id, put wall ms)``:
+        the dedup keys held, written after the SNAPSHOT record (DEDUP_KEY records)."""
         if self.closed:
             return None
         covered = self.seq  # the current file, once rotated
@@ -434,6 +467,7 @@ class JobJournal(AppendLog):
             return None
         try:
             parts = [HEADER, frame(SNAPSHOT.pack(OP_SNAPSHOT, next_id, covered))]
+            parts += [encode_dedup_key(k, job_id, put_ms) for k, job_id, put_ms in keys]
             pending = sum(len(p) for p in parts)
             offset = 0
             for job in jobs:

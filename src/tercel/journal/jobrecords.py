@@ -4,7 +4,8 @@ Sans-IO: bytes in, bytes or jobs out; :mod:`tercel.journal.joblog` owns the file
 
 Four opcodes: JOB (a whole job), STATE (a job's new state), DELETE and SNAPSHOT (first
 record of a snapshot file), framed as in every tercel journal (``u32 length | u32 crc32 |
-body``).
+body``); format version 4 adds two for ``put-key``'s dedup keys: PUT_KEYED (a JOB record and
+its key, one record) and DEDUP_KEY (a remembered key, as a compaction's snapshot writes it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ OP_JOB: Final = 16
 OP_STATE: Final = 17
 OP_DELETE: Final = 18
 OP_SNAPSHOT: Final = 19
+# dedup keys (docs/journal_format.md, "Dedup keys"; format version 4)
+OP_PUT_KEYED: Final = 23
+"""``u8 23 | u8 key length | key | the JOB record's body after its opcode``."""
+OP_DEDUP_KEY: Final = 24
+"""``u8 24 | u64 job id | i64 put time (wall ms) | key``: a key a snapshot carries."""
+DEDUP_KEY = struct.Struct("<BQq")
+MAX_KEY: Final = 255
 
 JOB = struct.Struct("<BQBIIIqqIIIIIB")  # op id state pri delay ttr created deadline 5xctr len
 STATE = struct.Struct("<BQBIIqIIIII")  # op id state pri delay deadline 5 counters
@@ -94,6 +102,9 @@ class JobReplay:
     torn_bytes: int
     records: int
     torn_tails: int = 0
+    keys: dict[str, tuple[int, int]] | None = None
+    """The dedup keys of ``put-key`` found: key -> (job id, put time in wall ms), oldest
+    first (None: none)."""
 
 
 # The encoders write the records' fixed fields with librt's BytesWriter: compiled, each
@@ -186,6 +197,33 @@ def encode_job_fields(  # noqa: PLR0917 (every field of the record, as encode_jo
     return [_head(len(fields) + len(body), crc32(body, crc32(fields)), fields), body]
 
 
+def encode_job_keyed(  # noqa: PLR0917 (as encode_job_fields, and the key)
+    job_id: int,
+    state: int,
+    pri: int,
+    delay: int,
+    deadline_ms: int,
+    tube: str,
+    ttr: int,
+    created_ms: int,
+    body: bytes,
+    key: str,
+) -> list[bytes]:
+    """A PUT_KEYED record as two pieces, the head and the body: a new job (counters 0) and
+    its dedup key ``key`` (1-255 ASCII bytes), one record (a torn write keeps neither)."""
+    head, _ = encode_job_fields(
+        job_id, state, pri, delay, deadline_ms, None, tube, ttr, created_ms, b""
+    )
+    raw = key.encode("ascii")
+    fields = bytes((OP_PUT_KEYED, len(raw))) + raw + head[PREFIX_SIZE + 1 :]
+    return [_head(len(fields) + len(body), crc32(body, crc32(fields)), fields), body]
+
+
+def encode_dedup_key(key: str, job_id: int, put_ms: int) -> bytes:
+    """A DEDUP_KEY record: ``key`` put job ``job_id`` at wall time ``put_ms``."""
+    return frame(DEDUP_KEY.pack(OP_DEDUP_KEY, job_id, put_ms) + key.encode("ascii"))
+
+
 def encode_state(job: JobFields) -> bytes:
     w = BytesWriter()
     w.append(OP_STATE)
@@ -234,6 +272,9 @@ def check_record(data: Buffer, pos: int) -> int:
     if crc32(body) != crc:
         raise TornRecord(pos, "checksum mismatch")
     op = body[0]
+    if op in (OP_PUT_KEYED, OP_DEDUP_KEY):
+        _check_keyed(body, pos)
+        return int(stop)
     if length != _SIZES.get(op, -1) and not (op == OP_JOB and length >= JOB.size):
         raise TornRecord(pos, f"bad record (opcode {op}, length {length})")
     if op == OP_JOB:  # the checksum only says these bytes were written whole
@@ -241,6 +282,40 @@ def check_record(data: Buffer, pos: int) -> int:
         if tube_end > length or not body[JOB.size : tube_end].isascii():
             raise TornRecord(pos, f"bad JOB record (tube name of {body[JOB.size - 1]} bytes)")
     return int(stop)
+
+
+def _check_keyed(body: Buffer, pos: int) -> None:
+    """Check a PUT_KEYED or DEDUP_KEY body (whose checksum matched) at record ``pos``."""
+    length = len(body)
+    if body[0] == OP_DEDUP_KEY:
+        if not DEDUP_KEY.size < length <= DEDUP_KEY.size + MAX_KEY:
+            raise TornRecord(pos, f"bad DEDUP_KEY record (length {length})")
+        return
+    start = 2 + (body[1] if length > 1 else 0)
+    if length < 2 or body[1] == 0 or length - start + 1 < JOB.size:
+        raise TornRecord(pos, f"bad PUT_KEYED record (length {length})")
+    tube_end = start - 1 + JOB.size + body[start - 1 + JOB.size - 1]
+    if tube_end > length or not bytes(body[start - 1 + JOB.size : tube_end]).isascii():
+        raise TornRecord(pos, "bad PUT_KEYED record (tube name)")
+
+
+def _job(body: bytes, file: int) -> LoggedJob:
+    """The job of a JOB record's ``body``."""
+    f = JOB.unpack_from(body)
+    tube_end = JOB.size + f[13]
+    return LoggedJob(
+        f[1],
+        f[2],
+        f[3],
+        f[4],
+        f[7],
+        (f[8], f[9], f[10], f[11], f[12]),
+        body[JOB.size : tube_end].decode("ascii"),
+        f[5],
+        f[6],
+        body[tube_end:],
+        file,
+    )
 
 
 def check_file(data: bytes) -> tuple[int, int, str]:
@@ -275,10 +350,15 @@ def record_end(data: Buffer, pos: int) -> int:
 
 
 def apply_records(
-    data: bytes, file: int, jobs: dict[int, LoggedJob], snapshot: bool
+    data: bytes,
+    file: int,
+    jobs: dict[int, LoggedJob],
+    snapshot: bool,
+    keys: dict[str, tuple[int, int]] | None = None,
 ) -> tuple[int, int, int]:
     """Apply the records of one file's ``data`` (read from file number ``file``) to ``jobs``,
     the latest record of each id last; ``(next id seen, records, where the data ends)``.
+    The dedup keys found go to ``keys`` (key -> (job id, put wall ms); dropped when None).
     Raises :class:`TornRecord` at the first bad record."""
     pos = HEADER_SIZE
     end = len(data)
@@ -321,6 +401,18 @@ def apply_records(
             _, job_id = DELETE.unpack(body)
             jobs.pop(job_id, None)
             next_id = max(next_id, job_id + 1)
+        elif op == OP_PUT_KEYED:
+            start = 2 + body[1]
+            job = _job(bytes((OP_JOB,)) + body[start:], file)
+            jobs.pop(job.job_id, None)
+            jobs[job.job_id] = job
+            next_id = max(next_id, job.job_id + 1)
+            if keys is not None:
+                keys[body[2:start].decode("ascii", "replace")] = (job.job_id, job.created_ms)
+        elif op == OP_DEDUP_KEY:
+            _, job_id, put_ms = DEDUP_KEY.unpack_from(body)
+            if keys is not None:
+                keys[body[DEDUP_KEY.size :].decode("ascii", "replace")] = (job_id, put_ms)
         elif snapshot and count == 0:  # OP_SNAPSHOT: only first in a snapshot file
             _, snap_next, _ = SNAPSHOT.unpack(body)
             next_id = max(next_id, snap_next)

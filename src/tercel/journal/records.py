@@ -234,22 +234,30 @@ MAX_DEDUP_KEY: Final = 255
 """The longest dedup key a record can hold (the key rule allows 200 bytes)."""
 
 
+def add_keyed_header(
+    item_id: int, add_time: int, expiry: int, data: bytes, key: bytes
+) -> tuple[bytes, bytes]:
+    """The prefix and the fields (the key included) of the ADD_KEYED record of ``data`` put
+    with the dedup key ``key`` (1-255 bytes); the payload follows them. Times are clamped as
+    :func:`add_header` clamps them."""
+    try:
+        fields = _KEYED.pack(OP_ADD_KEYED, item_id, add_time, expiry, len(key)) + key
+    except struct.error:  # free when nothing is out of range
+        add_time = min(max(add_time, _I64_MIN), _I64_MAX)
+        expiry = min(max(expiry, _I64_MIN), _I64_MAX)
+        fields = _KEYED.pack(OP_ADD_KEYED, item_id, add_time, expiry, len(key)) + key
+    return _PREFIX.pack(len(fields) + len(data), crc32(data, crc32(fields))), fields
+
+
 def encode_add_keyed(
     buf: bytearray, item_id: int, add_time: int, expiry: int, data: bytes, *, key: bytes
 ) -> None:
     """Append an ADD_KEYED record to ``buf``: an item enters the tail of the queue, put with
-    the dedup key ``key`` (1-255 bytes)."""
-    body = _KEYED.pack(OP_ADD_KEYED, item_id, add_time, expiry, len(key)) + key
-    buf += _PREFIX.pack(len(body) + len(data), crc32(data, crc32(body)))
-    buf += body
+    the dedup key ``key``."""
+    prefix, fields = add_keyed_header(item_id, add_time, expiry, data, key)
+    buf += prefix
+    buf += fields
     buf += data
-
-
-def add_keyed_record(item_id: int, add_time: int, expiry: int, data: bytes, key: bytes) -> bytes:
-    """The whole ADD_KEYED record (:func:`encode_add_keyed`)."""
-    buf = bytearray()
-    encode_add_keyed(buf, item_id, add_time, expiry, data, key=key)
-    return bytes(buf)
 
 
 def decode_add_keyed(buf: Bytes, pos: int, stop: int) -> tuple[int, int, int, bytes, str]:
@@ -380,13 +388,13 @@ def check_record(buf: Bytes, pos: int) -> int:
     if op == OP_ADD:
         if length < ADD_FIELDS_SIZE:
             raise BadRecord(pos, "ADD record too short")
+    elif op in FIXED_LENGTHS:
+        if length != FIXED_LENGTHS[op]:
+            raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
     elif op in (OP_ADD_KEYED, OP_DEDUP_KEY):
         why = _check_keyed(buf, start, length, op)
         if why is not None:
             raise BadRecord(pos, why)
-    elif op in FIXED_LENGTHS:
-        if length != FIXED_LENGTHS[op]:
-            raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")
     elif op in KEY_LENGTHS:
         if not KEY_LENGTHS[op] < length <= KEY_LENGTHS[op] + MAX_KEY:
             raise BadRecord(pos, f"{OP_NAMES[op]} record has the wrong length")

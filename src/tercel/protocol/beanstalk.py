@@ -83,18 +83,21 @@ OPS: Final = (
     "kick-job",
     "quit",
     "auth",
+    "put-key",
 )
 """Every command word; a request's ``code`` is its index here. The first :data:`COUNTED` have
 a ``cmd-*`` counter in ``stats``, in beanstalkd 1.12's order (reserve-job, kick-job and quit
 have none), so a server counts a request with a list index, not a dict lookup. ``auth`` is
 tercel's login (``auth <user> <password>``: the rest of the line in ``body``); a server
-without users answers it ``UNKNOWN_COMMAND``, as beanstalkd."""
+without users answers it ``UNKNOWN_COMMAND``, as beanstalkd. ``put-key`` is tercel's put with a
+dedup key (``put-key <key> <pri> <delay> <ttr> <bytes>``: the key in ``tube``)."""
 COUNTED: Final = 22
 OP_CODES: Final[dict[str, int]] = {op: i for i, op in enumerate(OPS)}
 PUT: Final = 0
 RESERVE: Final = 5
 RESERVE_WITH_TIMEOUT: Final = 6
 DELETE: Final = 7
+PUT_KEY: Final = 26
 NO_CODE: Final = -1
 
 
@@ -106,9 +109,10 @@ class Command:
     ``delay``, ``ttr`` and ``body`` for ``put``, ``pri`` and ``delay`` for ``release``,
     ``pri`` for ``bury``, ``tube`` for the tube commands, ``delay`` for ``pause-tube``,
     ``count`` for ``kick``, ``timeout`` (seconds, :data:`FOREVER` for none) for
-    ``reserve`` and ``reserve-with-timeout``. A ``put`` with ``ttr`` 0 is passed on as 0; the
-    core raises it to 1 s. ``code``: the index of ``op`` in :data:`OPS` (looked up when not
-    given).
+    ``reserve`` and ``reserve-with-timeout``; ``put-key`` has ``put``'s fields and its dedup
+    key in ``tube`` (unchecked: the server checks it and answers ``BAD_KEY <rule>``). A
+    ``put`` with ``ttr`` 0 is passed on as 0; the core raises it to 1 s. ``code``: the index
+    of ``op`` in :data:`OPS` (looked up when not given).
     """
 
     op: str
@@ -178,13 +182,18 @@ class PutLine:
     ttr: int
     size: int
     garbage: bool
+    key: str
+    """``put-key``'s dedup key; empty for a ``put``."""
 
-    def __init__(self, pri: int, delay: int, ttr: int, size: int, garbage: bool) -> None:
+    def __init__(  # noqa: PLR0917
+        self, pri: int, delay: int, ttr: int, size: int, garbage: bool, key: str = ""
+    ) -> None:
         self.pri = pri
         self.delay = delay
         self.ttr = ttr
         self.size = size
         self.garbage = garbage
+        self.key = key
 
 
 CRLF: Final = b"\r\n"
@@ -258,6 +267,7 @@ _PREFIXES: Final[tuple[tuple[bytes, str], ...]] = (
     (b"list-tubes-watched", "list-tubes-watched"),
     (b"list-tube-used", "list-tube-used"),
     (b"list-tubes", "list-tubes"),
+    (b"put-key ", "put-key"),  # tercel's (no prefix of beanstalkd's commands: any order)
     (b"quit", "quit"),
     (b"pause-tube ", "pause-tube"),
     (b"auth ", "auth"),
@@ -426,6 +436,15 @@ def _parse(op: str, line: bytes, at: int) -> Request | PutLine:
         size, pos = _number(line, pos, U32_MAX)
         # JOB_TOO_BIG is decided before the trailing-garbage check (beanstalkd's order).
         return PutLine(pri, delay, ttr, size, pos != len(line))
+    if op == "put-key":
+        space = line.find(b" ", at)
+        if space <= at:
+            raise _BadFormat
+        key = line[at:space].decode("latin-1")
+        put = _parse("put", line, space)
+        assert isinstance(put, PutLine)
+        put.key = key
+        return put
     if op == "reserve-with-timeout":
         value, _ = _strtol(line, at)
         return Command(op, timeout=FOREVER if value < 0 else value)
@@ -546,6 +565,16 @@ class BeanstalkCodec:
                     self._skip = parsed.size + 2
                 elif parsed.garbage:
                     out.append(_INVALID_PUT)
+                elif parsed.key:
+                    self._put = Command(
+                        "put-key",
+                        pri=parsed.pri,
+                        delay=parsed.delay,
+                        ttr=parsed.ttr,
+                        tube=parsed.key,
+                        code=PUT_KEY,
+                    )
+                    self._put_size = parsed.size
                 else:
                     self._put = Command(
                         "put", pri=parsed.pri, delay=parsed.delay, ttr=parsed.ttr, code=PUT
@@ -575,6 +604,12 @@ def job_reply_parts(word: bytes, job_id: int, body: bytes) -> tuple[bytes, bytes
 def id_reply(word: bytes, job_id: int) -> bytes:
     """``<WORD> <n>\\r\\n`` (``INSERTED``, ``BURIED``, ``KICKED``, ``WATCHING``)."""
     return b"%s %d\r\n" % (word, job_id)
+
+
+def word_reply(word: bytes, text: str) -> bytes:
+    """``<WORD> <text>\r\n``, the text on one line (tercel's ``BAD_KEY <rule>``,
+    ``TOO_MANY_KEYS <why>``)."""
+    return b"%s %s\r\n" % (word, " ".join(text.split()).encode("ascii", "replace"))
 
 
 def name_reply(word: bytes, tube: str) -> bytes:

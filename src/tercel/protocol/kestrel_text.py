@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from tercel.errors import ProtocolError
-from tercel.names import key_problem, valid_name_bytes
+from tercel.names import valid_name_bytes
 from tercel.protocol.commands import Confirm, Delete, Flush, Simple, Status
+from tercel.protocol.dedup import KEY_WORD, key_word
 from tercel.protocol.memcache import MAX_DIGITS, MAX_LINE, MAX_VALUE, NEED_DATA, NeedData
 
 __all__ = [
@@ -207,11 +208,8 @@ def parse_line(tokens: list[bytes]) -> TextCommand:
 def _put_head(tokens: list[bytes]) -> TextPut:
     """The put command of a ``put <queue> [expiry_ms] [key=<K>]`` line, with no items yet."""
     key = None
-    if len(tokens) > 2 and tokens[-1][:4] == b"key=":
-        key = tokens.pop()[4:].decode("latin-1")
-        why = key_problem(key)
-        if why is not None:
-            raise ProtocolError(why)
+    if len(tokens) > 2 and tokens[-1][:4] == KEY_WORD:
+        key = key_word(tokens.pop())
     queue = _queue(tokens, "Queue name required.")
     expiry = 0
     if len(tokens) > 2:

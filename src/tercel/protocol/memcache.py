@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Final, TypeVar, cast
 
 from tercel.errors import ProtocolError
-from tercel.names import key_problem, valid_name_bytes
+from tercel.names import valid_name_bytes
 from tercel.protocol.commands import (
     GET_CLASS,
     SET_CLASS,
@@ -48,6 +48,7 @@ from tercel.protocol.commands import (
     Status,
     Unknown,
 )
+from tercel.protocol.dedup import keyed_set
 from tercel.protocol.memcache_keyed import KEY_WORD, key_only, keyed_lease
 
 MAX_LINE: Final = 8 * 1024
@@ -389,8 +390,8 @@ class MemcacheServerCodec:
                 0 if exptime == b"0" else _int(exptime, "exptime"),
                 len(tokens) > 5 and tokens[5] == b"noreply",
             )
-            if len(tokens) > 5 and tokens[5][:4] == b"key=":  # only lines with more words
-                return size, _keyed_set(fields, tokens)
+            if len(tokens) > 5 and tokens[5][:4] == KEY_WORD:  # only lines with more words
+                return size, keyed_set(fields[0], fields[1], fields[2], tokens)
             return size, fields
         except ProtocolError as exc:
             return size, exc
@@ -405,6 +406,13 @@ class MemcacheServerCodec:
                 self._pos = end + 2
                 name, flag, expiry, noreply = outcome
                 return _new_set(SET_CLASS, (name, flag, expiry, buf[start:end], noreply))
+        elif isinstance(outcome, KeyedSet):  # (a set's tuple never comes here)
+            start = self._pos
+            end = start + size
+            if _crlf_at(self._buf, end):
+                self._pos = end + 2
+                outcome.data = self._buf[start:end]
+                return outcome
         self._pending = (word, size, outcome)
         return self._payload()
 
@@ -432,20 +440,6 @@ class MemcacheServerCodec:
             outcome.data = self._buf[start:end]
             return outcome
         raise outcome
-
-
-def _keyed_set(fields: _SetFields, tokens: list[bytes]) -> KeyedSet:
-    """The keyed set of a ``set`` line whose sixth word is ``key=<K>`` (then ``noreply`` may
-    follow); its payload is filled in when it arrives. Raises ProtocolError for a bad key (the
-    rule: :data:`tercel.names.KEY_RULE`) or a word after it other than ``noreply``."""
-    name, flag, exptime, _ = fields
-    key = tokens[5][4:].decode("latin-1")
-    why = key_problem(key)
-    if why is not None:
-        raise ProtocolError(why)
-    if len(tokens) > 7 or (len(tokens) == 7 and tokens[6] != b"noreply"):
-        raise ProtocolError("usage: set <queue> <flags> <exptime> <bytes> key=<key> [noreply]")
-    return KeyedSet(name, flag, exptime, b"", key, len(tokens) == 7)
 
 
 # ---- extension commands (docs/protocol.md, "Leases and extensions") -------------------------
@@ -543,14 +537,6 @@ OK: Final = b"OK\r\n"
 ERROR: Final = b"ERROR\r\n"
 VALUE_TAIL: Final = b"\r\nEND\r\n"
 RELOADED: Final = b"Reloaded config.\r\n"
-
-
-def stored_id(item_id: int, duplicate: bool) -> bytes:
-    """A keyed set's reply: ``STORED <item_id>``, or ``STORED <item_id> duplicate`` when an
-    earlier put with the key stored the item (docs/protocol.md, "Dedup keys")."""
-    if duplicate:
-        return b"STORED %d duplicate\r\n" % item_id
-    return b"STORED %d\r\n" % item_id
 
 
 def value_head(key: bytes, size: int, cas: int | None = None) -> bytes:

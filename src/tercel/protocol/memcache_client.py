@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from tercel.errors import BadReply, BadRequest
-from tercel.names import key_problem, name_problem, valid_name_bytes
+from tercel.names import key_problem, name_problem, valid_key_bytes, valid_name_bytes
 from tercel.protocol.commands import (
     Ack,
     AckKey,
@@ -187,6 +187,15 @@ def _word(text: str | bytes) -> bytes:
     return raw
 
 
+def _key(key: str) -> bytes:
+    """``key`` as a keyed set's key word; BadRequest stating the rule when the server would
+    refuse it (:func:`tercel.names.key_problem`: a space or a CR would also end the word)."""
+    raw = key.encode("utf-8")
+    if valid_key_bytes(raw):
+        return raw
+    raise BadRequest(key_problem(key) or "bad key")
+
+
 def _name(queue: str | bytes) -> bytes:
     """``queue`` as a request's queue name; BadRequest stating the rule when the server would
     refuse it (the server's own rule, :mod:`tercel.names`)."""
@@ -257,15 +266,12 @@ class MemcacheClientCodec:
                 )
                 return head + b"\r\n" + cmd.data + b"\r\n", line
             case KeyedSet():
-                why = key_problem(cmd.key)
-                if why is not None:
-                    raise BadRequest(why)
                 head = b"set %b %d %d %d key=%b" % (
                     _name(cmd.queue),
                     cmd.flags,
                     cmd.exptime,
                     len(cmd.data),
-                    cmd.key.encode("ascii"),
+                    _key(cmd.key),
                 )
                 return head + b"\r\n" + cmd.data + b"\r\n", line
             case Delete() | Flush():

@@ -11,12 +11,15 @@ server's adapter of its job journal subclasses it (``JournalLog`` in
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from mypy_extensions import mypyc_attr
 
 from tercel.core.tubes.model import JobRecord
+
+KeyRecord = tuple[str, int, int]
+"""A dedup key as a compaction writes it: ``(key, job id, put time in wall ms)``."""
 
 
 class JobLog(Protocol):
@@ -39,11 +42,32 @@ class JobLog(Protocol):
         and the record would be built only to be taken apart."""
         ...
 
+    def put_keyed(  # noqa: PLR0917 (as put, and the key)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+        key: str,
+    ) -> int:
+        """:meth:`put` of a ``put-key``, with its dedup key in the same record."""
+        ...
+
     def change(self, record: JobRecord) -> None:
         """A job's new state, priority, delay or deadline (and counters)."""
         ...
 
     def delete(self, job_id: int) -> None: ...
+
+    @property
+    def failed(self) -> bool:
+        """True once a write failed (every later append raises)."""
+        ...
 
     @property
     def current_file(self) -> int:
@@ -60,10 +84,13 @@ class JobLog(Protocol):
         """Below this size the log is never compacted."""
         ...
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int | None:
-        """Replace the log's history by these jobs (the whole state now); the number of the
-        file that holds their records now, or None when the log put the compaction off
-        (nothing changed: out of descriptors) and is to be asked again later."""
+    def compact(
+        self, next_id: int, jobs: Iterable[JobRecord], keys: Sequence[KeyRecord] = ()
+    ) -> int | None:
+        """Replace the log's history by these jobs (the whole state now) and dedup keys
+        ``(key, job id, put wall ms)``; the number of the file that holds their records now,
+        or None when the log put the compaction off (nothing changed: out of descriptors)
+        and is to be asked again later."""
         ...
 
 
@@ -87,11 +114,30 @@ class NativeJobLog:
     ) -> int:
         return 0
 
+    def put_keyed(  # noqa: PLR0917 (as JobLog.put_keyed)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+        key: str,
+    ) -> int:
+        return 0
+
     def change(self, record: JobRecord) -> None:
         pass
 
     def delete(self, job_id: int) -> None:
         pass
+
+    @property
+    def failed(self) -> bool:
+        return False
 
     @property
     def size(self) -> int:
@@ -105,7 +151,9 @@ class NativeJobLog:
     def current_file(self) -> int:
         return 0
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int | None:
+    def compact(
+        self, next_id: int, jobs: Iterable[JobRecord], keys: Sequence[KeyRecord] = ()
+    ) -> int | None:
         return 0
 
 
@@ -129,11 +177,32 @@ class ProtocolLog(NativeJobLog):
     ) -> int:
         return self.log.put(job_id, state, pri, delay, deadline_ms, tube, ttr, created_ms, body)
 
+    def put_keyed(  # noqa: PLR0917 (as JobLog.put_keyed)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+        key: str,
+    ) -> int:
+        return self.log.put_keyed(
+            job_id, state, pri, delay, deadline_ms, tube, ttr, created_ms, body, key
+        )
+
     def change(self, record: JobRecord) -> None:
         self.log.change(record)
 
     def delete(self, job_id: int) -> None:
         self.log.delete(job_id)
+
+    @property
+    def failed(self) -> bool:
+        return self.log.failed
 
     @property
     def size(self) -> int:
@@ -147,8 +216,10 @@ class ProtocolLog(NativeJobLog):
     def current_file(self) -> int:
         return self.log.current_file
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int | None:
-        return self.log.compact(next_id, jobs)
+    def compact(
+        self, next_id: int, jobs: Iterable[JobRecord], keys: Sequence[KeyRecord] = ()
+    ) -> int | None:
+        return self.log.compact(next_id, jobs, keys)
 
 
 def native_log(log: JobLog | NativeJobLog | None) -> NativeJobLog:

@@ -15,6 +15,7 @@ from heapq import heappush
 from typing import Final
 
 from tercel.clock import Clock
+from tercel.core.dedup import DedupKeys
 from tercel.core.reservations import NO_ITEM, ReservationTable
 from tercel.core.source import ReservationSource
 from tercel.core.tubes.log import JobLog, NativeJobLog, native_log
@@ -44,6 +45,10 @@ JOB_OVERHEAD: Final = 64
 """Bytes a job's record takes beyond its body and tube name (for the compaction policy)."""
 SAFETY_MARGIN_MS: Final = 1000
 """Milliseconds before a TTR deadline in which ``reserve`` answers DEADLINE_SOON."""
+
+DEDUP_WINDOW_MS: Final = 600_000
+MAX_DEDUP_KEYS: Final = 1_000_000
+"""``put-key``'s window and bound until the server sets its own (the queue defaults')."""
 
 TIMER_DELAYED: Final = 0
 TIMER_WAIT: Final = 2
@@ -81,6 +86,9 @@ class JobState(ReservationSource):
         """The size of the live jobs' records (bodies, tube names, fixed fields)."""
         self._until_check = COMPACT_EVERY
         self.compactions = 0
+        self.dedup = DedupKeys(DEDUP_WINDOW_MS, MAX_DEDUP_KEYS)
+        """The dedup keys of ``put-key`` (the server sets the window and the bound from its
+        queue defaults, ``dedup_window_ms`` and ``max_dedup_keys``)."""
         self.new_deadlines = False
         """Set when a reservation got a TTR deadline (a reserve, a touch) that the table's
         timer may not cover yet: whoever runs that timer re-arms it and clears this (a put, a
@@ -274,7 +282,8 @@ class JobState(ReservationSource):
             return False
         now = self.clock.monotonic_ms()
         jobs = list(self.snapshot())
-        file = self.log.compact(self.next_id, (self.record(j, now) for j in jobs))
+        keys = self.dedup.live() if len(self.dedup) else []
+        file = self.log.compact(self.next_id, (self.record(j, now) for j in jobs), keys)
         if file is None:  # put off: the next check tries again
             return False
         for job in jobs:

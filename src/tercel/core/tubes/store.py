@@ -25,6 +25,7 @@ from tercel.core.tubes.model import (
 )
 from tercel.core.tubes.state import JOB_OVERHEAD, SAFETY_MARGIN_MS, TIMER_PAUSE, TIMER_WAIT
 from tercel.core.tubes.timers import JobTimers
+from tercel.errors import JournalWriteError
 
 
 class JobStore(JobTimers):
@@ -125,6 +126,61 @@ class JobStore(JobTimers):
             self._make_ready(job)
             self._dispatch(now)
         return job
+
+    def put_keyed(  # noqa: PLR0917 (as put, and the key)
+        self, worker: Worker, key: str, pri: int, delay: int, ttr: int, body: bytes
+    ) -> tuple[Job | None, int]:
+        """``put-key``: a new job as :meth:`put`, logged with its dedup key in one record;
+        ``(job, its id)``, or ``(None, the id)`` of the job a ``put-key`` with ``key`` made
+        within the window (nothing put, nothing logged). ``key`` must be valid (the caller
+        checks :func:`tercel.names.key_problem`). Raises :class:`~tercel.errors.TooManyKeys`
+        when ``max_dedup_keys`` keys younger than the window are held, and
+        :class:`~tercel.errors.JournalWriteError` for a duplicate once the log failed."""
+        keys = self.dedup
+        wall = self.clock.now_ms()
+        found = keys.find(key, wall)
+        if found >= 0:
+            if self.log.failed:  # the original's record may never have reached the file
+                raise JournalWriteError("job log write failed", "beanstalk", 0)
+            keys.duplicates += 1
+            return None, found
+        keys.check_room("the beanstalkd job store")
+        now = self.clock.monotonic_ms()
+        tube = worker.use
+        assert tube is not None
+        job = Job(self.next_id, tube, pri, delay, max(ttr, 1), body=body, now=now)
+        job.file = self.log.put_keyed(
+            job.id,
+            DELAYED if delay > 0 else READY,
+            pri,
+            delay,
+            wall + delay * 1000 if delay > 0 else 0,
+            tube.name,
+            job.ttr,
+            wall,
+            body,
+            key,
+        )
+        keys.remember(key, job.id, wall)
+        self.next_id += 1
+        self.jobs[job.id] = job
+        self.live_bytes += len(body) + len(tube.name) + JOB_OVERHEAD
+        self._logged()
+        tube.total_jobs += 1
+        self.stats.total_jobs += 1
+        if delay > 0:
+            self._make_delayed(job, now + delay * 1000)
+        else:
+            self._make_ready(job)
+            self._dispatch(now)
+        return job, job.id
+
+    def restore_keys(self, keys: dict[str, tuple[int, int]]) -> None:
+        """Replay: the dedup keys the log held (key -> (job id, put wall ms)), those younger
+        than the window kept."""
+        now = self.clock.now_ms()
+        for key, (job_id, put_ms) in sorted(keys.items(), key=lambda kv: kv[1][1]):
+            self.dedup.restore(key, job_id, put_ms, now)
 
     def _ready_for(self, worker: Worker, now: int) -> Job | None:
         best: Job | None = None

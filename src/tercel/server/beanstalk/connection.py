@@ -27,7 +27,8 @@ from tercel.core.tubes import (
     WAKE_TIMED_OUT,
     Job,
 )
-from tercel.errors import JournalWriteError, TercelError
+from tercel.errors import JournalWriteError, TercelError, TooManyKeys
+from tercel.names import key_problem
 from tercel.protocol import beanstalk as bp
 from tercel.protocol.beanstalk import Command, Invalid, Request
 from tercel.server import auth
@@ -136,7 +137,7 @@ class BeanstalkConnection(Connection):
     def error_reply(self, exc: TercelError) -> None:
         """A log that refuses writes acknowledged nothing: beanstalkd answers a ``put`` it
         cannot log with ``OUT_OF_MEMORY``; anything else gets ``INTERNAL_ERROR``."""
-        if isinstance(exc, JournalWriteError) and self.op == "put":
+        if isinstance(exc, JournalWriteError) and self.op in ("put", "put-key"):
             self.out.append(bp.OUT_OF_MEMORY)
         else:
             self.out.append(bp.INTERNAL_ERROR)
@@ -165,7 +166,7 @@ class BeanstalkConnection(Connection):
             return guard.refuse_unauthenticated(self, op)
         use = self.worker.use
         used = "default" if use is None else use.name
-        if op == "put":
+        if op in ("put", "put-key"):
             if guard.fast(auth.PUT, used):
                 return True
             return guard.allows(self, auth.PUT, used, op, False) and guard.within_limits(self)
@@ -264,6 +265,29 @@ class BeanstalkConnection(Connection):
             return
         job = self.store.put(self.worker, c.pri, c.delay, c.ttr, c.body)
         self.out.append(bp.id_reply(b"INSERTED", job.id))
+
+    def _put_key(self, c: Command) -> None:
+        """``put-key <key> <pri> <delay> <ttr> <bytes>`` (tercel's, docs/protocol.md "Dedup
+        keys"): ``INSERTED <id>``, the id of the job an earlier ``put-key`` with the key
+        made within the window when there is one (nothing put); ``BAD_KEY <rule>`` for a
+        key that breaks the rule, ``TOO_MANY_KEYS <why>`` when the store holds
+        ``max_dedup_keys`` keys younger than the window (nothing put either way)."""
+        if not self.producer:
+            self.producer = True
+            self.svc.producers += 1
+        if self.svc.draining or not self.ctx.writable:
+            self.out.append(bp.DRAINING)
+            return
+        why = key_problem(c.tube)
+        if why is not None:
+            self.out.append(bp.word_reply(b"BAD_KEY", why))
+            return
+        try:
+            _, job_id = self.store.put_keyed(self.worker, c.tube, c.pri, c.delay, c.ttr, c.body)
+        except TooManyKeys as exc:
+            self.out.append(bp.word_reply(b"TOO_MANY_KEYS", exc.reason or str(exc)))
+            return
+        self.out.append(bp.id_reply(b"INSERTED", job_id))
 
     def _use(self, c: Command) -> None:
         self.store.use(self.worker, c.tube)
@@ -396,6 +420,7 @@ _TABLE: Final[dict[str, Operation]] = {
     op: Operation(op, getattr(BeanstalkConnection, name), 0, auth.LOGIN if op == "auth" else 0)
     for op, name in (
         ("put", "_put"),
+        ("put-key", "_put_key"),
         ("use", "_use"),
         ("reserve", "_reserve"),
         ("reserve-with-timeout", "_reserve"),

@@ -21,7 +21,7 @@ import os
 import platform
 import resource
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Final, NamedTuple
 
 from tercel import __version__
@@ -75,11 +75,32 @@ class JournalLog(NativeJobLog):
     ) -> int:
         return self.journal.put(job_id, state, pri, delay, deadline_ms, tube, ttr, created_ms, body)
 
+    def put_keyed(  # noqa: PLR0917 (as JobLog.put_keyed)
+        self,
+        job_id: int,
+        state: int,
+        pri: int,
+        delay: int,
+        deadline_ms: int,
+        tube: str,
+        ttr: int,
+        created_ms: int,
+        body: bytes,
+        key: str,
+    ) -> int:
+        return self.journal.put_keyed(
+            job_id, state, pri, delay, deadline_ms, tube, ttr, created_ms, body, key
+        )
+
     def change(self, record: JobRecord) -> None:
         self.journal.change(record)
 
     def delete(self, job_id: int) -> None:
         self.journal.delete(job_id)
+
+    @property
+    def failed(self) -> bool:
+        return self.journal.failed
 
     @property
     def size(self) -> int:
@@ -93,8 +114,10 @@ class JournalLog(NativeJobLog):
     def current_file(self) -> int:
         return self.journal.current_file
 
-    def compact(self, next_id: int, jobs: Iterable[JobRecord]) -> int | None:
-        return self.journal.compact(next_id, jobs)
+    def compact(
+        self, next_id: int, jobs: Iterable[JobRecord], keys: Sequence[tuple[str, int, int]] = ()
+    ) -> int | None:
+        return self.journal.compact(next_id, jobs, keys)
 
 
 class BeanstalkService:
@@ -132,6 +155,8 @@ class BeanstalkService:
             None if self.journal is None else JournalLog(self.journal),
             ctx.reservations.table,
         )
+        defaults = ctx.config.defaults  # put-key's dedup keys: the queue defaults' window
+        self.store.dedup.reconfigure(defaults.dedup_window_ms, defaults.max_dedup_keys)
         self.cmd_counts = [0] * COUNTED
         """The ``cmd-*`` counters, by command code (:data:`CMD_COUNTERS`' order)."""
         self.producers = 0
@@ -169,6 +194,8 @@ class BeanstalkService:
                 )
             )
         self.store.next_id = max(self.store.next_id, found.next_id)
+        if found.keys:
+            self.store.restore_keys(found.keys)
         if found.torn_bytes:
             log.warning("job log: cut %d bytes of torn tail", found.torn_bytes)
         self.ctx.collection.stats.journal_torn_tails += found.torn_tails  # as a queue's cuts
@@ -405,6 +432,22 @@ SERVER_FIGURES: Final[tuple[Figure[BeanstalkService], ...]] = (
     Figure("os", LABEL, "The kernel's version.", lambda s: os.uname().version, None),
     Figure("platform", LABEL, "The machine's architecture.", lambda s: platform.machine(), None),
     Figure("tercel-version", LABEL, "tercel's own version.", lambda s: __version__, None),
+    Figure(
+        "dedup-keys",
+        GAUGE,
+        "put-key's dedup keys held (remembered for the queue defaults' dedup_window_ms).",
+        lambda s: len(s.store.dedup),
+        "dedup_keys",
+        omit_zero=True,  # stats stays beanstalkd's until a put-key
+    ),
+    Figure(
+        "dedup-duplicates",
+        COUNTER,
+        "put-key commands answered with an earlier put-key's job id (nothing put).",
+        lambda s: s.store.dedup.duplicates,
+        "dedup_duplicates",
+        omit_zero=True,  # stats stays beanstalkd's until a put-key
+    ),
     Figure(
         "job-log-put-off",
         COUNTER,

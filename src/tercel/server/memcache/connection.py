@@ -34,6 +34,7 @@ from tercel.protocol.commands import (
     Status,
     Unknown,
 )
+from tercel.protocol.dedup import stored_id
 from tercel.protocol.memcache import NEED_DATA
 from tercel.server import auth, stats
 from tercel.server.auth import Guard
@@ -289,7 +290,7 @@ def handle_keyed_set(conn: MemcacheConnection, cmd: KeyedSet) -> None:
         conn.ctx, cmd.queue, cmd.key, cmd.data, expiry_ms(cmd.exptime, conn.ctx.now)
     )
     if not cmd.noreply:
-        conn.out.append(mc.stored_id(abs(got), got < 0) if got else mc.NOT_STORED)
+        conn.out.append(stored_id(abs(got), got < 0) if got else mc.NOT_STORED)
 
 
 def handle_delete(conn: MemcacheConnection, cmd: Delete) -> None:
