@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -468,3 +469,63 @@ def test_a_damaged_lease_file_is_reported_with_its_path_and_offset(tmp_path: Pat
         q.keyed_slice("k", 1, 2)
     assert (info.value.path, info.value.offset) == (str(path), 8 + 54)
     q.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_operations_against_a_model(tmp_path: Path, seed: int) -> None:
+    """Adds, removes, takes, acks, releases, rotations, compactions and restarts in a random
+    order, in read-behind with small files; the queue and every lease match a plain model."""
+    rng = random.Random(seed)
+    h = Harness("file", tmp_path, max_memory_size=600, max_journal_size=2000)
+    queue: list[int] = []  # the model: item ids in the queue (always in id order)
+    live: dict[str, list[int]] = {}
+    ended: dict[str, str] = {}
+    next_id = 1
+    for step in range(400):
+        op = rng.random()
+        if op < 0.35:
+            assert h.q.add(b"%05d" % next_id + b"." * rng.randrange(40), now=T0)
+            queue.append(next_id)
+            next_id += 1
+        elif op < 0.5:
+            item = h.q.remove(T0)
+            assert (item.id if item else None) == (queue.pop(0) if queue else None)
+        elif op < 0.65:
+            key = f"k{rng.randrange(12)}"
+            n = 1 + rng.randrange(6)
+            if key in ended:
+                with pytest.raises(LeaseKeyEnded):
+                    h.q.take_keyed(key, n, 0, T0)
+            elif key in live:
+                h.q.take_keyed(key, h.q.keyed(key).max_items, 0, T0)  # type: ignore[union-attr]
+            else:
+                lease = h.q.take_keyed(key, n, 0, T0)
+                assert (lease.count if lease else 0) == min(n, len(queue))
+                if lease is not None:
+                    live[key], queue = queue[:n], queue[n:]
+        elif op < 0.75 and live:
+            key = rng.choice(sorted(live))
+            assert h.q.ack_keyed(key) == len(live.pop(key))
+            ended[key] = "acked"
+        elif op < 0.85 and live:
+            key = rng.choice(sorted(live))
+            assert h.q.release_keyed(key) == len(live[key])
+            queue = sorted(queue + live.pop(key))
+            ended[key] = "released"
+        elif op < 0.9:
+            h.q.log.rotate()
+        elif op < 0.95:
+            h.q.compact()
+            h.q.expire_keyed(T0)
+        else:
+            h.restart()
+        assert len(h.q) == len(queue), step
+    q = h.restart()
+    for key, ids in live.items():
+        assert list(q.keyed_slice(key, 0, len(ids)).item_ids) == ids
+    for key, how in ended.items():
+        with pytest.raises(LeaseKeyEnded, match=how):
+            q.keyed(key)
+    assert [x.id for x in iter(lambda: q.remove(T0), None)] == queue
+    q.close()
+    assert len(h.lease_files()) >= len(live)  # (and released ones until a compaction)
