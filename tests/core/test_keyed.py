@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -468,3 +469,79 @@ def test_a_damaged_lease_file_is_reported_with_its_path_and_offset(tmp_path: Pat
         q.keyed_slice("k", 1, 2)
     assert (info.value.path, info.value.offset) == (str(path), 8 + 54)
     q.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_operations_against_a_model(tmp_path: Path, seed: int) -> None:
+    """Adds, removes, takes, acks, releases, renewals, expiries, rotations, compactions and
+    restarts in a random order, in read-behind with small files; the queue and every lease
+    match a plain model."""
+    rng = random.Random(seed)
+    h = Harness("file", tmp_path, max_memory_size=600, max_journal_size=2000)
+    queue: list[int] = []  # the model: item ids in the queue (always in id order)
+    live: dict[str, list[int]] = {}
+    expires: dict[str, int] = {}
+    ended: dict[str, str] = {}
+    next_id = 1
+    for step in range(500):
+        now = T0 + 100 * step
+        op = rng.random()
+        if op < 0.33:
+            assert h.q.add(b"%05d" % next_id + b"." * rng.randrange(40), now=now)
+            queue.append(next_id)
+            next_id += 1
+        elif op < 0.45:
+            item = h.q.remove(now)
+            assert (item.id if item else None) == (queue.pop(0) if queue else None)
+        elif op < 0.6:
+            key = f"k{rng.randrange(40)}"
+            n = 1 + rng.randrange(6)
+            if key in ended:
+                with pytest.raises(LeaseKeyEnded):
+                    h.q.take_keyed(key, n, 0, now)
+            elif key in live:
+                view = h.q.keyed(key)
+                assert view is not None and view.count == len(live[key])
+                h.q.take_keyed(key, view.max_items, 0, now)
+            else:
+                lease_ms = rng.choice([500, 3000, 0])
+                lease = h.q.take_keyed(key, n, lease_ms, now)
+                assert (lease.count if lease else 0) == min(n, len(queue))
+                if lease is not None:
+                    live[key], queue = queue[:n], queue[n:]
+                    expires[key] = lease.expires_at
+        elif op < 0.68 and live:
+            key = rng.choice(sorted(live))
+            assert h.q.ack_keyed(key) == len(live.pop(key))
+            ended[key] = "acked"
+        elif op < 0.76 and live:
+            key = rng.choice(sorted(live))
+            assert h.q.release_keyed(key) == len(live[key])
+            queue = sorted(queue + live.pop(key))
+            ended[key] = "released"
+        elif op < 0.8 and live:
+            key = rng.choice(sorted(live))
+            expires[key] = h.q.renew_keyed(key, 2000, now)
+        elif op < 0.86:
+            due = sorted(k for k in live if expires[k] <= now)
+            assert h.q.expire_keyed(now) == sum(len(live[k]) for k in due)
+            for key in due:
+                queue = sorted(queue + live.pop(key))
+                ended[key] = "expired"
+        elif op < 0.9:
+            h.q.log.rotate()
+        elif op < 0.95:
+            h.q.compact()
+            h.q.expire_keyed(T0)  # (nothing is due at T0: the lease files' upkeep only)
+        else:
+            h.restart()
+        assert len(h.q) == len(queue), step
+    q = h.restart()
+    for key, ids in live.items():
+        assert list(q.keyed_slice(key, 0, len(ids)).item_ids) == ids
+    for key, how in ended.items():
+        with pytest.raises(LeaseKeyEnded, match=how):
+            q.keyed(key)
+    assert [x.id for x in iter(lambda: q.remove(T0), None)] == queue
+    q.close()
+    assert len(h.lease_files()) >= len(live)  # (and released ones until a compaction)

@@ -278,12 +278,9 @@ def test_batches_are_cut_into_default_parallelism_slices(
     start = source.initialOffset()
     end = source.latestOffset(start, ReadMaxRows(5000))
     parts = source.partitions(start, end)
-    assert [(p.server, p.stop - p.start) for p in parts if isinstance(p, Slice)] == [
-        (a.address, 1250),
-        (a.address, 1250),
-        (b.address, 1250),
-        (b.address, 1250),
-    ]
+    assert sorted((p.server, p.stop - p.start) for p in parts if isinstance(p, Slice)) == sorted(
+        [(a.address, 1250), (a.address, 1250), (b.address, 1250), (b.address, 1250)]
+    )
     source.latestOffset(end, ReadMaxRows(5000))
 
 

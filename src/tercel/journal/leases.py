@@ -3,7 +3,7 @@
 
 A keyed lease's items leave the queue's journal for ``<name>.key.<n>``: the file header, then
 for each item its ADD record and a DELIVERED record (its delivery count), the forms a
-snapshot writes, so ``tercel journal`` reads the file as any journal file. The queue keeps only
+snapshot writes (``records.iter_records`` reads the file as any journal file). The queue keeps only
 an index of where each item's records start (8 bytes an item, :class:`array.array` ``'q'``);
 slices are read back with ``pread``. This module encodes, writes, indexes and decodes such
 files; which items go where, and when a file may go, is the queue's business.
