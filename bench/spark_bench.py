@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -462,6 +463,7 @@ def main() -> None:
     finally:
         for driver in drivers.values():
             driver.close()
+        shutil.rmtree(work, ignore_errors=True)
     result["load_after"] = os.getloadavg()[0]
     print(json.dumps(result, indent=2))
 
