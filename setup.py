@@ -34,6 +34,7 @@ NATIVE_MODULES = [
     "tercel/config.py",
     "tercel/core/stats.py",
     "tercel/session.py",
+    "tercel/names.py",
     "tercel/protocol/commands.py",
     "tercel/protocol/memcache.py",
     "tercel/protocol/memcache_keyed.py",

@@ -60,8 +60,6 @@ def fanout_parent(name: str) -> str | None:
 
 MAX_KEY_BYTES = 200
 
-_KEY_RE = re.compile(rb"[A-Za-z0-9_\-:.$%@+=/]+")
-
 KEY_RULE = (
     f"a key is 1-{MAX_KEY_BYTES} characters of A-Z a-z 0-9 _ - : . $ % @ + = /"
     " (no spaces, no control or non-ASCII characters)"
@@ -69,14 +67,32 @@ KEY_RULE = (
 """The rule of :func:`valid_key` in words, for error messages (``docs/protocol.md``)."""
 
 
+_KEY_PUNCTUATION = b"_-:.$%@+=/"
+_PUNCTUATION_AS_LETTER = bytes.maketrans(_KEY_PUNCTUATION, b"a" * len(_KEY_PUNCTUATION))
+"""Every byte to itself but the key's punctuation, to ``a``: a valid key then ``isalnum``."""
+
+
 def valid_key_bytes(key: bytes) -> bool:
     """True when ``key`` is an acceptable lease key or dedup key (both kinds share the rule:
-    one word on every text protocol, printable in logs and stats)."""
-    return len(key) <= MAX_KEY_BYTES and _KEY_RE.fullmatch(key) is not None
+    one word on every text protocol, printable in logs and stats). Two C loops over the key
+    (a translate with a fixed table, ``isalnum``): a keyed put pays no regular expression
+    (~1,600 instructions a key, callgrind)."""
+    return (
+        0 < len(key) <= MAX_KEY_BYTES
+        and key.isascii()
+        and key.translate(_PUNCTUATION_AS_LETTER).isalnum()
+    )
+
+
+def valid_key(key: str) -> bool:
+    """:func:`valid_key_bytes` for a str."""
+    return key.isascii() and valid_key_bytes(key.encode("ascii"))
 
 
 def key_problem(key: str) -> str | None:
     """None for a valid key, else why it is not one, naming the rule (:data:`KEY_RULE`)."""
+    if valid_key(key):
+        return None
     try:
         raw = key.encode("ascii")
     except UnicodeEncodeError:
@@ -85,6 +101,4 @@ def key_problem(key: str) -> str | None:
         return f"empty key: {KEY_RULE}"
     if len(raw) > MAX_KEY_BYTES:
         return f"key too long ({len(raw)} bytes): {KEY_RULE}"
-    if not valid_key_bytes(raw):
-        return f"bad key {key[:80]!r}: {KEY_RULE}"
-    return None
+    return f"bad key {key[:80]!r}: {KEY_RULE}"

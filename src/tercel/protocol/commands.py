@@ -169,17 +169,38 @@ class Confirm:
 # ---- extension: dedup keys (docs/protocol.md, "Dedup keys") ---------------------------------
 
 
-@dataclass(slots=True)
 class KeyedSet:
     """``set <queue> <flags> <exptime> <bytes> key=<K> [noreply]`` and its payload: a put
-    with a dedup key, answered ``STORED <item_id>`` or ``STORED <item_id> duplicate``."""
+    with a dedup key, answered ``STORED <item_id>`` or ``STORED <item_id> duplicate``.
 
-    queue: str
-    flags: int
-    exptime: int
-    data: bytes
-    key: str
-    noreply: bool = False
+    A plain class, not a dataclass like the others: compiled, a dataclass is built through its
+    generated ``__init__`` (an interpreted call, ~2,400 instructions), and every keyed put
+    builds one."""
+
+    __slots__ = ("data", "exptime", "flags", "key", "noreply", "queue")
+
+    def __init__(  # noqa: PLR0917 (the fields in order, as the dataclasses beside it take them)
+        self, queue: str, flags: int, exptime: int, data: bytes, key: str, noreply: bool = False
+    ) -> None:
+        self.queue = queue
+        self.flags = flags
+        self.exptime = exptime
+        self.data = data
+        self.key = key
+        self.noreply = noreply
+
+    def _fields(self) -> tuple[str, int, int, bytes, str, bool]:
+        return (self.queue, self.flags, self.exptime, self.data, self.key, self.noreply)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KeyedSet) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        queue, flags, exptime, data, key, noreply = self._fields()
+        return f"KeyedSet({queue!r}, {flags}, {exptime}, {data!r}, {key!r}, {noreply})"
 
 
 # ---- keyed leases (docs/protocol.md section 11, "Keyed leases") -------------------------------
