@@ -99,6 +99,7 @@ class PersistentQueue(QueueState, ReservationSource):
         expiry: int | None = None,
         now: int | None = None,
         maintain: bool = True,
+        key: str = "",
     ) -> bool:
         """Append an item; False when the queue is full (and may not discard) or closed.
 
@@ -108,7 +109,8 @@ class PersistentQueue(QueueState, ReservationSource):
         ``maintain`` False skips the log's maintenance (:meth:`maintain_log`, which may rotate
         and so write the records buffered so far): the items of one batch put then reach the
         journal in the one write of the pass, all or none (the next add or removal, or the
-        sweep, maintains).
+        sweep, maintains). ``key`` (:meth:`add_keyed`'s, already checked and not held) makes
+        the record an ADD_KEYED; the caller remembers the key.
         """
         cfg = self.config
         if self.closed:
@@ -139,14 +141,17 @@ class PersistentQueue(QueueState, ReservationSource):
         if expiry and not 0 < expiry <= MAX_TIME_MS:  # any number a protocol parsed fits
             expiry = MAX_TIME_MS if expiry > 0 else 1  # negative: already expired (epoch 1 ms)
         item_id = self._next_id
-        if self.disk_items or (self.mem_bytes >= cfg.max_memory_size and self.log.pages):
-            if not self.disk_items:
-                self._cursor = self.log.position()
+        on_disk = self.disk_items or (self.mem_bytes >= cfg.max_memory_size and self.log.pages)
+        if on_disk and not self.disk_items:
+            self._cursor = self.log.position()
+        if key:  # add_keyed's: the item and its dedup key in one record
+            self.log.add_keyed(item_id, now, expiry or 0, data, key)
+        else:
             self.log.add(item_id, now, expiry or 0, data)
+        if on_disk:
             self.disk_items += 1
             self.disk_bytes += len(data)
         else:
-            self.log.add(item_id, now, expiry or 0, data)
             items.append(QItem(item_id, now, expiry or 0, data))
             self.mem_bytes += len(data)
         self._next_id = item_id + 1
@@ -191,54 +196,10 @@ class PersistentQueue(QueueState, ReservationSource):
             raise ItemTooLarge()
         keys.check_room(f"queue {self.name}")
         before = self._next_id
-        if not self._add_keyed_item(data, expiry, now, key, maintain):
+        if not self.add(data, expiry, now, maintain, key):
             return 0
         keys.remember(key, before, now)
         return before
-
-    def _add_keyed_item(
-        self, data: builtins.bytes, expiry: int | None, now: int, key: str, maintain: bool
-    ) -> bool:
-        """:meth:`add`'s body writing an ADD_KEYED record with ``key`` (kept apart so that
-        :meth:`add`, the hot path, does not test for a key)."""
-        cfg = self.config
-        items = self._items
-        if items and items.first().expiry and items.first().expiry < now:
-            self._discard_expired(now, cfg.max_expire_sweep)
-        max_items = self._max_items
-        max_size = self._max_size
-        if len(self) >= max_items or self.bytes >= max_size:
-            if not cfg.discard_old_when_full:
-                return False
-            while len(self) and (len(self) >= max_items or self.bytes >= max_size):
-                if not items:
-                    paging.refill(self)
-                self._pop_head()
-                self.discarded += 1
-        if cfg.max_age is not None:
-            cap = now + cfg.max_age
-            expiry = cap if not expiry or expiry > cap else expiry
-        if expiry and not 0 < expiry <= MAX_TIME_MS:
-            expiry = MAX_TIME_MS if expiry > 0 else 1
-        item_id = self._next_id
-        if self.disk_items or (self.mem_bytes >= cfg.max_memory_size and self.log.pages):
-            if not self.disk_items:
-                self._cursor = self.log.position()
-            self.log.add_keyed(item_id, now, expiry or 0, data, key)
-            self.disk_items += 1
-            self.disk_bytes += len(data)
-        else:
-            self.log.add_keyed(item_id, now, expiry or 0, data, key)
-            items.append(QItem(item_id, now, expiry or 0, data))
-            self.mem_bytes += len(data)
-        self._next_id = item_id + 1
-        self.total_items += 1
-        if self._waiters:
-            self._serve_waiters(now)
-        self._ops += 1
-        if not self._ops & MAINTAIN_EVERY and maintain:
-            upkeep.maintain_log(self)
-        return True
 
     def remove(self, now: int | None = None) -> QItem | None:
         """Take the head item for good, or None when empty (expired heads are dropped)."""

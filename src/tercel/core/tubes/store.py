@@ -114,14 +114,20 @@ class JobStore(JobTimers):
             wall,
             body,
         )
+        return self._entered(job, now)
+
+    def _entered(self, job: Job, now: int) -> Job:
+        """A job :meth:`put` or :meth:`put_keyed` just logged joins the store and its tube
+        (ready, or delayed until ``now`` (monotonic ms) + its delay)."""
+        tube = job.tube
         self.next_id += 1
         self.jobs[job.id] = job
-        self.live_bytes += len(body) + len(tube.name) + JOB_OVERHEAD
+        self.live_bytes += len(job.body) + len(tube.name) + JOB_OVERHEAD
         self._logged()
         tube.total_jobs += 1
         self.stats.total_jobs += 1
-        if delay > 0:
-            self._make_delayed(job, now + delay * 1000)
+        if job.delay > 0:
+            self._make_delayed(job, now + job.delay * 1000)
         else:
             self._make_ready(job)
             self._dispatch(now)
@@ -162,18 +168,7 @@ class JobStore(JobTimers):
             key,
         )
         keys.remember(key, job.id, wall)
-        self.next_id += 1
-        self.jobs[job.id] = job
-        self.live_bytes += len(body) + len(tube.name) + JOB_OVERHEAD
-        self._logged()
-        tube.total_jobs += 1
-        self.stats.total_jobs += 1
-        if delay > 0:
-            self._make_delayed(job, now + delay * 1000)
-        else:
-            self._make_ready(job)
-            self._dispatch(now)
-        return job, job.id
+        return self._entered(job, now), job.id
 
     def restore_keys(self, keys: dict[str, tuple[int, int]]) -> None:
         """Replay: the dedup keys the log held (key -> (job id, put wall ms)), those younger
