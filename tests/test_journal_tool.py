@@ -104,3 +104,19 @@ def test_check_covers_the_beanstalkd_job_log(tmp_path: Path) -> None:
         assert out.returncode == 1
         assert f"{jobs / 'jobs.2'}: BAD at offset 8: checksum mismatch (0 good" in out.stdout
     assert tool("check", str(tmp_path), "q").returncode == 0  # one queue: no job log
+
+
+def test_dump_shows_the_keys_of_keyed_records(tmp_path: Path) -> None:
+    q = PersistentQueue("q", QueueConfig(), FileJournal(str(tmp_path), "q"), SystemClock())
+    q.replay()
+    assert q.add_keyed("put.1", b"a") == 1
+    q.add(b"b")
+    lease = q.take_keyed("batch.7", 2, 0, SystemClock().now_ms())
+    assert lease is not None and lease.count == 2
+    assert q.ack_keyed("batch.7") == 2
+    q.close()
+    lines = [line.split() for line in tool("dump", str(tmp_path), "q").stdout.splitlines()]
+    records = {line[1]: line[2:] for line in lines if line and not line[0].startswith("#")}
+    assert "key=put.1" in records["ADD_KEYED"] and "id=1" in records["ADD_KEYED"]
+    assert "key=batch.7" in records["KEY_TAKE"] and "count=2" in records["KEY_TAKE"]
+    assert records["KEY_END"] == ["key=batch.7", "how=acked"]

@@ -174,7 +174,9 @@ def dump(data_dir: str, queue: str | None, payload: bool, out: TextIO) -> int:
 
 def _format(r: dict[str, object], payload: bool) -> str:
     parts = [f"{r['offset']:>10}", f"{r['op']:<8}"]
-    if r["op"] == "ADD":
+    if "key" in r:  # ADD_KEYED, DEDUP_KEY and the keyed leases' records
+        parts.append(f"key={r['key']}")
+    if r["op"] in ("ADD", "ADD_KEYED"):
         data = r["data"]
         assert isinstance(data, bytes)
         parts += [f"id={r['item_id']}", f"size={len(data)}", f"added={_ms(r['add_time'])}"]
@@ -187,6 +189,12 @@ def _format(r: dict[str, object], payload: bool) -> str:
         parts.append(f"next_id={r['next_id']}")
     if r["op"] == "RESUME":
         parts += [f"cursor={r['cursor']}", f"taken={r['taken']}"]
+    for name in ("item_id", "lease_file", "count", "max_items", "how"):
+        if name in r and r["op"] not in ("ADD", "ADD_KEYED"):
+            parts.append(f"{name}={r[name]}")
+    for name in ("put_time", "created_at", "expires_at"):
+        if name in r:
+            parts.append(f"{name}={_ms(r[name])}")
     return " ".join(parts)
 
 
