@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import socket
 from collections import Counter
 from pathlib import Path
@@ -97,6 +98,16 @@ def _drain(conn: Raw, q: str) -> list[bytes]:
     return out
 
 
+def keep_evidence(tmp_path: Path, data_dir: Path, shadow: Path, trial: int) -> None:
+    """The data dir and the shadow as the kill left them, before the cut, for the last two
+    cuts (``<tmp_path>/cut-<trial>``): after a failure they show what each cut did to which
+    file (pytest keeps the last runs' tmp_path). A damage found at a start may come from the
+    cut before: the shadow of that one is reset by the start in between."""
+    for what, src in (("data", data_dir), ("shadow", shadow)):
+        shutil.copytree(src, tmp_path / f"cut-{trial}" / what)
+    shutil.rmtree(tmp_path / f"cut-{trial - 2}", ignore_errors=True)
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_after_a_power_loss_every_fsynced_item_is_back(
     data_dir: Path, tmp_path: Path, seed: int
@@ -126,6 +137,7 @@ def test_after_a_power_loss_every_fsynced_item_is_back(
                 _load(conn, rng, f"{trial}b", ledgers)
             conn.close()
             srv.kill()
+            keep_evidence(tmp_path, data_dir, shadow, trial)
             cut.update(power_loss(str(data_dir), str(shadow), rng, tail))
             srv.start()  # start-up never refuses
             conn = Raw(srv.connect())
