@@ -119,6 +119,12 @@ def take_steps(
     lease: Lease | None = None
     chunk: list[QItem] = []
     size = 0
+
+    def record(lease: Lease | None, chunk: list[QItem], size: int) -> Lease:
+        return _record(
+            q, ks, lease, chunk, size, key=key, max_items=max_items, now=now, lease_ms=lease_ms
+        )
+
     refused = kept = -1  # heads the dead-letter queue refused, or that could not expire:
     try:  # each is taken all the same
         while (lease.count if lease is not None else 0) + len(chunk) < max_items:
@@ -133,17 +139,7 @@ def take_steps(
             due = limit and head.deliveries >= limit and head.id != refused
             if expired or due:
                 if chunk:  # what was taken is recorded before the head's own record
-                    lease = _record(
-                        q,
-                        ks,
-                        lease,
-                        chunk,
-                        size,
-                        key=key,
-                        max_items=max_items,
-                        now=now,
-                        lease_ms=lease_ms,
-                    )
+                    lease = record(lease, chunk, size)
                     chunk, size = [], 0
                 if expired:
                     if not expire_head(now):  # (max_expire_sweep 0)
@@ -157,17 +153,7 @@ def take_steps(
             chunk.append(head)
             size += len(head.data)
             if size >= CHUNK or len(chunk) >= CHUNK_ITEMS:
-                lease = _record(
-                    q,
-                    ks,
-                    lease,
-                    chunk,
-                    size,
-                    key=key,
-                    max_items=max_items,
-                    now=now,
-                    lease_ms=lease_ms,
-                )
+                lease = record(lease, chunk, size)
                 chunk, size = [], 0
                 lease.busy = True
                 yield None
@@ -175,9 +161,7 @@ def take_steps(
                 if q.closed or ks.live.get(key) is not lease:
                     return None  # the queue was deleted meanwhile
         if chunk:
-            lease = _record(
-                q, ks, lease, chunk, size, key=key, max_items=max_items, now=now, lease_ms=lease_ms
-            )
+            lease = record(lease, chunk, size)
             chunk = []
         if q.disk_items and low(q):  # (a take reads back only what it takes: no window)
             refill(q)
