@@ -131,7 +131,7 @@ class FileJournal(ReplayingJournal):
 
     def add_keyed(self, item_id: int, add_time: int, expiry: int, data: bytes, key: str) -> None:
         """Journal an item entering the tail of the queue with its dedup key: one ADD_KEYED
-        record (docs/journal_format.md §18). The payload is not copied, as :meth:`add`'s."""
+        record (docs/journal_format.md §19). The payload is not copied, as :meth:`add`'s."""
         prefix, fields = rec.add_keyed_header(item_id, add_time, expiry, data, key.encode("ascii"))
         self._append_parts([prefix, fields, data], len(prefix) + len(fields) + len(data))
 
